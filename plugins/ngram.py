@@ -1,0 +1,115 @@
+"""``ngram``: prompt lookup decoding (Saxena 2023; vLLM's ``ngram`` proposer; HF ``prompt_lookup_num_tokens``).
+
+The last ``n`` committed tokens (longest ``n`` first, from ``max_n`` down to ``min_n``) are looked up earlier in
+prompt + generated tokens; the tokens that followed their most recent earlier occurrence are proposed, up to
+``k`` of them. Drafts are deterministic (one-hot q), so exactness holds under greedy and sampling alike.
+
+Worked example (``min_n=1, max_n=3, k=3``)::
+
+    tokens = [5, 6, 7, 8, 9, 5, 6, 7]
+    suffix [5, 6, 7] occurred at positions 0..2, followed by [8, 9, 5]  ->  proposes [8, 9, 5]
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, hookimpl
+
+
+class NgramConfig(ProposerConfig):
+    name: Literal["ngram"] = "ngram"
+    k: int = Field(8, ge=1, le=64, description="Draft length: most tokens proposed per step.")
+    min_n: int = Field(1, ge=1, description="Shortest suffix n-gram to match.")
+    max_n: int = Field(4, ge=1, le=16, description="Longest suffix n-gram to match (tried first).")
+
+    @model_validator(mode="after")
+    def _order(self) -> "NgramConfig":
+        if self.min_n > self.max_n:
+            raise ValueError(f"ngram: min_n ({self.min_n}) must be <= max_n ({self.max_n})")
+        return self
+
+
+def find_continuation(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """Reference (non-incremental) prompt lookup.
+
+    Args:
+        tokens: prompt + generated token ids.
+        min_n, max_n: suffix lengths to try, longest first.
+        k: most tokens to return.
+
+    Returns:
+        Up to ``k`` tokens that followed the most recent earlier occurrence of the longest matching suffix;
+        ``[]`` when no suffix of length in ``[min_n, max_n]`` occurred before.
+
+    Example: ``find_continuation([5, 6, 7, 8, 9, 5, 6, 7], 1, 3, 3) == [8, 9, 5]``.
+    """
+    length = len(tokens)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        suffix = tokens[length - n :]
+        # occurrences ending at e (e <= length - 2 so that a continuation exists), most recent first
+        for end in range(length - 2, n - 2, -1):
+            if tokens[end - n + 1 : end + 1] == suffix:
+                return tokens[end + 1 : end + 1 + k]
+    return []
+
+
+class NgramIndex:
+    """Incremental index giving the same answer as :func:`find_continuation` in O(max_n) per lookup.
+
+    ``last_end[n][gram]`` is the end position of the most recent occurrence of ``gram`` that has a
+    continuation (ends before the last token).
+    """
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        self.last_end: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
+
+    def extend(self, new_tokens: list[int]) -> None:
+        old_len = len(self.tokens)
+        self.tokens.extend(new_tokens)
+        toks = self.tokens
+        # ends old_len-1 .. len-2 now have a continuation
+        for end in range(max(old_len - 1, 0), len(toks) - 1):
+            for n, table in self.last_end.items():
+                if end - n + 1 >= 0:
+                    table[tuple(toks[end - n + 1 : end + 1])] = end
+
+    def lookup(self, k: int) -> list[int]:
+        toks = self.tokens
+        length = len(toks)
+        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
+            end = self.last_end[n].get(tuple(toks[length - n :]))
+            if end is not None:
+                return toks[end + 1 : end + 1 + k]
+        return []
+
+
+class NgramProposer(ProposerBase):
+    """Prompt lookup over prompt + generated tokens (row 0; batch > 1 comes later)."""
+
+    name = "ngram"
+    Config = NgramConfig
+
+    def __init__(self, config: NgramConfig, target: TargetInfo) -> None:
+        super().__init__(config, target)
+        self._index = NgramIndex(config.min_n, config.max_n)
+
+    def start(self, state: DecodeState) -> None:
+        self._index = NgramIndex(self.config.min_n, self.config.max_n)
+        self._index.extend(state.tokens[0].tolist())
+
+    def propose(self, state: DecodeState, budget: int) -> DraftTree:
+        seen = len(self._index.tokens)
+        if state.tokens.shape[1] > seen:
+            self._index.extend(state.tokens[0, seen:].tolist())
+        draft = self._index.lookup(min(self.config.k, budget))
+        return DraftTree.chain(draft) if draft else DraftTree.empty(state.tokens.shape[0])
+
+
+@hookimpl
+def specframe_register_proposers(register) -> None:
+    register(NgramProposer)

@@ -1,0 +1,126 @@
+"""The Python API: wiring config -> plugin registry -> target -> engine.
+
+    sf = specframe.load(model="smollm2-135m-instruct", dtype="float32", proposers=[{"name": "ngram", "k": 8}])
+    rec = sf.generate("Summarize ...", max_new_tokens=64)        # dict, the same record as `--json`
+    rec = sf.generate("...", proposers=[{"name": "none"}])        # per-request proposer override
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .config import SpecframeConfig, load_config, resolve_proposers
+from .engine import Engine, GenerationResult
+from .registry import Registry, build_registry
+from .sampling import SamplingParams
+
+
+class Specframe:
+    """A loaded target plus the installed plugins. Create it with :func:`load`."""
+
+    def __init__(self, config: SpecframeConfig, target: Any, registry: Registry) -> None:
+        self.config = config
+        self.target = target
+        self.registry = registry
+        self._proposers: dict[str, Any] = {}
+        self._verifiers: dict[str, Any] = {}
+
+    def _proposer(self, entry: dict[str, Any]) -> Any:
+        cfg = SpecframeConfig.model_validate({"proposers": [entry]})
+        ((cls, pcfg),) = resolve_proposers(cfg, self.registry)
+        key = pcfg.model_dump_json()
+        if key not in self._proposers:
+            self._proposers[key] = cls(pcfg, self.target.info)
+        return self._proposers[key]
+
+    def _verifier(self, sampling: SamplingParams) -> Any:
+        name = self.config.verifier
+        if name == "auto":
+            name = "greedy" if sampling.is_greedy else "speculative-sampling"
+        if name not in self._verifiers:
+            self._verifiers[name] = self.registry.verifier(name)()
+        return self._verifiers[name]
+
+    def validate_proposers(self, proposers: Sequence[dict[str, Any]] | None = None) -> None:
+        """Build the proposers now so that a bad name or option fails before any generation."""
+        for entry in proposers or self.config.proposers:
+            self._proposer(entry)
+
+    def encode(self, prompt: str, chat: bool | None = None) -> list[int]:
+        return self.target.encode_prompt(prompt, self.config.chat if chat is None else chat)
+
+    def generate_result(
+        self,
+        prompt: str | list[int],
+        *,
+        proposers: Sequence[dict[str, Any]] | None = None,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+        chat: bool | None = None,
+        question_id: Any = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> GenerationResult:
+        """Generate for one prompt (text, or token ids used as they are). Arguments override the config."""
+        c, s = self.config, self.config.sampling
+        sampling = SamplingParams(
+            temperature=s.temperature if temperature is None else temperature,
+            top_k=s.top_k if top_k is None else top_k,
+            top_p=s.top_p if top_p is None else top_p,
+        )
+        ids = list(prompt) if not isinstance(prompt, str) else self.encode(prompt, chat)
+        engine = Engine(
+            self.target, [self._proposer(e) for e in (proposers or c.proposers)], self._verifier(sampling)
+        )
+        result = engine.generate(
+            ids,
+            max_new_tokens=c.max_new_tokens if max_new_tokens is None else max_new_tokens,
+            sampling=sampling,
+            seed=s.seed if seed is None else seed,
+            stop_strings=tuple(c.stop if stop is None else stop),
+            on_text=on_text,
+        )
+        result.question_id = question_id
+        return result
+
+    def generate(self, prompt: str | list[int], **kwargs: Any) -> dict:
+        """Like :meth:`generate_result`, returning the ``--json`` record (a dict)."""
+        return self.generate_result(prompt, **kwargs).to_dict()
+
+
+def load(
+    config: SpecframeConfig | str | Path | None = None,
+    *,
+    target: Any = None,
+    registry: Registry | None = None,
+    log: Callable[[str], None] = lambda s: None,
+    **overrides: Any,
+) -> Specframe:
+    """Load plugins and the target model.
+
+    Args:
+        config: a :class:`SpecframeConfig`, a YAML path, or None for defaults.
+        target: an already-built :class:`specframe.target.Target` (skips model loading; tests use this).
+        registry: a prebuilt plugin registry (default: entry points).
+        overrides: config fields (``model``, ``dtype``, ``proposers``, ``temperature``, ...).
+
+    Raises:
+        SpecframeError subclasses for bad config, unknown model/proposer, missing model package.
+    """
+    if isinstance(config, SpecframeConfig):
+        cfg = load_config(None, base=config.model_dump(), **overrides)
+    else:
+        cfg = load_config(config, **overrides)
+    reg = registry or build_registry()
+    resolve_proposers(cfg, reg)  # fail on an unknown proposer or bad option before loading a model
+    if target is None:
+        from .models import load_target
+
+        target = load_target(cfg.model, cfg.dtype, cfg.device, log=log)
+    sf = Specframe(cfg, target, reg)
+    sf.validate_proposers()
+    return sf

@@ -1,0 +1,156 @@
+"""The ``specframe`` command line (typer + rich).
+
+Every user error prints one line ``error: ...`` on stderr and exits with code 2, before anything is written to
+stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from .errors import ConfigError, SpecframeError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="specframe: speculative decoding with pluggable proposers, exact output.",
+)
+err = Console(stderr=True, highlight=False)
+
+
+@app.callback()
+def _root() -> None:
+    """specframe: speculative decoding with pluggable proposers, exact output."""
+
+
+def _fail(message: str) -> None:
+    err.print(f"error: {message}", markup=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _check_flags(max_new_tokens, temperature, top_p, top_k) -> None:
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if temperature is not None and not temperature >= 0:
+        raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ConfigError(f"--top-p must be in (0, 1], got {top_p}")
+    if top_k is not None and top_k < 0:
+        raise ConfigError(f"--top-k must be >= 0 (0 = off), got {top_k}")
+
+
+def _proposer_entries(names: list[str], configured: list[dict]) -> list[dict]:
+    """CLI proposer names; a name also configured in the file keeps the file's options."""
+    by_name = {p["name"]: p for p in configured}
+    return [dict(by_name.get(n, {"name": n})) for n in names]
+
+
+@app.command()
+def generate(
+    prompt: Optional[str] = typer.Argument(None, help="Prompt text (or use --prompts-file)."),
+    prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="Spec-Bench style JSONL; first turn used."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML config; flags override it."),
+    model: Optional[str] = typer.Option(None, "--model", help="Built-in name, model directory or .gguf file."),
+    proposer: Optional[List[str]] = typer.Option(None, "--proposer", help="Proposer name (see `specframe plugins`)."),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Most tokens to generate (default 128)."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy (default 0)."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus filter in (0, 1] (default 1)."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Top-k filter, 0 = off (default 0)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Per-request generator seed (default 0)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bfloat16 | float32 | auto (default auto)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu | cuda (default cpu)."),
+    stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
+    no_chat: bool = typer.Option(False, "--no-chat", help="Do not apply the chat template."),
+    stream: bool = typer.Option(False, "--stream", help="Print text as tokens are committed."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON record per prompt on stdout, nothing else."),
+) -> None:
+    """Generate text with the target model, drafting through a proposer."""
+    try:
+        _generate(**locals())
+    except SpecframeError as exc:
+        _fail(str(exc))
+
+
+def _generate(prompt, prompts_file, config, model, proposer, max_new_tokens, temperature, top_p, top_k, seed,
+              dtype, device, stop, no_chat, stream, as_json) -> None:
+    from .config import load_config, resolve_proposers
+    from .models import check_device, resolve_dtype, resolve_model
+    from .prompts import Prompt, read_prompts
+
+    _check_flags(max_new_tokens, temperature, top_p, top_k)
+    if stream and as_json:
+        raise ConfigError("--stream and --json cannot be combined: --json keeps stdout for records only")
+    if (prompt is None) == (prompts_file is None):
+        raise ConfigError("give either a PROMPT argument or --prompts-file (exactly one)")
+    cfg = load_config(
+        config, model=model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+        seed=seed, dtype=dtype, device=device, chat=False if no_chat else None, stop=stop or None,
+    )
+    if proposer:
+        cfg = load_config(None, base=cfg.model_dump(), proposers=_proposer_entries(proposer, cfg.proposers))
+    prompts = read_prompts(prompts_file) if prompts_file is not None else [Prompt(prompt)]
+
+    from .registry import build_registry
+
+    registry = build_registry()
+    resolve_proposers(cfg, registry)
+    check_device(cfg.device)
+    resolve_dtype(cfg.dtype, cfg.device)
+    resolve_model(cfg.model)  # unknown name / missing package fails here, before loading
+
+    import specframe
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    with err.status(f"loading {cfg.model} ...", spinner="dots"):
+        sf = specframe.load(cfg, registry=registry, log=lambda s: err.print(s, markup=False))
+    encoded = [sf.encode(p.text) for p in prompts]
+    for p, ids in zip(prompts, encoded):
+        if len(ids) >= sf.target.max_context:
+            where = f"question {p.question_id}" if p.question_id is not None else "the prompt"
+            raise specframe.errors.PromptTooLongError(
+                f"{where} has {len(ids)} tokens; the model's context is {sf.target.max_context}: shorten it"
+            )
+    _run(sf, prompts, encoded, stream, as_json)
+
+
+def _run(sf, prompts, encoded, stream: bool, as_json: bool) -> None:
+    from rich.progress import Progress
+
+    def write(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    show_progress = len(prompts) > 1 and not stream
+    with Progress(console=err, transient=True, disable=not show_progress) as progress:
+        task = progress.add_task("generating", total=len(prompts))
+        for p, ids in zip(prompts, encoded):
+            result = sf.generate_result(ids, question_id=p.question_id, on_text=write if stream else None)
+            if as_json:
+                sys.stdout.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
+                sys.stdout.flush()
+            else:
+                if not stream:
+                    write(result.text)
+                write("\n")
+                m = result.metrics
+                err.print(
+                    f"[dim]{m.new_tokens} tokens, {m.tokens_per_s:.1f} tok/s, τ={m.mean_accepted_length:.2f}, "
+                    f"α={m.acceptance_rate:.2f}, finish={result.finish_reason}[/dim]"
+                )
+            progress.advance(task)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""The contracts between the engine and its plugins: drafts, decode state, verification results.
+
+Glossary (shapes): B batch, T committed sequence length, N draft-tree nodes, K draft length of a chain,
+V vocabulary, H hidden size.
+
+Terms: a *draft* is a token tree proposed by a *proposer*; the *target* scores every node in one forward; the
+*verifier* walks the tree and keeps an *accepted* path; after the first rejection it draws a *recovered* token
+from the residual distribution, and when every node on a path passes it draws a *bonus* token from the target
+distribution after the last node. Either way, each step commits ``accepted + 1`` tokens.
+
+Every structure carries a batch dimension B; the engine runs B = 1 for now.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import Tensor
+
+from .sampling import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class DraftTree:
+    """A proposer's draft: a token tree in topological order (a chain is the one-child case).
+
+    Node ``i`` continues the path to ``parent[b, i]``; ``-1`` means it continues the last committed token.
+    Parents come before children (``parent[b, i] < i``).
+    """
+
+    token_ids: Tensor  # [B, N] int64, node tokens
+    parent: Tensor  # [B, N] int64, parent node index, -1 = child of the last committed token
+    draft_probs: Tensor | None = None  # [B, N, V] float32, q at each node (the distribution the node's
+    # token was drawn from, given the path to its parent); None = deterministic proposal (one-hot q)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.token_ids.shape[-1])
+
+    @staticmethod
+    def empty(batch: int = 1) -> "DraftTree":
+        """A draft with no nodes: the step decodes one token from the target alone."""
+        z = torch.empty((batch, 0), dtype=torch.int64)
+        return DraftTree(z, z.clone(), None)
+
+    @staticmethod
+    def chain(token_ids: list[int] | Tensor, draft_probs: Tensor | None = None) -> "DraftTree":
+        """A single-row chain draft.
+
+        Args:
+            token_ids: ``K`` token ids (list or ``[K]`` int64 tensor).
+            draft_probs: ``[K, V]`` float32 or None for a deterministic proposal.
+        """
+        ids = torch.as_tensor(token_ids, dtype=torch.int64).reshape(1, -1)
+        k = ids.shape[1]
+        parent = torch.arange(-1, k - 1, dtype=torch.int64).reshape(1, -1)
+        probs = None if draft_probs is None else draft_probs.reshape(1, k, -1)
+        return DraftTree(ids, parent, probs)
+
+    def is_chain(self) -> bool:
+        n = self.num_nodes
+        if n == 0:
+            return True
+        expected = torch.arange(-1, n - 1, dtype=self.parent.dtype, device=self.parent.device)
+        return bool((self.parent == expected).all())
+
+    def truncate(self, max_nodes: int) -> "DraftTree":
+        """The first ``max_nodes`` nodes; in topological order that prefix is still a valid tree."""
+        if self.num_nodes <= max_nodes:
+            return self
+        probs = None if self.draft_probs is None else self.draft_probs[:, :max_nodes]
+        return DraftTree(self.token_ids[:, :max_nodes], self.parent[:, :max_nodes], probs)
+
+
+@dataclass(slots=True)
+class DecodeState:
+    """What a proposer sees at each step. Owned by the engine; proposers must not mutate it."""
+
+    tokens: Tensor  # [B, T] int64 on CPU: prompt + committed tokens
+    prompt_len: int  # tokens[:, :prompt_len] is the prompt
+    sampling: SamplingParams  # the warp to apply to any draft distribution sampled from
+    generator: torch.Generator  # per-request randomness; draw from it, never from the global RNG
+    hidden: Tensor | None = None  # [B, H] target's last hidden state at the last position it processed
+    # (filled only when a proposer declares needs_hidden_states)
+
+    @property
+    def num_generated(self) -> int:
+        return int(self.tokens.shape[1]) - self.prompt_len
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyResult:
+    """A verifier's decision for one step.
+
+    ``accepted_nodes[b]`` lists the draft node indices on the accepted path, root first; ``next_token[b]`` is
+    the recovered token (after a rejection) or the bonus token (when the whole path passed).
+    """
+
+    accepted_nodes: tuple[tuple[int, ...], ...]  # [B][A_b]
+    next_token: tuple[int, ...]  # [B]
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyOutcome:
+    """Feedback to a proposer after a step (``Proposer.on_verified``)."""
+
+    draft: DraftTree  # what this proposer drafted (after truncation to the budget)
+    accepted_nodes: tuple[tuple[int, ...], ...]  # [B][A_b] accepted node indices of that draft
+    committed: tuple[tuple[int, ...], ...]  # [B][C_b] tokens committed this step, after stop checks
+    finished: bool  # a stop condition ended the request in this step
+
+    @property
+    def num_accepted(self) -> int:
+        """Accepted draft tokens of row 0."""
+        return len(self.accepted_nodes[0])
+
+
+@dataclass(frozen=True, slots=True)
+class TargetInfo:
+    """What a proposer may know about the target. Built by the target adapter."""
+
+    vocab_size: int  # V, rows of the target's logits
+    eos_token_ids: frozenset[int]
+    max_context: int  # positions the target supports
+    device: torch.device
+    dtype: torch.dtype
+    name: str = ""
+    tokenizer: Any = field(default=None, compare=False)  # transformers tokenizer, for proposers that need text
+    model: Any = field(default=None, compare=False)  # the target model, for heads that reuse its LM head
+
+
+class ProposerConfig(BaseModel):
+    """Base of every proposer's config. Subclasses add fields; ``name`` selects the proposer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """Drafts tokens for the target to verify.
+
+    Capability flags (class attributes) tell the engine what a proposer needs and produces, so the engine never
+    checks for a particular proposer:
+
+    - ``needs_hidden_states``: the engine fills ``DecodeState.hidden``.
+    - ``produces_trees``: drafts may branch (needs a tree-capable verifier).
+    - ``provides_draft_probs``: drafts carry ``draft_probs``; otherwise they are deterministic (one-hot q).
+
+    Construction: ``cls(config, target_info)``. One instance serves one request at a time; ``start`` resets it.
+    """
+
+    name: ClassVar[str]
+    Config: ClassVar[type[ProposerConfig]]
+    needs_hidden_states: ClassVar[bool]
+    produces_trees: ClassVar[bool]
+    provides_draft_probs: ClassVar[bool]
+
+    def start(self, state: DecodeState) -> None:
+        """Called once per request after the prompt is known, before the first ``propose``."""
+
+    def propose(self, state: DecodeState, budget: int) -> DraftTree:
+        """Draft at most ``budget`` nodes (``budget >= 1``). Nodes beyond the budget are dropped."""
+
+    def on_verified(self, outcome: VerifyOutcome) -> None:
+        """Feedback after the target verified this proposer's draft (adapt k, update caches)."""
+
+
+class ProposerBase:
+    """Convenience base class with no-op ``start``/``on_verified`` and default capability flags."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type[ProposerConfig]] = ProposerConfig
+    needs_hidden_states: ClassVar[bool] = False
+    produces_trees: ClassVar[bool] = False
+    provides_draft_probs: ClassVar[bool] = False
+
+    def __init__(self, config: ProposerConfig, target: TargetInfo) -> None:
+        self.config = config
+        self.target = target
+
+    def start(self, state: DecodeState) -> None:
+        return None
+
+    def propose(self, state: DecodeState, budget: int) -> DraftTree:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def on_verified(self, outcome: VerifyOutcome) -> None:
+        return None
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """Decides which draft nodes the target accepts and draws the recovered or bonus token.
+
+    ``supports_trees``: can verify branching drafts; ``greedy``: used when temperature is 0.
+    """
+
+    name: ClassVar[str]
+    supports_trees: ClassVar[bool]
+
+    def verify(
+        self,
+        draft: DraftTree,
+        target_logits: Tensor,
+        sampling: SamplingParams,
+        generator: torch.Generator,
+    ) -> VerifyResult:
+        """Args:
+        draft: the draft tree, ``N`` nodes.
+        target_logits: ``[B, N + 1, V]`` any float dtype; row 0 is the target's distribution after the last
+            committed token, row ``i + 1`` the distribution after node ``i``.
+        sampling: the warp to apply to the target logits.
+        generator: per-request randomness.
+        """

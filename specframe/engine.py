@@ -1,0 +1,212 @@
+"""The decode loop: propose -> one target forward -> verify -> commit + KV rollback -> feedback -> stop checks.
+
+The engine receives a ready target, proposer(s) and a verifier; it never names a proposer and never calls a
+pluggy hook. KV invariant between steps: the cache holds every committed token except the newest one, which
+is fed first in the next verification forward (so row 0 of the logits is the target's distribution for the
+next position and rows 1..N score the draft nodes).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .contracts import DecodeState, DraftTree, Proposer, VerifyOutcome, Verifier
+from .errors import ConfigError, DraftError, PromptTooLongError
+from .kv_cache import cache_length, rollback
+from .metrics import RequestMetrics
+from .sampling import SamplingParams
+from .stopping import StopChecker, TextStream
+from .validate import check_draft
+
+log = logging.getLogger("specframe")
+
+
+@dataclass
+class GenerationResult:
+    """What one request produced; ``to_dict()`` is the ``--json`` record."""
+
+    token_ids: list[int]  # generated ids only (an EOS that ended generation is included)
+    text: str
+    finish_reason: str  # "stop" | "length"
+    metrics: RequestMetrics
+    prompt_token_ids: list[int] = field(default_factory=list)
+    question_id: Any = None
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {}
+        if self.question_id is not None:
+            d["question_id"] = self.question_id
+        d.update(token_ids=self.token_ids, text=self.text, finish_reason=self.finish_reason)
+        d["metrics"] = self.metrics.to_dict()
+        return d
+
+
+class Engine:
+    """Speculative decoding over one target with a shared KV cache.
+
+    Args:
+        target: a :class:`specframe.target.Target` (or an object with the same ``forward``/``new_cache``/
+            ``decode`` and ``info``/``eos_token_ids``/``max_context``/``device`` attributes).
+        proposers: the active proposers; one for now (combining several arrives with draft-tree merging).
+        verifier: the acceptance rule for this request's sampling mode.
+
+    Raises:
+        ConfigError: more than one proposer, or a proposer that drafts trees with a chain-only verifier.
+    """
+
+    def __init__(self, target: Any, proposers: Sequence[Proposer], verifier: Verifier) -> None:
+        if len(proposers) != 1:
+            raise ConfigError(f"exactly one proposer is supported for now, got {len(proposers)}")
+        self.target = target
+        self.proposer = proposers[0]
+        self.verifier = verifier
+        if getattr(self.proposer, "produces_trees", False) and not getattr(verifier, "supports_trees", False):
+            raise ConfigError(
+                f"proposer {self.proposer.name!r} drafts token trees but verifier {verifier.name!r} verifies chains only"
+            )
+        self._want_hidden = bool(getattr(self.proposer, "needs_hidden_states", False))
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_new_tokens: int,
+        sampling: SamplingParams = SamplingParams(),
+        seed: int = 0,
+        stop_strings: Sequence[str] = (),
+        on_text: Callable[[str], None] | None = None,
+    ) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens after ``prompt_ids``.
+
+        Raises:
+            ConfigError: ``max_new_tokens < 1`` or an empty prompt.
+            PromptTooLongError: the prompt leaves no room in the target's context.
+        """
+        if max_new_tokens < 1:
+            raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+        if not prompt_ids:
+            raise ConfigError("the prompt is empty: give at least one token")
+        if len(prompt_ids) >= self.target.max_context:
+            raise PromptTooLongError(
+                f"prompt has {len(prompt_ids)} tokens; the model's context is {self.target.max_context}: shorten it"
+            )
+        return _Request(self, prompt_ids, max_new_tokens, sampling, seed, tuple(stop_strings), on_text).run()
+
+
+class _Request:
+    """One request's state and loop (kept apart from ``Engine`` so the engine stays reusable)."""
+
+    def __init__(self, engine, prompt_ids, max_new_tokens, sampling, seed, stop_strings, on_text) -> None:
+        self.e = engine
+        target = engine.target
+        self.device = target.device
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(seed)
+        self.sampling = sampling
+        self.buf = torch.empty((1, len(prompt_ids) + max_new_tokens), dtype=torch.int64)
+        self.buf[0, : len(prompt_ids)] = torch.tensor(prompt_ids, dtype=torch.int64)
+        self.length = len(prompt_ids)
+        self.state = DecodeState(self.buf[:, : self.length], len(prompt_ids), sampling, generator)
+        self.room = target.max_context - len(prompt_ids)  # positions left in the context
+        self.stops = StopChecker(
+            target.eos_token_ids, min(max_new_tokens, self.room), stop_strings, target.decode if stop_strings else None
+        )
+        self.stream = (
+            TextStream(target.decode, on_text, max((len(s) for s in stop_strings), default=1) - 1) if on_text else None
+        )
+        self.metrics = RequestMetrics(prompt_tokens=len(prompt_ids))
+        self.cache = target.new_cache()
+        self.prompt_ids = prompt_ids
+
+    def run(self) -> GenerationResult:
+        t_start = time.perf_counter()
+        e, m = self.e, self.metrics
+        if self.length > 1:  # prefill all but the newest token (see the KV invariant above)
+            ids = self.buf[:, : self.length - 1].to(self.device)
+            _, hidden = e.target.forward(ids, self.cache, want_hidden=e._want_hidden)
+            self.state.hidden = None if hidden is None else hidden[:, -1]
+        m.prefill_s = time.perf_counter() - t_start
+        self._safe_call("start", self.state)
+        while self.stops.finish_reason is None:
+            self.step()
+        m.wall_s = time.perf_counter() - t_start
+        generated = self.stops.generated
+        text = e.target.decode(generated) if e.target.tokenizer is not None else ""
+        if self.stops.stop_text_at is not None:
+            text = text[: self.stops.stop_text_at]
+        if self.stream:
+            self.stream.update(generated, final=True, final_text=text)
+        m.new_tokens = len(generated)
+        return GenerationResult(list(generated), text, self.stops.finish_reason, m, list(self.prompt_ids))
+
+    def step(self) -> None:
+        e, m, state = self.e, self.metrics, self.state
+        remaining = self.stops.max_new_tokens - len(self.stops.generated)
+        budget = remaining - 1  # each step also commits one recovered or bonus token
+        # 1. propose
+        t0 = time.perf_counter()
+        draft = self._propose(budget) if budget > 0 else DraftTree.empty()
+        n = draft.num_nodes
+        # 2-3. one target forward over [newest committed token] + draft nodes
+        t1 = time.perf_counter()
+        newest = self.buf[:, self.length - 1 : self.length]
+        ids = torch.cat([newest, draft.token_ids], 1).to(self.device) if n else newest.to(self.device)
+        logits, hidden = e.target.forward(ids, self.cache, want_hidden=e._want_hidden)
+        # 4. accept
+        t2 = time.perf_counter()
+        result = e.verifier.verify(draft, logits, self.sampling, state.generator)
+        accepted = result.accepted_nodes[0]
+        # 5. commit, stop checks per token, KV rollback to the committed length minus the newest token
+        committed = self.stops.feed([*draft.token_ids[0, list(accepted)].tolist(), result.next_token[0]])
+        self._commit(committed)
+        rollback(self.cache, cache_length(self.cache) - (n - len(accepted)))
+        if hidden is not None:
+            state.hidden = hidden[:, len(accepted)]
+        m.record_step(n, len(accepted))
+        # 6. feedback
+        finished = self.stops.finish_reason is not None
+        self._safe_call("on_verified", VerifyOutcome(draft, result.accepted_nodes, (tuple(committed),), finished))
+        if self.stream and committed:
+            self.stream.update(self.stops.generated)
+        t3 = time.perf_counter()
+        m.propose_s += t1 - t0
+        m.forward_s += t2 - t1
+        m.verify_s += t3 - t2
+
+    def _commit(self, tokens: list[int]) -> None:
+        if tokens:
+            end = self.length + len(tokens)
+            self.buf[0, self.length : end] = torch.tensor(tokens, dtype=torch.int64)
+            self.length = end
+            self.state.tokens = self.buf[:, :end]
+
+    def _propose(self, budget: int) -> DraftTree:
+        """Ask the proposer for a draft; a fault becomes a target-only step (output is unaffected)."""
+        p = self.e.proposer
+        try:
+            draft = p.propose(self.state, budget)
+            draft = draft.truncate(budget)
+            check_draft(draft, self.e.target.vocab_size, getattr(self.e.verifier, "supports_trees", False))
+            return draft
+        except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
+            self._fault(p, "propose", exc)
+            return DraftTree.empty()
+
+    def _safe_call(self, method: str, arg: Any) -> None:
+        p = self.e.proposer
+        try:
+            getattr(p, method)(arg)
+        except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
+            self._fault(p, method, exc)
+
+    def _fault(self, proposer: Any, where: str, exc: Exception) -> None:
+        self.metrics.proposer_faults += 1
+        if self.metrics.proposer_faults == 1:
+            kind = "broke the draft contract" if isinstance(exc, DraftError) else f"raised {type(exc).__name__}"
+            log.warning("proposer %r %s in %s: %s; using target-only steps instead", proposer.name, kind, where, exc)

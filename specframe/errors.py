@@ -1,0 +1,49 @@
+"""specframe's error hierarchy.
+
+Every error a user can cause derives from :class:`SpecframeError`; the CLI prints its message on one line and
+exits with code 2. Messages say what to fix.
+"""
+
+from __future__ import annotations
+
+
+class SpecframeError(Exception):
+    """Base class of every error specframe raises on purpose."""
+
+
+class ConfigError(SpecframeError, ValueError):
+    """A configuration value or flag is out of range or malformed."""
+
+
+class UnknownModelError(SpecframeError, KeyError):
+    """A model name is neither built in nor a path that exists."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class ModelNotInstalledError(SpecframeError):
+    """A built-in model's weight package is not installed; the message gives the pip command."""
+
+
+class UnknownProposerError(SpecframeError, KeyError):
+    """No installed plugin provides a proposer (or verifier) of that name."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class DuplicateRegistrationError(SpecframeError):
+    """Two plugins registered the same proposer or verifier name."""
+
+
+class PromptTooLongError(SpecframeError, ValueError):
+    """The encoded prompt does not fit in the target's context window."""
+
+
+class PromptsFileError(SpecframeError, ValueError):
+    """A prompts file is missing, empty or malformed; the message names the file and line."""
+
+
+class DraftError(SpecframeError, ValueError):
+    """A proposer returned a draft that breaks the contract (shape, dtype, ids, probabilities, order)."""

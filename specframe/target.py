@@ -1,0 +1,90 @@
+"""The target adapter: any transformers causal LM plus its tokenizer, seen through the few calls the engine
+needs (encode a prompt, one forward over new tokens with a KV cache, decode)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .contracts import TargetInfo
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)
+
+
+class Target:
+    """A transformers causal LM as the speculative-decoding target.
+
+    Args:
+        model: a ``PreTrainedModel`` with a causal-LM head that accepts a transformers ``Cache`` (``cache=``).
+        tokenizer: its tokenizer (may be None for id-only use, e.g. tests).
+        name: display name.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any = None, name: str = "") -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name or getattr(model.config, "name_or_path", "") or model.config.model_type
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.info = TargetInfo(
+            vocab_size=self.vocab_size,
+            eos_token_ids=self.eos_token_ids,
+            max_context=self.max_context,
+            device=self.device,
+            dtype=self.dtype,
+            name=self.name,
+            tokenizer=tokenizer,
+            model=model,
+        )
+
+    # --- text ---------------------------------------------------------------------------------------------
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
+        """Token ids of ``prompt``; wrapped in the chat template (user turn + generation prompt) when
+        ``chat`` and the tokenizer has one."""
+        if chat and self.has_chat_template:
+            enc = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True
+            )
+            return list(enc["input_ids"])
+        return list(self.tokenizer(prompt)["input_ids"])
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    # --- model --------------------------------------------------------------------------------------------
+    def new_cache(self) -> Any:
+        """An empty KV cache for one request (see :mod:`specframe.kv_cache` for rollback)."""
+        from .kv_cache import new_cache
+
+        return new_cache(self.model.config)
+
+    def forward(self, input_ids: Tensor, cache: Any, want_hidden: bool = False) -> tuple[Tensor, Tensor | None]:
+        """One target forward over new tokens appended after the cache.
+
+        Args:
+            input_ids: ``[B, n]`` int64 on the target's device.
+            cache: the request's KV cache; grows by ``n`` positions.
+            want_hidden: also return the last layer's hidden states.
+
+        Returns:
+            ``(logits [B, n, V] in the model's dtype, hidden [B, n, H] or None)``.
+        """
+        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, output_hidden_states=want_hidden)
+        hidden = out.hidden_states[-1] if want_hidden else None
+        return out.logits, hidden

@@ -1,0 +1,55 @@
+"""The built-in verifiers: ``greedy`` and ``speculative-sampling`` (chains; trees come with tree verification).
+
+They are registered through the same hook as any plugin's verifiers (see :mod:`specframe.registry`).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from .contracts import DraftTree, VerifyResult
+from .hookspecs import hookimpl
+from .sampling import SamplingParams, probs_from_logits
+from .verify import greedy_chain, sampling_chain
+
+
+def _result(num_accepted: Tensor, next_token: Tensor) -> VerifyResult:
+    accepted = tuple(tuple(range(a)) for a in num_accepted.tolist())
+    return VerifyResult(accepted_nodes=accepted, next_token=tuple(next_token.tolist()))
+
+
+class GreedyVerifier:
+    """Accept a draft token iff it is the target's argmax: output is token-identical to greedy decoding."""
+
+    name: ClassVar[str] = "greedy"
+    supports_trees: ClassVar[bool] = False
+
+    def verify(
+        self, draft: DraftTree, target_logits: Tensor, sampling: SamplingParams, generator: torch.Generator
+    ) -> VerifyResult:
+        tokens = draft.token_ids.to(target_logits.device)
+        return _result(*greedy_chain(target_logits, tokens))
+
+
+class SpeculativeSamplingVerifier:
+    """Leviathan et al. 2022 rejection sampling; the target distribution is preserved exactly."""
+
+    name: ClassVar[str] = "speculative-sampling"
+    supports_trees: ClassVar[bool] = False
+
+    def verify(
+        self, draft: DraftTree, target_logits: Tensor, sampling: SamplingParams, generator: torch.Generator
+    ) -> VerifyResult:
+        device = target_logits.device
+        target_probs = probs_from_logits(target_logits, sampling)
+        draft_probs = None if draft.draft_probs is None else draft.draft_probs.to(device, torch.float32)
+        return _result(*sampling_chain(target_probs, draft_probs, draft.token_ids.to(device), generator))
+
+
+@hookimpl
+def specframe_register_verifiers(register) -> None:
+    register(GreedyVerifier)
+    register(SpeculativeSamplingVerifier)
