@@ -57,6 +57,8 @@ def _proposer_entries(names: list[str], configured: list[dict]) -> list[dict]:
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="Prompt text (or use --prompts-file)."),
     prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="Spec-Bench style JSONL; first turn used."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N prompts of the file."),
+    category: Optional[str] = typer.Option(None, "--category", help="Use only prompts of this Spec-Bench category."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML config; flags override it."),
     model: Optional[str] = typer.Option(None, "--model", help="Built-in name, model directory or .gguf file."),
     proposer: Optional[List[str]] = typer.Option(None, "--proposer", help="Proposer name (see `specframe plugins`)."),
@@ -79,7 +81,7 @@ def generate(
         _fail(str(exc))
 
 
-def _generate(prompt, prompts_file, config, model, proposer, max_new_tokens, temperature, top_p, top_k, seed,
+def _generate(prompt, prompts_file, limit, category, config, model, proposer, max_new_tokens, temperature, top_p, top_k, seed,
               dtype, device, stop, no_chat, stream, as_json) -> None:
     from .config import load_config, resolve_proposers
     from .models import check_device, resolve_dtype, resolve_model
@@ -96,7 +98,15 @@ def _generate(prompt, prompts_file, config, model, proposer, max_new_tokens, tem
     )
     if proposer:
         cfg = load_config(None, base=cfg.model_dump(), proposers=_proposer_entries(proposer, cfg.proposers))
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {limit}")
     prompts = read_prompts(prompts_file) if prompts_file is not None else [Prompt(prompt)]
+    if category is not None:
+        found = sorted({str(p.category) for p in prompts})
+        prompts = [p for p in prompts if p.category == category]
+        if not prompts:
+            raise ConfigError(f"--category {category!r} matches no prompt; the file has: {', '.join(found)}")
+    prompts = prompts[:limit]
 
     from .registry import build_registry
 
