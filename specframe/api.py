@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 from .config import SpecframeConfig, load_config, resolve_proposers
 from .engine import Engine, GenerationResult
+from .isolation import IsolationPolicy
 from .registry import Registry, build_registry
 from .sampling import SamplingParams
 
@@ -73,9 +74,13 @@ class Specframe:
             top_p=s.top_p if top_p is None else top_p,
         )
         ids = list(prompt) if not isinstance(prompt, str) else self.encode(prompt, chat)
+        active = [self._proposer(e) for e in (proposers or c.proposers)]
         engine = Engine(
-            self.target, [self._proposer(e) for e in (proposers or c.proposers)], self._verifier(sampling)
+            self.target, active, self._verifier(sampling),
+            isolation=IsolationPolicy(**c.isolation.model_dump()),
+            origins={p.name: self.registry.origin.get(("proposer", p.name), "") for p in active},
         )
+        observer = self.registry.observers()  # None when no plugin observes: the loop then skips events
         result = engine.generate(
             ids,
             max_new_tokens=c.max_new_tokens if max_new_tokens is None else max_new_tokens,
@@ -83,7 +88,11 @@ class Specframe:
             seed=s.seed if seed is None else seed,
             stop_strings=tuple(c.stop if stop is None else stop),
             on_text=on_text,
+            observer=observer,
         )
+        if observer is not None:
+            observer.request(tuple(p.name for p in active), len(ids), tuple(result.token_ids), result.finish_reason,
+                             result.metrics.to_dict())
         result.question_id = question_id
         return result
 

@@ -158,6 +158,26 @@ def _run(sf, prompts, encoded, stream: bool, as_json: bool) -> None:
             progress.advance(task)
 
 
+@app.command()
+def plugins(
+    as_json: bool = typer.Option(False, "--json", help="One JSON document: {\"plugins\": [...]}."),
+) -> None:
+    """List installed plugins: distribution, version, proposers and verifiers with capabilities and options."""
+    try:
+        from .inventory import inventory, render_text
+        from .registry import build_registry
+
+        doc = inventory(build_registry())
+    except SpecframeError as exc:
+        _fail(str(exc))
+    sys.stdout.write((json.dumps(doc, indent=2) if as_json else render_text(doc)) + "\n")
+
+
+from .bench.command import bench as _bench_command  # noqa: E402
+
+app.command("bench")(_bench_command)
+
+
 def main() -> None:
     app()
 

@@ -36,6 +36,17 @@ class SamplingConfig(BaseModel):
     seed: int = Field(0, description="Seed of the per-request torch.Generator.")
 
 
+class IsolationConfig(BaseModel):
+    """How a faulty proposer is treated (see :mod:`specframe.isolation`); output never depends on it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    propose_timeout_s: float | None = Field(
+        5.0, gt=0, description="A propose call slower than this many seconds is a fault (its draft is dropped); null = no budget."
+    )
+    max_faults: int = Field(3, ge=1, description="Faults in one request after which the proposer is disabled for its rest.")
+
+
 class SpecframeConfig(BaseModel):
     """Top-level configuration (file or Python API)."""
 
@@ -50,6 +61,7 @@ class SpecframeConfig(BaseModel):
     max_new_tokens: int = Field(128, ge=1, description="Tokens to generate per prompt at most.")
     stop: list[str] = Field(default_factory=list, description="Stop strings (cut from the text).")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    isolation: IsolationConfig = Field(default_factory=IsolationConfig)
     verifier: str = Field("auto", description="auto = greedy at temperature 0, else speculative-sampling.")
     proposers: list[dict[str, Any]] = Field(
         default_factory=lambda: [{"name": "ngram"}],

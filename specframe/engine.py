@@ -1,9 +1,12 @@
 """The decode loop: propose -> one target forward -> verify -> commit + KV rollback -> feedback -> stop checks.
 
 The engine receives a ready target, proposer(s) and a verifier; it never names a proposer and never calls a
-pluggy hook. KV invariant between steps: the cache holds every committed token except the newest one, which
-is fed first in the next verification forward (so row 0 of the logits is the target's distribution for the
-next position and rows 1..N score the draft nodes).
+pluggy hook (observers arrive as a plain :class:`~specframe.observe.Observers` object, or None when no plugin
+observes, and then no event is built). A faulty proposer is isolated (:mod:`specframe.isolation`).
+
+KV invariant between steps: the cache holds every committed token except the newest one, which is fed first in
+the next verification forward (so row 0 of the logits is the target's distribution for the next position and
+rows 1..N score the draft nodes).
 """
 
 from __future__ import annotations
@@ -11,14 +14,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from .contracts import DecodeState, DraftTree, Proposer, VerifyOutcome, Verifier
-from .errors import ConfigError, DraftError, PromptTooLongError
+from .errors import ConfigError, PromptTooLongError, ProposerTimeoutError
+from .isolation import FaultGuard, IsolationPolicy
 from .kv_cache import cache_length, rollback
 from .metrics import RequestMetrics
+from .observe import Observers
 from .sampling import SamplingParams
 from .stopping import StopChecker, TextStream
 from .validate import check_draft
@@ -54,12 +59,22 @@ class Engine:
             ``decode`` and ``info``/``eos_token_ids``/``max_context``/``device`` attributes).
         proposers: the active proposers; one for now (combining several arrives with draft-tree merging).
         verifier: the acceptance rule for this request's sampling mode.
+        isolation: how faulty proposers are treated (time budget, faults before disabling).
+        origins: proposer name -> the plugin it comes from, for warnings (e.g. ``"recall (specframe-recall 0.1)"``).
 
     Raises:
         ConfigError: more than one proposer, or a proposer that drafts trees with a chain-only verifier.
     """
 
-    def __init__(self, target: Any, proposers: Sequence[Proposer], verifier: Verifier) -> None:
+    def __init__(
+        self,
+        target: Any,
+        proposers: Sequence[Proposer],
+        verifier: Verifier,
+        *,
+        isolation: IsolationPolicy | None = None,
+        origins: Mapping[str, str] | None = None,
+    ) -> None:
         if len(proposers) != 1:
             raise ConfigError(f"exactly one proposer is supported for now, got {len(proposers)}")
         self.target = target
@@ -70,6 +85,8 @@ class Engine:
                 f"proposer {self.proposer.name!r} drafts token trees but verifier {verifier.name!r} verifies chains only"
             )
         self._want_hidden = bool(getattr(self.proposer, "needs_hidden_states", False))
+        self.isolation = isolation or IsolationPolicy()
+        self.origins = dict(origins or {})
 
     @torch.inference_mode()
     def generate(
@@ -81,8 +98,11 @@ class Engine:
         seed: int = 0,
         stop_strings: Sequence[str] = (),
         on_text: Callable[[str], None] | None = None,
+        observer: Observers | None = None,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens after ``prompt_ids``.
+
+        ``observer`` receives one event per step (None: no events; see :meth:`Registry.observers`).
 
         Raises:
             ConfigError: ``max_new_tokens < 1`` or an empty prompt.
@@ -96,13 +116,13 @@ class Engine:
             raise PromptTooLongError(
                 f"prompt has {len(prompt_ids)} tokens; the model's context is {self.target.max_context}: shorten it"
             )
-        return _Request(self, prompt_ids, max_new_tokens, sampling, seed, tuple(stop_strings), on_text).run()
+        return _Request(self, prompt_ids, max_new_tokens, sampling, seed, tuple(stop_strings), on_text, observer).run()
 
 
 class _Request:
     """One request's state and loop (kept apart from ``Engine`` so the engine stays reusable)."""
 
-    def __init__(self, engine, prompt_ids, max_new_tokens, sampling, seed, stop_strings, on_text) -> None:
+    def __init__(self, engine, prompt_ids, max_new_tokens, sampling, seed, stop_strings, on_text, observer) -> None:
         self.e = engine
         target = engine.target
         self.device = target.device
@@ -121,6 +141,10 @@ class _Request:
             TextStream(target.decode, on_text, max((len(s) for s in stop_strings), default=1) - 1) if on_text else None
         )
         self.metrics = RequestMetrics(prompt_tokens=len(prompt_ids))
+        name = engine.proposer.name
+        self.guard = FaultGuard(name, engine.origins.get(name, ""), engine.isolation, self.metrics)
+        self.observer = observer
+        self._faults_seen = 0  # proposer faults already reported to the observer
         self.cache = target.new_cache()
         self.prompt_ids = prompt_ids
 
@@ -172,8 +196,10 @@ class _Request:
         # 6. feedback
         finished = self.stops.finish_reason is not None
         self._safe_call("on_verified", VerifyOutcome(draft, result.accepted_nodes, (tuple(committed),), finished))
-        if self.stream and committed:
+        if self.stream and committed and not finished:  # the last piece comes from run(), cut at a stop string
             self.stream.update(self.stops.generated)
+        if self.observer is not None:
+            self._observe(n, len(accepted), committed, finished)
         t3 = time.perf_counter()
         m.propose_s += t1 - t0
         m.forward_s += t2 - t1
@@ -186,27 +212,36 @@ class _Request:
             self.length = end
             self.state.tokens = self.buf[:, :end]
 
+    # --- fault isolation (see specframe.isolation) ---------------------------------------------------------
     def _propose(self, budget: int) -> DraftTree:
         """Ask the proposer for a draft; a fault becomes a target-only step (output is unaffected)."""
-        p = self.e.proposer
+        if self.guard.disabled:
+            return DraftTree.empty()
+        p, timeout = self.e.proposer, self.e.isolation.propose_timeout_s
         try:
+            t0 = time.perf_counter()
             draft = p.propose(self.state, budget)
-            draft = draft.truncate(budget)
-            check_draft(draft, self.e.target.vocab_size, getattr(self.e.verifier, "supports_trees", False))
+            elapsed = time.perf_counter() - t0
+            if timeout is not None and elapsed > timeout:
+                raise ProposerTimeoutError(f"propose took {elapsed:.3f} s, over the {timeout:g} s budget")
+            draft = draft.truncate(budget) if isinstance(draft, DraftTree) else draft
+            check_draft(draft, self.e.target.vocab_size, getattr(self.e.verifier, "supports_trees", False), 1)
             return draft
         except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
-            self._fault(p, "propose", exc)
+            self.guard.fault("propose", exc)
             return DraftTree.empty()
 
     def _safe_call(self, method: str, arg: Any) -> None:
-        p = self.e.proposer
+        if self.guard.disabled:
+            return
         try:
-            getattr(p, method)(arg)
+            getattr(self.e.proposer, method)(arg)
         except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
-            self._fault(p, method, exc)
+            self.guard.fault(method, exc)
 
-    def _fault(self, proposer: Any, where: str, exc: Exception) -> None:
-        self.metrics.proposer_faults += 1
-        if self.metrics.proposer_faults == 1:
-            kind = "broke the draft contract" if isinstance(exc, DraftError) else f"raised {type(exc).__name__}"
-            log.warning("proposer %r %s in %s: %s; using target-only steps instead", proposer.name, kind, where, exc)
+    def _observe(self, drafted: int, accepted: int, committed: list[int], finished: bool) -> None:
+        m = self.metrics
+        faults, self._faults_seen = m.proposer_faults - self._faults_seen, m.proposer_faults
+        self.observer.step(
+            m.target_forwards - 1, self.e.proposer.name, drafted, accepted, tuple(committed), faults, finished
+        )

@@ -33,8 +33,20 @@ class UnknownProposerError(SpecframeError, KeyError):
         return str(self.args[0])
 
 
-class DuplicateRegistrationError(SpecframeError):
-    """Two plugins registered the same proposer or verifier name."""
+class PluginError(SpecframeError):
+    """An installed plugin cannot be used; the message names the plugin, its distribution and the fix."""
+
+
+class PluginLoadError(PluginError):
+    """A plugin's entry point failed to import, or ``SPECFRAME_PLUGINS`` names a plugin that is not installed."""
+
+
+class PluginContractError(PluginError):
+    """A plugin implements an unknown hook or registers a class that breaks the proposer/verifier contract."""
+
+
+class DuplicateRegistrationError(PluginError):
+    """Two plugins registered the same proposer or verifier name (the message names both distributions)."""
 
 
 class PromptTooLongError(SpecframeError, ValueError):
@@ -47,3 +59,7 @@ class PromptsFileError(SpecframeError, ValueError):
 
 class DraftError(SpecframeError, ValueError):
     """A proposer returned a draft that breaks the contract (shape, dtype, ids, probabilities, order)."""
+
+
+class ProposerTimeoutError(SpecframeError):
+    """A proposer's ``propose`` call took longer than the isolation policy's time budget."""

@@ -1,15 +1,27 @@
-"""pluggy hook specifications: plugins *register* proposers and verifiers here; the decode loop never calls a
-hook (it calls the registered classes' methods directly).
+"""pluggy hook specifications.
 
-A plugin is a module or object with functions marked ``@specframe.hookimpl``; it is found through the package
-entry-point group ``specframe`` (built-in plugins use the same group).
+Two kinds of hooks:
+
+- **registration** (``specframe_register_proposers``, ``specframe_register_verifiers``): called once when a
+  :class:`specframe.registry.Registry` is built; the decode loop then calls the registered classes' methods
+  directly, never a hook.
+- **observation** (``specframe_observe_step``, ``specframe_observe_request``): events for metrics or logging
+  plugins. When no installed plugin implements them, the decode loop makes no hook call and builds no event
+  (checked once per request, see :mod:`specframe.observe`).
+
+A plugin is a module or object with functions marked ``@specframe.hookimpl``, found through the package
+entry-point group ``specframe`` (built-in plugins use the same group). A misspelt hook name fails when the
+registry is built (``PluginContractError``).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pluggy
+
+if TYPE_CHECKING:
+    from .observe import RequestEvent, StepEvent
 
 PROJECT = "specframe"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -21,11 +33,15 @@ def specframe_register_proposers(register: Callable[[type], None]) -> None:
     """Register the proposer classes this plugin provides.
 
     :param register: call ``register(cls)`` once per class. ``cls.name`` is the name used in config and on
-        the command line, ``cls.Config`` its pydantic config model (a :class:`specframe.ProposerConfig`).
+        the command line, ``cls.Config`` its pydantic config model (a subclass of
+        :class:`specframe.ProposerConfig`, ``extra="forbid"``); the capability flags ``needs_hidden_states``,
+        ``produces_trees`` and ``provides_draft_probs`` are ``bool`` class attributes (see
+        :class:`specframe.Proposer`).
 
     Dispatch: every implementation is called (not firstresult); return values are ignored.
     When called: once, when a :class:`specframe.registry.Registry` is built. A name registered twice raises
-    :class:`specframe.errors.DuplicateRegistrationError` naming both plugins.
+    :class:`specframe.errors.DuplicateRegistrationError` naming both distributions; a class that breaks the
+    contract raises :class:`specframe.errors.PluginContractError` naming the plugin and the fix.
     """
 
 
@@ -33,8 +49,37 @@ def specframe_register_proposers(register: Callable[[type], None]) -> None:
 def specframe_register_verifiers(register: Callable[[type], None]) -> None:
     """Register the verifier classes this plugin provides.
 
-    :param register: call ``register(cls)`` once per class; ``cls.name`` selects it (``--verifier`` / config).
+    :param register: call ``register(cls)`` once per class; ``cls.name`` selects it (``verifier:`` in config),
+        ``cls.supports_trees`` is a ``bool``, ``cls().verify(...)`` follows :class:`specframe.Verifier`.
 
     Dispatch: every implementation is called; return values are ignored.
     When called: once, when a registry is built. Duplicate names raise ``DuplicateRegistrationError``.
+    """
+
+
+@hookspec
+def specframe_observe_step(event: "StepEvent") -> None:
+    """Observe one verification step (drafted, accepted and committed counts, per proposer).
+
+    :param event: a frozen :class:`specframe.observe.StepEvent` — ``request_id``, ``step``, ``proposer``,
+        ``drafted`` (nodes the target verified), ``accepted``, ``committed`` (token ids), ``faults``,
+        ``finished``.
+
+    Dispatch: every implementation is called as a plain function, newest registration last; return values are
+    ignored. An implementation that raises is dropped for the rest of the request with one warning.
+    When called: after each verification step, in the decode loop — keep it cheap (append to a list, bump a
+    counter). Never called when no plugin implements an observer hook.
+    """
+
+
+@hookspec
+def specframe_observe_request(event: "RequestEvent") -> None:
+    """Observe one finished request.
+
+    :param event: a frozen :class:`specframe.observe.RequestEvent` — ``request_id``, ``proposers``,
+        ``prompt_tokens``, ``token_ids`` (generated), ``finish_reason``, ``metrics`` (the ``--json`` metrics dict).
+
+    Dispatch: every implementation is called as a plain function; return values are ignored; one that raises is
+    dropped with one warning.
+    When called: once per request generated through :func:`specframe.load`'s ``generate``, after the last step.
     """

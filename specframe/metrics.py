@@ -13,7 +13,9 @@ class RequestMetrics:
     target_forwards: int = 0  # verification forwards (the prefill is not counted)
     drafted_tokens: int = 0
     accepted_tokens: int = 0
-    proposer_faults: int = 0  # steps where a proposer raised or broke the draft contract
+    proposer_faults: int = 0  # calls where a proposer raised, broke the draft contract or ran over time
+    proposer_fault_kinds: dict[str, int] = field(default_factory=dict)  # "raised" | "malformed" | "timeout" -> n
+    proposer_disabled: bool = False  # too many faults: the rest of the request decoded from the target alone
     wall_s: float = 0.0
     prefill_s: float = 0.0
     propose_s: float = 0.0

@@ -1,32 +1,65 @@
-"""The plugin registry: a pluggy manager that finds plugins through entry points and collects the proposer
-and verifier classes they register.
+"""The plugin registry: a pluggy manager that finds plugins through entry points and collects the proposer and
+verifier classes they register, with the distribution each came from.
 
-Plugins are found in the entry-point group ``specframe``; built-in plugins (``specframe_plugins.*``) are
-declared there too. ``SPECFRAME_PLUGINS=ngram,my-plugin`` loads only the named entry points (the core
-verifiers always load).
+Plugins are found in the entry-point group ``specframe``; built-in plugins (``specframe_plugins.*``) are declared
+there too. ``SPECFRAME_PLUGINS=ngram,specframe-recall`` loads only the named entry points or distributions (the
+core verifiers always load; an empty value loads none). Every entry point is registered under its own name, so
+two distributions that both call their entry point ``ngram`` are both loaded (and then collide on the proposer
+name, loudly) instead of one silently shadowing the other.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
+from importlib import metadata
+from itertools import count
+from typing import Any, Literal, get_args, get_origin
 
 import pluggy
 
-from . import hookspecs, verifiers
-from .errors import DuplicateRegistrationError, UnknownProposerError
+from . import __version__, hookspecs, verifiers
+from .contracts import ProposerConfig
+from .errors import (
+    DuplicateRegistrationError,
+    PluginContractError,
+    PluginLoadError,
+    UnknownProposerError,
+)
+from .observe import Observers
 
 ALLOW_ENV = "SPECFRAME_PLUGINS"
+OBSERVER_HOOKS = ("specframe_observe_step", "specframe_observe_request")
+
+
+@dataclass
+class PluginInfo:
+    """One registered plugin (an entry point, the core verifiers, or an object passed in ``extra_plugins``)."""
+
+    name: str  # entry-point name (pluggy's plugin name)
+    distribution: str  # the distribution that declares it ("" when registered directly)
+    version: str
+    module: str  # the plugin module or object's type
+    proposers: list[type] = field(default_factory=list)
+    verifiers: list[type] = field(default_factory=list)
+    observes: list[str] = field(default_factory=list)  # observer hooks it implements
+
+    def describe(self) -> str:
+        """E.g. ``recall (specframe-recall 0.1.0)``."""
+        return f"{self.name} ({self.distribution} {self.version})" if self.distribution else self.name
 
 
 @dataclass
 class Registry:
-    """Proposer and verifier classes by name, and where each came from."""
+    """Proposer and verifier classes by name, the plugins they came from, and the observer implementations."""
 
     plugin_manager: pluggy.PluginManager
     proposers: dict[str, type] = field(default_factory=dict)
     verifiers: dict[str, type] = field(default_factory=dict)
     origin: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, name) -> plugin description
+    plugins: list[PluginInfo] = field(default_factory=list)
+    _requests: Any = field(default_factory=count, repr=False)
 
     def proposer(self, name: str) -> type:
         try:
@@ -44,31 +77,171 @@ class Registry:
                 f"unknown verifier {name!r}; installed: {', '.join(sorted(self.verifiers)) or '(none)'}"
             ) from None
 
+    def observers(self) -> Observers | None:
+        """The observer hook implementations for one new request, or None when no plugin implements one.
 
-def _describe(pm: pluggy.PluginManager, plugin: object) -> str:
-    for p, dist in pm.list_plugin_distinfo():
-        if p is plugin:
-            return f"{pm.get_name(plugin)} ({dist.project_name} {dist.version})"
-    return str(pm.get_name(plugin))
+        Call once per request; the engine skips every event when this is None.
+        """
+        by_hook = []
+        for hook in OBSERVER_HOOKS:
+            impls = getattr(self.plugin_manager.hook, hook).get_hookimpls()
+            by_hook.append([(self._plugin_label(impl.plugin), impl.function) for impl in impls])
+        if not any(by_hook):
+            return None
+        return Observers(next(self._requests), *by_hook)
+
+    def _plugin_label(self, plugin: object) -> str:
+        name = self.plugin_manager.get_name(plugin)
+        for info in self.plugins:
+            if info.name == name:
+                return info.describe()
+        return str(name)
 
 
-def _collect(pm: pluggy.PluginManager, hook_name: str, kind: str, table: dict, origin: dict) -> None:
-    for impl in getattr(pm.hook, hook_name).get_hookimpls():
-        where = _describe(pm, impl.plugin)
+# --- loading ----------------------------------------------------------------------------------------------
 
-        def register(cls: type, _where: str = where) -> None:
-            name = getattr(cls, "name", "")
-            if not isinstance(name, str) or not name:
-                raise DuplicateRegistrationError(f"{kind} class {cls!r} from {_where} has no `name`")
-            if name in table and table[name] is not cls:
-                raise DuplicateRegistrationError(
-                    f"{kind} {name!r} is registered by both {origin[(kind, name)]} and {_where}; "
-                    f"uninstall one or restrict loading with {ALLOW_ENV}"
-                )
-            table[name] = cls
-            origin[(kind, name)] = _where
 
-        impl.function(register=register)
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _entry_points() -> list[tuple[metadata.EntryPoint, str, str]]:
+    """``(entry point, distribution name, version)`` for every entry point in the ``specframe`` group."""
+    found, seen = [], set()
+    for dist in metadata.distributions():
+        dist_name = dist.metadata["Name"] or "?"
+        for ep in dist.entry_points:
+            key = (_normalize(dist_name), ep.name, ep.value)
+            if ep.group == hookspecs.PROJECT and key not in seen:  # a distribution can be on sys.path twice
+                seen.add(key)
+                found.append((ep, dist_name, dist.version))
+    return found
+
+
+def _allowed(eps: list[tuple[metadata.EntryPoint, str, str]]) -> list[tuple[metadata.EntryPoint, str, str]]:
+    allow = os.environ.get(ALLOW_ENV)
+    if allow is None:
+        return eps
+    wanted = {n.strip() for n in allow.split(",") if n.strip()}
+    matches = lambda w, ep, dist: w == ep.name or _normalize(w) == _normalize(dist)  # noqa: E731
+    unknown = [w for w in sorted(wanted) if not any(matches(w, ep, d) for ep, d, _ in eps)]
+    if unknown:
+        have = ", ".join(f"{ep.name} ({d})" for ep, d, _ in eps) or "(none)"
+        raise PluginLoadError(
+            f"{ALLOW_ENV} names {', '.join(map(repr, unknown))}, which no installed plugin provides; "
+            f"installed entry points: {have}"
+        )
+    return [(ep, d, v) for ep, d, v in eps if any(matches(w, ep, d) for w in wanted)]
+
+
+def _register(pm: pluggy.PluginManager, plugin: object, name: str, where: str) -> bool:
+    """Register ``plugin``; False when this very object is already registered (same module, two entry points)."""
+    if pm.is_registered(plugin):
+        return False
+    try:
+        pm.register(plugin, name=name)
+    except pluggy.PluginValidationError as exc:
+        raise PluginContractError(f"plugin {where}: {exc}; fix the @specframe.hookimpl function") from None
+    return True
+
+
+def _load_entry_points(pm: pluggy.PluginManager, plugins: list[PluginInfo]) -> None:
+    for ep, dist, version in _allowed(_entry_points()):
+        info = PluginInfo(ep.name, dist, version, ep.value)
+        try:
+            plugin = ep.load()
+        except Exception as exc:  # noqa: BLE001 - any import error of a third-party module
+            raise PluginLoadError(
+                f"plugin {info.describe()} failed to import {ep.value!r}: {type(exc).__name__}: {exc}; "
+                f"fix or uninstall {dist}, or leave it out with {ALLOW_ENV}=<plugins to load>"
+            ) from None
+        if pm.get_plugin(ep.name) is not None:  # another distribution uses the same entry-point name
+            info.name = f"{dist}:{ep.name}"
+        if _register(pm, plugin, info.name, info.describe()):
+            plugins.append(info)
+
+
+def _check_name(cls: type, kind: str, where: str) -> None:
+    name = getattr(cls, "name", "")
+    if not isinstance(name, str) or not name or any(c.isspace() or c == "," for c in name):
+        raise PluginContractError(
+            f"{kind} class {cls!r} from {where} needs a `name` class attribute: a non-empty string without spaces "
+            "or commas"
+        )
+
+
+def check_proposer_class(cls: type, where: str) -> None:
+    """Raise :class:`PluginContractError` when a proposer class breaks the contract (config model, flags, methods)."""
+    name = getattr(cls, "name", None)
+    _check_name(cls, "proposer", where)
+    config = getattr(cls, "Config", None)
+    if not (isinstance(config, type) and issubclass(config, ProposerConfig)):
+        raise PluginContractError(
+            f"proposer {name!r} from {where}: `Config` must be a subclass of specframe.ProposerConfig, got {config!r}"
+        )
+    if config.model_config.get("extra") != "forbid":
+        raise PluginContractError(
+            f"proposer {name!r} from {where}: {config.__name__} must forbid unknown options "
+            "(keep ProposerConfig's model_config, extra='forbid')"
+        )
+    name_field = config.model_fields.get("name")
+    annotation = name_field.annotation if name_field is not None else None
+    args = get_args(annotation) if get_origin(annotation) is Literal else ()
+    if args and name not in args:
+        raise PluginContractError(
+            f"proposer {name!r} from {where}: {config.__name__}.name accepts {list(args)}, not {name!r}; "
+            f"declare `name: Literal[{name!r}] = {name!r}`"
+        )
+    for flag in ("needs_hidden_states", "produces_trees", "provides_draft_probs"):
+        if not isinstance(getattr(cls, flag, None), bool):
+            raise PluginContractError(
+                f"proposer {name!r} from {where}: class attribute `{flag}` must be True or False "
+                "(subclass specframe.ProposerBase for the defaults)"
+            )
+    for method in ("start", "propose", "on_verified"):
+        if not callable(getattr(cls, method, None)):
+            raise PluginContractError(
+                f"proposer {name!r} from {where}: method `{method}` is missing (subclass specframe.ProposerBase)"
+            )
+
+
+def _check_verifier(cls: type, where: str) -> None:
+    name = getattr(cls, "name", None)
+    if not isinstance(getattr(cls, "supports_trees", None), bool):
+        raise PluginContractError(f"verifier {name!r} from {where}: class attribute `supports_trees` must be a bool")
+    if not callable(getattr(cls, "verify", None)):
+        raise PluginContractError(f"verifier {name!r} from {where}: method `verify` is missing")
+
+
+def _collect(reg: Registry, info: PluginInfo, plugin: object) -> None:
+    hook = reg.plugin_manager.hook
+    where = info.describe()
+    for kind, hook_name, table, found, check in (
+        ("proposer", "specframe_register_proposers", reg.proposers, info.proposers, check_proposer_class),
+        ("verifier", "specframe_register_verifiers", reg.verifiers, info.verifiers, _check_verifier),
+    ):
+        for impl in getattr(hook, hook_name).get_hookimpls():
+            if impl.plugin is not plugin:
+                continue
+
+            def register(cls: type, _kind=kind, _table=table, _found=found, _check=check) -> None:
+                _check_name(cls, _kind, where)
+                name = cls.name
+                if name in _table and _table[name] is not cls:
+                    raise DuplicateRegistrationError(
+                        f"{_kind} {name!r} is registered by both {reg.origin[(_kind, name)]} and {where}; "
+                        f"uninstall one, or load only one with {ALLOW_ENV}"
+                    )
+                _check(cls, where)
+                _table[name] = cls
+                reg.origin[(_kind, name)] = where
+                if cls not in _found:
+                    _found.append(cls)
+
+            impl.function(register=register)
+    for hook_name in OBSERVER_HOOKS:
+        if any(i.plugin is plugin for i in getattr(hook, hook_name).get_hookimpls()):
+            info.observes.append(hook_name)
 
 
 def build_registry(*, entry_points: bool = True, extra_plugins: tuple[object, ...] = ()) -> Registry:
@@ -79,23 +252,32 @@ def build_registry(*, entry_points: bool = True, extra_plugins: tuple[object, ..
         extra_plugins: plugin modules or objects to register directly (tests, embedding applications).
 
     Raises:
-        DuplicateRegistrationError: two plugins register the same name.
-        pluggy.PluginValidationError: a hook implementation does not match any hook spec (a misspelt hook).
+        PluginLoadError: an entry point fails to import, or ``SPECFRAME_PLUGINS`` names a missing plugin.
+        PluginContractError: a hook implementation matches no hook spec (a misspelt hook or argument), or a
+            registered class breaks the proposer/verifier contract.
+        DuplicateRegistrationError: two plugins register the same name (both distributions are named).
     """
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    pm.register(verifiers, name="specframe.verifiers")
+    plugins = [PluginInfo("specframe.verifiers", "specframe", __version__, verifiers.__name__)]
+    _register(pm, verifiers, plugins[0].name, plugins[0].describe())
     if entry_points:
-        allow = os.environ.get(ALLOW_ENV)
-        if allow is None:
-            pm.load_setuptools_entrypoints(hookspecs.PROJECT)
-        else:
-            for name in filter(None, (n.strip() for n in allow.split(","))):
-                pm.load_setuptools_entrypoints(hookspecs.PROJECT, name=name)
+        _load_entry_points(pm, plugins)
     for plugin in extra_plugins:
-        pm.register(plugin)
-    pm.check_pending()
-    reg = Registry(pm)
-    _collect(pm, "specframe_register_proposers", "proposer", reg.proposers, reg.origin)
-    _collect(pm, "specframe_register_verifiers", "verifier", reg.verifiers, reg.origin)
+        name = getattr(plugin, "__name__", None) or f"{type(plugin).__name__}@{id(plugin):x}"
+        if pm.get_plugin(name) is not None and pm.get_plugin(name) is not plugin:
+            name = f"{name}@{id(plugin):x}"
+        info = PluginInfo(name, "", "", getattr(plugin, "__name__", type(plugin).__qualname__))
+        if _register(pm, plugin, name, name):
+            plugins.append(info)
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        owner = next((i.describe() for i in plugins if pm.get_plugin(i.name) is exc.plugin), "a plugin")
+        raise PluginContractError(
+            f"plugin {owner}: {exc}; known hooks: {', '.join(sorted(n for n in dir(hookspecs) if n.startswith('specframe_')))}"
+        ) from None
+    reg = Registry(pm, plugins=plugins)
+    for info in plugins:
+        _collect(reg, info, pm.get_plugin(info.name))
     return reg

@@ -1,4 +1,9 @@
-"""Checks that a draft honours the :class:`~specframe.contracts.DraftTree` contract before the target sees it."""
+"""Checks that a draft honours the :class:`~specframe.contracts.DraftTree` contract before the target sees it.
+
+The engine calls :func:`check_draft` on every draft (a failure turns the step into a target-only step, see
+:mod:`specframe.isolation`); the conformance kit (:mod:`specframe.testing`) calls it too, so a plugin author sees
+the same message in their tests.
+"""
 
 from __future__ import annotations
 
@@ -8,23 +13,35 @@ from .contracts import DraftTree
 from .errors import DraftError
 
 
-def check_draft(draft: DraftTree, vocab_size: int, trees_ok: bool) -> None:
+def _prob_tolerance(dtype: torch.dtype) -> float:
+    """How far a row of ``draft_probs`` may sum from 1: 1e-3, wider for low-precision dtypes (bfloat16)."""
+    return max(1e-3, 2 * torch.finfo(dtype).eps)
+
+
+def check_draft(draft: DraftTree, vocab_size: int, trees_ok: bool, batch: int | None = None) -> None:
     """Raise :class:`DraftError` naming the first broken rule.
 
-    Rules: ``token_ids`` and ``parent`` are ``[B, N]`` int64 with equal shapes; ids in ``[0, V)``; parents in
-    ``[-1, i)`` for node ``i``; a chain unless ``trees_ok``; ``draft_probs`` (if any) is ``[B, N, V]`` floating,
-    non-negative, rows summing to 1 (±1e-3), and gives each drafted token a positive probability.
+    Rules: ``draft`` is a :class:`DraftTree`; ``token_ids`` and ``parent`` are ``[B, N]`` int64 with equal
+    shapes (``B == batch`` when given); ids in ``[0, V)``; parents in ``[-1, i)`` for node ``i``; a chain unless
+    ``trees_ok``; ``draft_probs`` (if any) is ``[B, N, V]`` floating, finite, non-negative, rows summing to 1
+    (±1e-3, or 2 eps of a lower-precision dtype), and gives each drafted token a positive probability.
     """
+    if not isinstance(draft, DraftTree):
+        raise DraftError(f"propose must return a specframe.DraftTree, got {type(draft).__name__}")
     ids, parent = draft.token_ids, draft.parent
     if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.dim() != 2:
-        raise DraftError("token_ids must be a [B, N] int64 tensor")
+        got = f"{ids.dtype} {tuple(ids.shape)}" if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise DraftError(f"token_ids must be a [B, N] int64 tensor, got {got}")
+    if batch is not None and ids.shape[0] != batch:
+        raise DraftError(f"token_ids must have batch size {batch} (the DecodeState's), got {ids.shape[0]}")
     if not isinstance(parent, torch.Tensor) or parent.dtype != torch.int64 or parent.shape != ids.shape:
         raise DraftError(f"parent must be int64 with the shape of token_ids {tuple(ids.shape)}")
     n = ids.shape[1]
     if n == 0:
         return
-    if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
-        raise DraftError(f"token ids must be in [0, {vocab_size})")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab_size:
+        raise DraftError(f"token ids must be in [0, {vocab_size}), got {lo if lo < 0 else hi}")
     idx = torch.arange(n, dtype=torch.int64, device=parent.device)
     if bool((parent < -1).any()) or bool((parent >= idx).any()):
         raise DraftError("parents must come before their children (-1 <= parent[i] < i)")
@@ -37,7 +54,11 @@ def check_draft(draft: DraftTree, vocab_size: int, trees_ok: bool) -> None:
         if tuple(probs.shape) != (ids.shape[0], n, vocab_size):
             raise DraftError(f"draft_probs must have shape {(ids.shape[0], n, vocab_size)}, got {tuple(probs.shape)}")
         sums = probs.float().sum(-1)
-        if bool((probs < 0).any()) or not bool(torch.allclose(sums, torch.ones_like(sums), atol=1e-3)):
-            raise DraftError("each draft_probs row must be a probability distribution (>= 0, summing to 1)")
+        tol = _prob_tolerance(probs.dtype)
+        if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
+            raise DraftError("draft_probs must be finite and >= 0")
+        if not bool(torch.allclose(sums, torch.ones_like(sums), atol=tol, rtol=0)):
+            worst = float((sums - 1).abs().max())
+            raise DraftError(f"each draft_probs row must sum to 1 (±{tol:g}); one is off by {worst:.3g}")
         if bool((probs.gather(2, ids[..., None].to(probs.device)) <= 0).any()):
-            raise DraftError("a drafted token has draft probability 0: it cannot have been sampled from q")
+            raise DraftError("a drafted token has draft probability 0: it cannot have been sampled from draft_probs")

@@ -1,0 +1,128 @@
+"""What is installed: every plugin with its distribution, version, and the proposers / verifiers it provides
+(capabilities and a config summary). ``specframe plugins [--json]`` prints this.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from .registry import PluginInfo, Registry
+
+
+def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "").replace("NoneType", "None")
+
+
+def _constraints(info: FieldInfo) -> str:
+    parts = []
+    for meta in info.metadata:
+        for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            value = getattr(meta, attr, None)
+            if value is not None:
+                parts.append(f"{sign}{value}")
+    return ", ".join(parts)
+
+
+def _default(info: FieldInfo) -> Any:
+    if info.default_factory is not None:
+        return "<factory>"
+    if info.default is PydanticUndefined:
+        return None
+    try:
+        json.dumps(info.default)
+        return info.default
+    except TypeError:
+        return repr(info.default)
+
+
+def config_summary(config: type) -> list[dict[str, Any]]:
+    """One entry per option of a proposer config model (``name`` itself left out)."""
+    out = []
+    for field_name, info in config.model_fields.items():
+        if field_name == "name":
+            continue
+        out.append({
+            "option": field_name,
+            "type": _type_name(info.annotation),
+            "required": info.is_required(),
+            "default": _default(info),
+            "constraints": _constraints(info),
+            "description": info.description or "",
+        })
+    return out
+
+
+def _doc(cls: type) -> str:
+    return ((cls.__doc__ or "").strip().splitlines() or [""])[0]
+
+
+def proposer_summary(cls: type) -> dict[str, Any]:
+    return {
+        "name": cls.name,
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "summary": _doc(cls),
+        "capabilities": {
+            "tree_drafts": cls.produces_trees,
+            "draft_probs": cls.provides_draft_probs,
+            "needs_hidden_states": cls.needs_hidden_states,
+        },
+        "config": config_summary(cls.Config),
+    }
+
+
+def verifier_summary(cls: type) -> dict[str, Any]:
+    return {
+        "name": cls.name,
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "summary": _doc(cls),
+        "capabilities": {"tree_drafts": cls.supports_trees},
+    }
+
+
+def plugin_summary(info: PluginInfo) -> dict[str, Any]:
+    return {
+        "plugin": info.name,
+        "distribution": info.distribution,
+        "version": info.version,
+        "module": info.module,
+        "proposers": [proposer_summary(c) for c in info.proposers],
+        "verifiers": [verifier_summary(c) for c in info.verifiers],
+        "observes": list(info.observes),
+    }
+
+
+def inventory(registry: Registry) -> dict[str, Any]:
+    """The ``specframe plugins --json`` document: ``{"plugins": [...]}``."""
+    return {"plugins": [plugin_summary(p) for p in registry.plugins]}
+
+
+def render_text(doc: dict[str, Any]) -> str:
+    """Human-readable form of :func:`inventory`."""
+    lines = []
+    for p in doc["plugins"]:
+        dist = f"{p['distribution']} {p['version']}".strip() or "registered directly"
+        lines.append(f"{p['plugin']}  [{dist}]  {p['module']}")
+        for v in p["verifiers"]:
+            trees = "trees" if v["capabilities"]["tree_drafts"] else "chains"
+            lines.append(f"  verifier {v['name']}: {v['summary']} ({trees})")
+        for pr in p["proposers"]:
+            caps = pr["capabilities"]
+            flags = [
+                "tree drafts" if caps["tree_drafts"] else "chain drafts",
+                "draft probabilities" if caps["draft_probs"] else "deterministic drafts",
+            ] + (["needs the target's hidden states"] if caps["needs_hidden_states"] else [])
+            lines.append(f"  proposer {pr['name']}: {pr['summary']}")
+            lines.append(f"    capabilities: {', '.join(flags)}")
+            for o in pr["config"]:
+                value = "required" if o["required"] else f"= {json.dumps(o['default'])}"
+                limits = f" ({o['constraints']})" if o["constraints"] else ""
+                lines.append(f"    {o['option']}: {o['type']} {value}{limits}  {o['description']}".rstrip())
+        if p["observes"]:
+            lines.append(f"  observes: {', '.join(p['observes'])}")
+    return "\n".join(lines)

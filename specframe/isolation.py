@@ -1,0 +1,86 @@
+"""Fault isolation: a faulty proposer costs speed, never correctness.
+
+A proposer *faults* when ``start``/``propose``/``on_verified`` raises, when ``propose`` returns a draft that breaks
+the :class:`~specframe.contracts.DraftTree` contract (see :func:`specframe.validate.check_draft`), or when one
+``propose`` call takes longer than the policy's time budget. The engine then runs a target-only step (an empty
+draft), so the committed tokens are exactly those of plain decoding. Per request and proposer, a
+:class:`FaultGuard` counts faults in the request's metrics, logs **one** warning naming the plugin, and after
+``max_faults`` faults disables the proposer for the rest of the request (no more calls into it).
+
+The time budget is checked after ``propose`` returns (a Python call cannot be interrupted safely); the late
+draft is dropped, and repeated overruns disable the proposer, which bounds the damage of a slow plugin.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from .errors import ConfigError, DraftError, ProposerTimeoutError
+from .metrics import RequestMetrics
+
+log = logging.getLogger("specframe")
+
+# Fault kinds, as counted in ``RequestMetrics.proposer_fault_kinds``.
+RAISED, MALFORMED, TIMEOUT = "raised", "malformed", "timeout"
+
+
+@dataclass(frozen=True, slots=True)
+class IsolationPolicy:
+    """How the engine treats a faulty proposer.
+
+    Raises:
+        ConfigError: a non-positive time budget or ``max_faults < 1``.
+    """
+
+    propose_timeout_s: float | None = 5.0  # a propose call slower than this is a fault; None = no budget
+    max_faults: int = 3  # faults in one request after which the proposer is disabled for the rest of it
+
+    def __post_init__(self) -> None:
+        if self.propose_timeout_s is not None and not self.propose_timeout_s > 0:
+            raise ConfigError(f"propose_timeout_s must be > 0 seconds (or null for none), got {self.propose_timeout_s}")
+        if self.max_faults < 1:
+            raise ConfigError(f"max_faults must be >= 1, got {self.max_faults}")
+
+
+def fault_kind(exc: BaseException) -> str:
+    if isinstance(exc, DraftError):
+        return MALFORMED
+    if isinstance(exc, ProposerTimeoutError):
+        return TIMEOUT
+    return RAISED
+
+
+class FaultGuard:
+    """Counts one proposer's faults in one request and decides when to stop calling it.
+
+    Args:
+        name: the proposer's name.
+        plugin: where it comes from, e.g. ``"specframe-recall 0.1.0"`` ("" when unknown).
+        policy: the isolation policy.
+        metrics: the request's metrics (``proposer_faults``, ``proposer_fault_kinds``, ``proposer_disabled``).
+    """
+
+    __slots__ = ("name", "plugin", "policy", "metrics", "disabled")
+
+    def __init__(self, name: str, plugin: str, policy: IsolationPolicy, metrics: RequestMetrics) -> None:
+        self.name, self.plugin, self.policy, self.metrics = name, plugin, policy, metrics
+        self.disabled = False
+
+    def fault(self, where: str, exc: BaseException) -> None:
+        """Record a fault in ``where`` (``start`` | ``propose`` | ``on_verified``); warn on the first one."""
+        m, kind = self.metrics, fault_kind(exc)
+        m.proposer_faults += 1
+        m.proposer_fault_kinds[kind] = m.proposer_fault_kinds.get(kind, 0) + 1
+        if m.proposer_faults >= self.policy.max_faults:
+            self.disabled = m.proposer_disabled = True
+        if m.proposer_faults == 1:
+            what = {MALFORMED: "broke the draft contract", TIMEOUT: "ran over its time budget"}.get(
+                kind, f"raised {type(exc).__name__}"
+            )
+            source = f" (plugin {self.plugin})" if self.plugin else ""
+            log.warning(
+                "proposer %r%s %s in %s: %s; that step decodes from the target alone, output is unaffected; "
+                "after %d fault(s) it is disabled for the rest of the request",
+                self.name, source, what, where, exc, self.policy.max_faults,
+            )
