@@ -1,0 +1,90 @@
+"""A transparent proxy around the proposer under test: it forwards every call, records what went in and out,
+and notes contract problems in the author's terms. Exceptions are re-raised, so the engine isolates them as it
+would in production; the kit then fails with the recorded problem."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..contracts import DecodeState, DraftTree, VerifyOutcome
+from ..errors import DraftError
+from ..validate import check_draft
+from .report import describe_exc
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call into the proposer."""
+
+    method: str  # "start" | "propose" | "on_verified"
+    request: int  # index of the request (counts start calls, from 0)
+    tokens: tuple[int, ...] = ()  # state.tokens[0] when called (start, propose)
+    budget: int = 0  # propose
+    draft: DraftTree | None = None  # propose: as returned; on_verified: outcome.draft
+    outcome: VerifyOutcome | None = None  # on_verified
+
+
+def draft_problem(draft: Any, proposer: Any, vocab_size: int) -> str | None:
+    """What is wrong with a draft, or None."""
+    try:
+        check_draft(draft, vocab_size, trees_ok=bool(proposer.produces_trees), batch=1)
+    except DraftError as exc:
+        hint = " (or declare produces_trees = True)" if "chains only" in str(exc) else ""
+        return f"propose returned a draft that breaks the DraftTree contract: {exc}{hint}"
+    if draft.draft_probs is not None and not proposer.provides_draft_probs:
+        return ("propose returned draft_probs but the class declares provides_draft_probs = False; "
+                "set it to True so `specframe plugins` tells users the truth")
+    return None
+
+
+class Recorder:
+    """Wraps ``inner`` (a proposer instance) with the same name and capability flags."""
+
+    def __init__(self, inner: Any, vocab_size: int) -> None:
+        self.inner = inner
+        self.vocab_size = vocab_size
+        for attr in ("name", "Config", "needs_hidden_states", "produces_trees", "provides_draft_probs"):
+            setattr(self, attr, getattr(inner, attr))
+        self.calls: list[Call] = []
+        self.problems: list[str] = []
+        self.request = -1
+
+    def _context(self) -> str:
+        steps = sum(1 for c in self.calls if c.method == "on_verified" and c.request == self.request)
+        return f"request {self.request}, step {steps}"
+
+    def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return getattr(self.inner, method)(*args)
+        except Exception as exc:
+            self.problems.append(f"{method} raised {describe_exc(exc)} ({self._context()})")
+            raise
+
+    def start(self, state: DecodeState) -> None:
+        self.request += 1
+        self.calls.append(Call("start", self.request, tuple(state.tokens[0].tolist())))
+        self._call("start", state)
+
+    def propose(self, state: DecodeState, budget: int) -> DraftTree:
+        before = state.tokens.clone()
+        draft = self._call("propose", state, budget)
+        if not torch.equal(before, state.tokens):
+            self.problems.append(
+                f"propose modified state.tokens in place ({self._context()}); the committed tokens are the "
+                "engine's: treat DecodeState as read-only and copy before editing"
+            )
+        problem = draft_problem(draft, self, self.vocab_size)
+        if problem:
+            self.problems.append(f"{problem} ({self._context()})")
+        self.calls.append(Call("propose", self.request, tuple(before[0].tolist()), budget, draft))
+        return draft
+
+    def on_verified(self, outcome: VerifyOutcome) -> None:
+        self.calls.append(Call("on_verified", self.request, draft=outcome.draft, outcome=outcome))
+        self._call("on_verified", outcome)
+
+    def drafts(self) -> list[DraftTree]:
+        return [c.draft for c in self.calls if c.method == "propose" and isinstance(c.draft, DraftTree)]
