@@ -134,6 +134,10 @@ def _allowed(eps: list[tuple[metadata.EntryPoint, str, str]]) -> list[tuple[meta
     return [(ep, d, v) for ep, d, v in eps if any(matches(w, ep, d) for w in wanted)]
 
 
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
 def _register(pm: pluggy.PluginManager, plugin: object, name: str, where: str) -> bool:
     """Register ``plugin``; False when this very object is already registered (same module, two entry points)."""
     if pm.is_registered(plugin):
@@ -141,7 +145,7 @@ def _register(pm: pluggy.PluginManager, plugin: object, name: str, where: str) -
     try:
         pm.register(plugin, name=name)
     except pluggy.PluginValidationError as exc:
-        raise PluginContractError(f"plugin {where}: {exc}; fix the @specframe.hookimpl function") from None
+        raise PluginContractError(f"plugin {where}: {_one_line(exc)}; fix the @specframe.hookimpl function") from None
     return True
 
 
@@ -275,7 +279,7 @@ def build_registry(*, entry_points: bool = True, extra_plugins: tuple[object, ..
     except pluggy.PluginValidationError as exc:
         owner = next((i.describe() for i in plugins if pm.get_plugin(i.name) is exc.plugin), "a plugin")
         raise PluginContractError(
-            f"plugin {owner}: {exc}; known hooks: {', '.join(sorted(n for n in dir(hookspecs) if n.startswith('specframe_')))}"
+            f"plugin {owner}: {_one_line(exc)}; known hooks: {', '.join(sorted(n for n in dir(hookspecs) if n.startswith('specframe_')))}"
         ) from None
     reg = Registry(pm, plugins=plugins)
     for info in plugins:

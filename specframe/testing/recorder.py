@@ -50,11 +50,10 @@ class Recorder:
             setattr(self, attr, getattr(inner, attr))
         self.calls: list[Call] = []
         self.problems: list[str] = []
-        self.request = -1
+        self.request, self.step = -1, 0  # where we are: request index, verification step within it
 
     def _context(self) -> str:
-        steps = sum(1 for c in self.calls if c.method == "on_verified" and c.request == self.request)
-        return f"request {self.request}, step {steps}"
+        return f"request {self.request}, step {self.step}"
 
     def _call(self, method: str, *args: Any) -> Any:
         try:
@@ -64,7 +63,7 @@ class Recorder:
             raise
 
     def start(self, state: DecodeState) -> None:
-        self.request += 1
+        self.request, self.step = self.request + 1, 0
         self.calls.append(Call("start", self.request, tuple(state.tokens[0].tolist())))
         self._call("start", state)
 
@@ -84,7 +83,10 @@ class Recorder:
 
     def on_verified(self, outcome: VerifyOutcome) -> None:
         self.calls.append(Call("on_verified", self.request, draft=outcome.draft, outcome=outcome))
-        self._call("on_verified", outcome)
+        try:
+            self._call("on_verified", outcome)
+        finally:
+            self.step += 1
 
     def drafts(self) -> list[DraftTree]:
         return [c.draft for c in self.calls if c.method == "propose" and isinstance(c.draft, DraftTree)]
