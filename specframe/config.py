@@ -108,7 +108,10 @@ def load_config(path: str | Path | None = None, base: dict[str, Any] | None = No
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of settings")
         data = loaded
-    sampling = dict(data.get("sampling") or {})
+    sampling = data.get("sampling") or {}
+    if not isinstance(sampling, dict):  # dict() of a scalar or list would raise TypeError/ValueError (a traceback)
+        raise ConfigError(f"{where}: sampling: must be a mapping (temperature, top_p, top_k, seed)")
+    sampling = dict(sampling)
     for key, value in overrides.items():
         if value is None:
             continue

@@ -44,6 +44,8 @@ class SpeculativeSamplingVerifier:
         self, draft: DraftTree, target_logits: Tensor, sampling: SamplingParams, generator: torch.Generator
     ) -> VerifyResult:
         device = target_logits.device
+        if sampling.is_greedy:  # the temperature -> 0 limit; warping by 1/0 would give NaN probabilities
+            return _result(*greedy_chain(target_logits, draft.token_ids.to(device)))
         target_probs = probs_from_logits(target_logits, sampling)
         draft_probs = None if draft.draft_probs is None else draft.draft_probs.to(device, torch.float32)
         return _result(*sampling_chain(target_probs, draft_probs, draft.token_ids.to(device), generator))

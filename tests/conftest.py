@@ -1,0 +1,38 @@
+"""Shared fixtures (see :mod:`tests.support` for the builders they use)."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+from specframe.target import Target
+
+from .support import ARCHS, VOCAB, build_model, build_tokenizer
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> PreTrainedTokenizerFast:
+    tok = build_tokenizer()
+    assert len(tok) == VOCAB
+    return tok
+
+
+@pytest.fixture(scope="session", params=ARCHS)
+def model(request):
+    """One tiny model per architecture, shared by the session; tests must not change its weights."""
+    return build_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def llama_model():
+    return build_model("llama")
+
+
+@pytest.fixture
+def target(model, tokenizer) -> Target:
+    return Target(model, tokenizer)
+
+
+@pytest.fixture
+def llama_target(llama_model, tokenizer) -> Target:
+    return Target(llama_model, tokenizer)

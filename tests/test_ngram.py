@@ -1,0 +1,124 @@
+"""The ``ngram`` proposer (prompt lookup): the reference lookup, the incremental index, config validation."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from specframe.config import load_config, resolve_proposers
+from specframe.contracts import DecodeState, TargetInfo
+from specframe.errors import ConfigError
+from specframe.registry import build_registry
+from specframe.sampling import SamplingParams
+from specframe_plugins.ngram import NgramConfig, NgramIndex, NgramProposer, find_continuation
+
+INFO = TargetInfo(
+    vocab_size=64, eos_token_ids=frozenset(), max_context=256, device=torch.device("cpu"), dtype=torch.float32
+)
+
+
+def test_docstring_worked_example():
+    assert find_continuation([5, 6, 7, 8, 9, 5, 6, 7], 1, 3, 3) == [8, 9, 5]
+
+
+@pytest.mark.parametrize(
+    "tokens, min_n, max_n, k, expected",
+    [
+        ([5, 6, 7, 8, 9, 5, 6, 7], 1, 3, 10, [8, 9, 5, 6, 7]),  # continuation runs to the end of the tokens
+        ([5, 6, 7, 8, 9, 5, 6, 7], 1, 3, 1, [8]),  # k caps the draft
+        ([1, 2, 3, 1, 2, 4, 1, 2], 1, 2, 3, [4, 1, 2]),  # most recent occurrence of [1, 2] wins
+        ([1, 2, 3, 9, 2, 4, 1, 2], 1, 2, 3, [3, 9, 2]),  # longest suffix [1, 2] beats the later [2]
+        ([1, 2, 3, 9, 2, 4, 1, 2], 1, 1, 3, [4, 1, 2]),  # max_n = 1: only [2], most recent
+        ([1, 2, 3, 4], 1, 4, 3, []),  # no earlier occurrence of any suffix
+        ([1, 2, 3, 9, 2, 4, 7, 2], 2, 3, 3, []),  # [2] recurs but min_n = 2 and [7, 2] does not
+        ([7, 7, 7, 7], 1, 3, 5, [7]),  # overlapping occurrence [7, 7, 7] ending at 2, followed by one 7
+        ([4], 1, 3, 3, []),  # a single token has nothing before it
+        ([], 1, 3, 3, []),
+    ],
+)
+def test_find_continuation_cases(tokens, min_n, max_n, k, expected):
+    assert find_continuation(tokens, min_n, max_n, k) == expected
+
+
+def test_index_equals_reference_on_random_sequences():
+    rng = random.Random(1234)
+    checks = 0
+    for _ in range(300):
+        min_n = rng.randint(1, 3)
+        max_n = rng.randint(min_n, 5)
+        alphabet = rng.randint(2, 6)  # small alphabets so that matches of every length occur
+        index = NgramIndex(min_n, max_n)
+        tokens: list[int] = []
+        for _ in range(rng.randint(1, 12)):  # extend in chunks of random size, as the engine commits them
+            chunk = [rng.randrange(alphabet) for _ in range(rng.randint(0 if tokens else 1, 6))]
+            tokens += chunk
+            index.extend(chunk)
+            for k in (1, 3, 8):
+                assert index.lookup(k) == find_continuation(tokens, min_n, max_n, k), (tokens, min_n, max_n, k)
+                checks += 1
+    assert checks > 2000
+
+
+def test_index_finds_matches():
+    index = NgramIndex(1, 3)
+    index.extend([5, 6, 7, 8, 9])
+    assert index.lookup(3) == []
+    index.extend([5, 6])
+    assert index.lookup(3) == [7, 8, 9]
+    index.extend([7])
+    assert index.lookup(3) == [8, 9, 5]
+
+
+@pytest.mark.parametrize("min_n, max_n", [(3, 2), (5, 1)])
+def test_min_n_greater_than_max_n_is_rejected(min_n, max_n):
+    with pytest.raises(ValidationError, match=rf"min_n \({min_n}\) must be <= max_n \({max_n}\)"):
+        NgramConfig(min_n=min_n, max_n=max_n)
+
+
+@pytest.mark.parametrize("field, value", [("k", 0), ("k", 65), ("min_n", 0), ("max_n", 17), ("bogus", 1)])
+def test_config_bounds(field, value):
+    with pytest.raises(ValidationError, match=rf"(?m)^{field}$"):
+        NgramConfig(**{field: value})
+
+
+def test_bad_options_through_the_registry_name_the_proposer():
+    cfg = load_config(None, proposers=[{"name": "ngram", "min_n": 4, "max_n": 2}])
+    with pytest.raises(ConfigError, match=r"proposer 'ngram'.*min_n \(4\) must be <= max_n \(2\)"):
+        resolve_proposers(cfg, build_registry())
+    ((cls, pcfg),) = resolve_proposers(load_config(None, proposers=[{"name": "ngram", "k": 3}]), build_registry())
+    assert cls is NgramProposer and pcfg == NgramConfig(k=3)
+
+
+def _state(tokens: list[int], prompt_len: int) -> DecodeState:
+    return DecodeState(torch.tensor([tokens]), prompt_len, SamplingParams(), torch.Generator())
+
+
+def test_proposer_follows_the_growing_sequence():
+    proposer = NgramProposer(NgramConfig(k=3, min_n=1, max_n=3), INFO)
+    tokens = [5, 6, 7, 8, 9, 5]
+    proposer.start(_state(tokens, len(tokens)))
+    assert proposer.propose(_state(tokens, 6), budget=8).token_ids.tolist() == [[6, 7, 8]]
+    tokens += [6, 7]
+    draft = proposer.propose(_state(tokens, 6), budget=8)
+    assert draft.token_ids.tolist() == [[8, 9, 5]]
+    assert draft.is_chain() and draft.draft_probs is None  # deterministic proposal
+    assert proposer.propose(_state(tokens, 6), budget=2).token_ids.tolist() == [[8, 9]]  # budget caps k
+    tokens += [1]
+    assert proposer.propose(_state(tokens, 6), budget=8).num_nodes == 0  # no match: an empty draft
+
+
+def test_start_resets_the_index():
+    proposer = NgramProposer(NgramConfig(k=2), INFO)
+    proposer.start(_state([1, 2, 3, 1], 4))
+    assert proposer.propose(_state([1, 2, 3, 1], 4), 4).token_ids.tolist() == [[2, 3]]
+    proposer.start(_state([4, 5, 6, 1], 4))  # a new request: nothing from the previous one is remembered
+    assert proposer.propose(_state([4, 5, 6, 1], 4), 4).num_nodes == 0
+
+
+def test_registered_under_its_name():
+    registry = build_registry()
+    assert registry.proposer("ngram") is NgramProposer
+    assert {"ngram", "none"} <= set(registry.proposers)
