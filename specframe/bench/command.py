@@ -1,0 +1,127 @@
+"""The ``specframe bench`` command: validate everything, load once, run interleaved, write the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+
+from ..errors import ConfigError
+
+
+def bench(
+    config: Path = typer.Option(..., "--config", help="Bench YAML (see docs/bench.example.yaml)."),
+    questions: Optional[Path] = typer.Option(None, "--questions", help="Spec-Bench-format JSONL (overrides config)."),
+    categories: Optional[List[str]] = typer.Option(None, "--categories", help="Category filter (repeatable or comma list)."),
+    limit_per_category: Optional[int] = typer.Option(None, "--limit-per-category", help="First N questions per category."),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Overrides the config."),
+    output: Path = typer.Option(Path("bench-out"), "--output", help="Directory for results.json, report.md, PNGs."),
+    profile: bool = typer.Option(False, "--profile", help="Measure the target's cost curve v(n) too."),
+) -> None:
+    """Compare strategies side by side on Spec-Bench questions, against HF transformers peers."""
+    from ..cli import _fail
+    from ..errors import SpecframeError
+
+    try:
+        _bench(config, questions, categories, limit_per_category, max_new_tokens, output, profile)
+    except SpecframeError as exc:
+        _fail(str(exc))
+
+
+def _bench(config, questions, categories, limit_per_category, max_new_tokens, output, profile) -> None:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.table import Table
+
+    from ..config import SpecframeConfig, resolve_proposers
+    from ..models import check_device, resolve_model
+    from ..prompts import read_prompts
+    from ..registry import build_registry
+    from .config import ProfileConfig, load_bench_config
+    from .costmodel import measure_cost_curve
+    from .report import aggregate, render_markdown, speedup_rows
+    from .runner import BenchRunner, environment, lossless_check, select_questions
+
+    err = Console(stderr=True, highlight=False)
+    # 1. validate everything before any model loads
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if limit_per_category is not None and limit_per_category < 1:
+        raise ConfigError(f"--limit-per-category must be >= 1, got {limit_per_category}")
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"--output {output} is a file: give a directory")
+    cats = [c.strip() for entry in (categories or []) for c in entry.split(",") if c.strip()] or None
+    cfg = load_bench_config(config, max_new_tokens=max_new_tokens, limit_per_category=limit_per_category,
+                            questions=str(questions) if questions else None, categories=cats)
+    if profile and cfg.profile is None:
+        cfg = cfg.model_copy(update={"profile": ProfileConfig()})
+    if not cfg.questions:
+        raise ConfigError("no questions: pass --questions F.jsonl or set `questions` in the bench config")
+    prompts = read_prompts(cfg.questions)
+    chosen = select_questions(prompts, cfg.categories, cfg.limit_per_category)
+    if not chosen:
+        found = sorted({str(p.category) for p in prompts})
+        raise ConfigError(f"--categories {cfg.categories} match no question; the file has: {', '.join(found)}")
+    registry = build_registry()
+    for s in cfg.strategies:
+        if s.proposers is not None:
+            resolve_proposers(SpecframeConfig.model_validate({"proposers": s.proposers}), registry)
+    check_device(cfg.device)
+    resolve_model(cfg.model)
+    assistant_names = {s.name: s.options["assistant_model"] for s in cfg.strategies if s.peer == "hf-assisted"}
+    for name in assistant_names.values():
+        resolve_model(name)
+
+    # 2. load once
+    import logging
+
+    import specframe
+    from ..models import load_target
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    with err.status(f"loading {cfg.model} ...", spinner="dots"):
+        sf = specframe.load(SpecframeConfig(model=cfg.model, dtype=cfg.dtype, device=cfg.device, chat=cfg.chat),
+                            registry=registry, log=lambda s: err.print(s, markup=False))
+        assistants = {k: load_target(v, cfg.dtype, cfg.device).model for k, v in assistant_names.items()}
+
+    runs = len(chosen) * len(cfg.seeds) * cfg.repeats * len(cfg.strategies)
+    warm = min(cfg.warmup, len(chosen)) * len(cfg.strategies)
+    prof_steps = cfg.profile.max_tokens if cfg.profile else 0
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn()]
+    with Progress(*columns, console=err) as progress:
+        prof = None
+        if cfg.profile:
+            t = progress.add_task("profile v(n)", total=prof_steps)
+            ids = sf.encode(chosen[0].text, cfg.chat)
+            prof = measure_cost_curve(sf.target, ids, cfg.profile.context, cfg.profile.max_tokens,
+                                      cfg.profile.repeats, progress=lambda: progress.advance(t))
+        task = progress.add_task("bench", total=runs + warm)
+        runner = BenchRunner(sf, cfg, assistants)
+        records = runner.run(chosen, advance=lambda s: progress.update(task, advance=1, description=f"bench {s:>16}"))
+    lossless = lossless_check(sf, records, chosen, cfg.chat) if cfg.temperature == 0 else None
+    summary = aggregate(records, [s.name for s in cfg.strategies], prof)
+    results: dict[str, Any] = {
+        "config": cfg.model_dump(), "environment": environment(), "profile": prof,
+        "summary": summary, "lossless": lossless, "records": records,
+    }
+
+    # 3. write
+    from .plots import write_plots
+
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "results.json").write_text(json.dumps(results, indent=1))
+    plots = write_plots(summary, output)
+    (output / "report.md").write_text(render_markdown(results, plots))
+    header, rows = speedup_rows(summary)
+    table = Table(title=f"speedup over none — {cfg.model} {cfg.dtype}, {len(chosen)} questions")
+    for h in header:
+        table.add_column(h, justify="right" if h != "strategy" else "left")
+    for r in rows:
+        table.add_row(*r)
+    Console().print(table)
+    bad = sorted({m["strategy"] for m in lossless or [] if m["kind"] == "specframe"})
+    err.print(f"lossless check: {'not applicable (sampling)' if lossless is None else ('FAILED for ' + ', '.join(bad)) if bad else 'all specframe strategies identical to none'}")
+    err.print(f"wrote {output}/results.json, report.md, {', '.join(plots)}")

@@ -1,0 +1,107 @@
+"""The bench config (YAML). Example: ``docs/bench.example.yaml``.
+
+A *strategy* is either a specframe proposer configuration (``proposers: [...]``) or a *peer* run by HF
+transformers on the same loaded model (``peer: hf-greedy | hf-prompt-lookup | hf-assisted``). The
+autoregressive baseline ``none`` is always part of the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..errors import ConfigError
+
+PEERS = ("hf-greedy", "hf-prompt-lookup", "hf-assisted")
+BASELINE = "none"
+
+
+class Strategy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Row label in the report.")
+    proposers: list[dict[str, Any]] | None = Field(None, description="specframe proposer configs.")
+    peer: Literal["hf-greedy", "hf-prompt-lookup", "hf-assisted"] | None = Field(
+        None, description="An HF transformers generate() mode instead of specframe."
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Peer options: prompt_lookup_num_tokens, max_matching_ngram_size (prompt lookup); "
+        "assistant_model (a model name or path for hf-assisted), num_assistant_tokens.",
+    )
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "Strategy":
+        if (self.proposers is None) == (self.peer is None):
+            raise ValueError(f"strategy {self.name!r}: give exactly one of `proposers` or `peer`")
+        if self.peer == "hf-assisted" and not self.options.get("assistant_model"):
+            raise ValueError(f"strategy {self.name!r}: hf-assisted needs options.assistant_model (a draft model)")
+        return self
+
+
+class ProfileConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    context: int = Field(512, ge=1, description="Context length (tokens in the KV cache) for v(n).")
+    max_tokens: int = Field(32, ge=1, le=256, description="v(n) is measured for n = 1..max_tokens.")
+    repeats: int = Field(5, ge=1, description="Timed repeats per n (median).")
+
+
+class BenchConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "smollm2-135m-instruct"
+    dtype: Literal["auto", "bfloat16", "float32"] = "bfloat16"
+    device: Literal["cpu", "cuda"] = "cpu"
+    chat: bool = True
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    repeats: int = Field(1, ge=1, description="Runs per question, strategy and seed.")
+    warmup: int = Field(1, ge=0, description="Questions run once per strategy before timing (not recorded).")
+    max_new_tokens: int = Field(128, ge=1)
+    questions: str | None = None
+    categories: list[str] | None = None
+    limit_per_category: int | None = Field(None, ge=1)
+    profile: ProfileConfig | None = None
+    strategies: list[Strategy] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _names(self) -> "BenchConfig":
+        names = [s.name for s in self.strategies]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"strategy names must be unique; repeated: {', '.join(dupes)}")
+        if BASELINE not in names:
+            self.strategies.insert(0, Strategy(name=BASELINE, proposers=[{"name": "none"}]))
+        else:
+            base = next(s for s in self.strategies if s.name == BASELINE)
+            if base.proposers != [{"name": "none"}]:
+                raise ValueError("the strategy named `none` is the autoregressive baseline: proposers: [{name: none}]")
+        return self
+
+
+def load_bench_config(path: str | Path, **overrides: Any) -> BenchConfig:
+    """Read and validate a bench config; ``None`` overrides are ignored.
+
+    Raises:
+        ConfigError: unreadable file, bad YAML, unknown keys or out-of-range values.
+    """
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read bench config {path}: {exc.strerror}") from None
+    except yaml.YAMLError:
+        raise ConfigError(f"{path}: invalid YAML") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return BenchConfig.model_validate(data)
+    except ValidationError as exc:
+        msg = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{path}: {msg}") from None

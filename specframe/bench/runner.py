@@ -1,0 +1,133 @@
+"""Running a bench: strategies interleaved per question (A B C A B C ...) after a warm-up, so machine drift
+hits all strategies alike; then the lossless check against the ``none`` baseline."""
+
+from __future__ import annotations
+
+import os
+import platform
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import torch
+
+from .. import __version__
+from ..prompts import Prompt
+from .config import BASELINE, BenchConfig, Strategy
+from .peers import run_peer
+
+MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+MULTI_TURN = "multi-turn conversation"
+
+
+def category_group(category: str | None) -> str:
+    """Spec-Bench reports the eight MT-bench categories together as multi-turn conversation."""
+    return MULTI_TURN if category in MT_BENCH else str(category)
+
+
+def select_questions(prompts: list[Prompt], categories: list[str] | None, limit_per_category: int | None) -> list[Prompt]:
+    """Filter by category (a name or ``multi-turn conversation``) and keep the first N per category."""
+    out, seen = [], {}
+    for p in prompts:
+        if categories and p.category not in categories and category_group(p.category) not in categories:
+            continue
+        key = category_group(p.category)
+        if limit_per_category is not None and seen.get(key, 0) >= limit_per_category:
+            continue
+        seen[key] = seen.get(key, 0) + 1
+        out.append(p)
+    return out
+
+
+def environment() -> dict[str, Any]:
+    import transformers
+
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "specframe": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+class BenchRunner:
+    """Runs every strategy on every question; owns no model loading (``sf`` is a loaded ``Specframe``)."""
+
+    def __init__(self, sf: Any, cfg: BenchConfig, assistants: dict[str, Any] | None = None) -> None:
+        self.sf, self.cfg, self.assistants = sf, cfg, assistants or {}
+
+    def run_one(self, strategy: Strategy, ids: list[int], seed: int, max_new_tokens: int) -> dict[str, Any]:
+        c = self.cfg
+        if strategy.peer is not None:
+            return run_peer(
+                self.sf.target, strategy.peer, strategy.options, ids, max_new_tokens=max_new_tokens,
+                temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=seed,
+                assistant=self.assistants.get(strategy.name),
+            )
+        res = self.sf.generate_result(
+            ids, proposers=strategy.proposers, max_new_tokens=max_new_tokens, temperature=c.temperature,
+            top_p=c.top_p, top_k=c.top_k, seed=seed,
+        )
+        return {"token_ids": res.token_ids, "finish_reason": res.finish_reason, "metrics": res.metrics.to_dict()}
+
+    def run(self, questions: list[Prompt], advance: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
+        c = self.cfg
+        encoded = [self.sf.encode(q.text, c.chat) for q in questions]
+        for ids in encoded[: c.warmup]:
+            for s in c.strategies:
+                self.run_one(s, ids, c.seeds[0], min(16, c.max_new_tokens))
+                advance(f"warm-up {s.name}")
+        records = []
+        for q, ids in zip(questions, encoded):
+            for seed in c.seeds:
+                for rep in range(c.repeats):
+                    for s in c.strategies:  # interleaved: A B C A B C ...
+                        rec = self.run_one(s, ids, seed, c.max_new_tokens)
+                        rec.update(question_id=q.question_id, category=q.category, group=category_group(q.category),
+                                   strategy=s.name, kind="peer" if s.peer else "specframe", seed=seed, repeat=rep,
+                                   prompt_tokens=len(ids))
+                        records.append(rec)
+                        advance(s.name)
+        return records
+
+
+def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Prompt], chat: bool) -> list[dict[str, Any]]:
+    """Greedy runs: every strategy's token ids must equal the baseline's for the same question, seed, repeat.
+
+    Returns one entry per mismatch with the first divergent position and the target's top-2 logit gap there
+    (computed in the run's dtype: a small gap marks a near-tie where a 1-token and a k-token forward may round
+    differently in bf16).
+    """
+    base = {(r["question_id"], r["seed"], r["repeat"]): r for r in records if r["strategy"] == BASELINE}
+    text = {q.question_id: q.text for q in questions}
+    out = []
+    for r in records:
+        if r["strategy"] == BASELINE:
+            continue
+        b = base[(r["question_id"], r["seed"], r["repeat"])]
+        got, ref = r["token_ids"], b["token_ids"]
+        if got == ref:
+            continue
+        first = next((i for i, (x, y) in enumerate(zip(got, ref)) if x != y), min(len(got), len(ref)))
+        ids = sf.encode(text[r["question_id"]], chat) + ref[:first]
+        with torch.inference_mode():
+            logits = sf.target.model(input_ids=torch.tensor([ids], device=sf.target.device)).logits[0, -1].float()
+        top = torch.topk(logits, 2)
+        out.append({
+            "strategy": r["strategy"], "kind": r["kind"], "question_id": r["question_id"], "seed": r["seed"],
+            "repeat": r["repeat"], "first_divergence": first, "baseline_token": ref[first] if first < len(ref) else None,
+            "strategy_token": got[first] if first < len(got) else None,
+            "top2_logit_gap": float(top.values[0] - top.values[1]),
+        })
+    return out

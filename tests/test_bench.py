@@ -1,0 +1,162 @@
+"""specframe bench: config validation, question selection, runner + lossless check on a tiny model,
+aggregation and the report, the cost-model formulas, and CLI errors before any model loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import specframe
+from specframe.bench.config import BenchConfig, load_bench_config
+from specframe.bench.costmodel import measure_cost_curve, predicted_speedup, v_at
+from specframe.bench.plots import write_plots
+from specframe.bench.report import aggregate, render_markdown
+from specframe.bench.runner import MULTI_TURN, BenchRunner, category_group, lossless_check, select_questions
+from specframe.cli import app
+from specframe.errors import ConfigError
+from specframe.prompts import Prompt
+from specframe.registry import build_registry
+from specframe.target import Target
+
+from .support import build_model, build_tokenizer
+
+QUESTIONS = [
+    Prompt("aa ab ac aa ab ad ae aa ab", 1, "summarization"),
+    Prompt("ba bb bc ba bb bd", 2, "summarization"),
+    Prompt("ca cb cc cd ca cb", 3, "writing"),
+    Prompt("da db dc da db", 4, "rag"),
+]
+
+
+def _cfg(**kw) -> BenchConfig:
+    base = dict(max_new_tokens=12, warmup=1, strategies=[
+        {"name": "ngram", "proposers": [{"name": "ngram", "k": 4}]},
+        {"name": "hf-greedy", "peer": "hf-greedy"},
+        {"name": "hf-prompt-lookup", "peer": "hf-prompt-lookup", "options": {"prompt_lookup_num_tokens": 4}},
+    ])
+    base.update(kw)
+    return BenchConfig.model_validate(base)
+
+
+@pytest.fixture(scope="module")
+def sf():
+    return specframe.load(target=Target(build_model("llama"), build_tokenizer()), registry=build_registry())
+
+
+def test_baseline_is_always_added_first():
+    cfg = _cfg()
+    assert [s.name for s in cfg.strategies] == ["none", "ngram", "hf-greedy", "hf-prompt-lookup"]
+
+
+@pytest.mark.parametrize(
+    "strategies, needle",
+    [
+        ([{"name": "x", "peer": "hf-beam"}], "peer"),  # unknown peer
+        ([{"name": "x"}], "exactly one of"),  # neither proposers nor peer
+        ([{"name": "x", "peer": "hf-assisted"}], "assistant_model"),  # assisted without a draft model
+        ([{"name": "a", "peer": "hf-greedy"}, {"name": "a", "peer": "hf-greedy"}], "unique"),
+    ],
+)
+def test_bad_strategies_are_rejected(tmp_path, strategies, needle):
+    path = tmp_path / "bench.yaml"
+    path.write_text(json.dumps({"strategies": strategies}))
+    with pytest.raises(ConfigError, match=needle):
+        load_bench_config(path)
+
+
+def test_select_questions_groups_mt_bench_and_limits():
+    assert category_group("writing") == MULTI_TURN and category_group("rag") == "rag"
+    chosen = select_questions(QUESTIONS, None, 1)
+    assert [q.question_id for q in chosen] == [1, 3, 4]  # first per category group
+    assert [q.question_id for q in select_questions(QUESTIONS, [MULTI_TURN], None)] == [3]
+    assert select_questions(QUESTIONS, ["translation"], None) == []
+
+
+def test_runner_interleaves_and_lossless_check_passes(sf):
+    cfg = _cfg()
+    order = []
+    records = BenchRunner(sf, cfg).run(QUESTIONS, advance=order.append)
+    names = [s.name for s in cfg.strategies]
+    assert order[: len(names)] == [f"warm-up {n}" for n in names]
+    assert [r["strategy"] for r in records] == names * len(QUESTIONS)  # A B C D A B C D ...
+    assert lossless_check(sf, records, QUESTIONS, cfg.chat) == []
+    base = [r for r in records if r["strategy"] == "none"]
+    assert all(r["metrics"]["mean_accepted_length"] == 1.0 for r in base)
+    assert all(len(r["token_ids"]) == 12 for r in records)
+
+
+def test_lossless_check_reports_a_mismatch_with_logit_gap(sf):
+    cfg = _cfg()
+    records = BenchRunner(sf, cfg).run(QUESTIONS[:1])
+    broken = next(r for r in records if r["strategy"] == "ngram")
+    broken["token_ids"] = broken["token_ids"][:5] + [(broken["token_ids"][5] + 1) % 64] + broken["token_ids"][6:]
+    (m,) = lossless_check(sf, records, QUESTIONS[:1], cfg.chat)
+    assert m["strategy"] == "ngram" and m["first_divergence"] == 5
+    assert m["top2_logit_gap"] >= 0
+
+
+def test_aggregate_report_and_plots(sf, tmp_path):
+    cfg = _cfg()
+    records = BenchRunner(sf, cfg).run(QUESTIONS)
+    prof = {"context": 8, "repeats": 1, "t_ms": [10.0, 11.0, 12.0], "v": [1.0, 1.1, 1.2]}
+    summary = aggregate(records, [s.name for s in cfg.strategies], prof)
+    assert summary["columns"] == [MULTI_TURN, "summarization", "rag", "overall"]
+    none = summary["strategies"]["none"]["by_column"]
+    assert all(cell["speedup"] == pytest.approx(1.0) for cell in none.values())
+    ng = summary["strategies"]["ngram"]
+    assert ng["by_column"]["overall"]["tau"] >= 1.0
+    assert 0.0 <= ng["by_column"]["overall"]["alpha"] <= 1.0
+    assert "predicted_speedup" in ng
+    results = {"config": cfg.model_dump(), "environment": {"cpu": "x", "cpu_count": 2, "torch_threads": 1,
+               "torch": "t", "transformers": "t", "specframe": "s", "date": "d"},
+               "profile": prof, "summary": summary, "lossless": [], "records": records}
+    md = render_markdown(results, write_plots(summary, tmp_path))
+    assert "| ngram |" in md and "multi-turn conversation" in md and "All identical." in md
+    assert (tmp_path / "speedup_by_category.png").stat().st_size > 1000
+    assert (tmp_path / "acceptance_by_position.png").stat().st_size > 1000
+
+
+def test_cost_model_formulas():
+    v = [1.0, 1.2, 1.4, 2.0]
+    assert v_at(v, 1) == 1.0 and v_at(v, 2.5) == pytest.approx(1.3)
+    assert v_at(v, 5) == pytest.approx(2.6)  # linear extrapolation of the last step
+    # τ = 2 tokens per step, verifying 2 tokens costs 1.2 T(1), drafting 10 % of T(1): 2 / 1.3
+    assert predicted_speedup(2.0, 2.0, 0.001, 0.01, v) == pytest.approx(2 / 1.3)
+
+
+def test_measure_cost_curve_shape(sf):
+    prof = measure_cost_curve(sf.target, list(range(1, 20)), context=16, max_tokens=3, repeats=1)
+    assert len(prof["t_ms"]) == 3 and prof["v"][0] == 1.0 and all(t > 0 for t in prof["t_ms"])
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--config", "{cfg}", "--questions", "{empty}"], "no prompts"),
+        (["--config", "{cfg}", "--questions", "{q}", "--categories", "nope"], "match no question"),
+        (["--config", "{cfg}", "--questions", "{q}", "--output", "{file}"], "is a file"),
+        (["--config", "{badcfg}", "--questions", "{q}"], "unknown proposer"),
+        (["--config", "{badpeer}", "--questions", "{q}"], "peer"),
+    ],
+)
+def test_bench_cli_bad_input_exits_2_before_loading(tmp_path, args, needle):
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["hi"]}) + "\n")
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "file.txt").write_text("x")
+    paths = {"q": q, "empty": tmp_path / "empty.jsonl", "file": tmp_path / "file.txt"}
+    for name, strategies in {
+        "cfg": [{"name": "ngram", "proposers": [{"name": "ngram"}]}],
+        "badcfg": [{"name": "x", "proposers": [{"name": "no-such-proposer"}]}],
+        "badpeer": [{"name": "x", "peer": "vllm"}],
+    }.items():
+        p = tmp_path / f"{name}.yaml"
+        p.write_text(json.dumps({"model": "no-such-model-dir", "strategies": strategies}))
+        paths[name] = p
+    argv = ["bench"] + [a.format(**paths) for a in args]
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 2, res.output
+    assert needle in res.output
+    assert "Traceback" not in res.output
