@@ -15,7 +15,7 @@ import torch
 
 from ..contracts import DecodeState
 from .report import ConformanceError, NotApplicable, ids
-from .stats import CALIBRATION_BINS, TVTest, calibration_table, tv_test_fixed, tv_tests_mixture, worst_outcomes
+from .stats import TVTest, calibration_table, tv_test_fixed, tv_tests_mixture, worst_outcomes
 from .tiny import first_two_tokens, last_hidden, single_thread
 
 if TYPE_CHECKING:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
-import torch
 from pydantic import ValidationError
 
 from ..contracts import ProposerConfig
