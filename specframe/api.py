@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .config import SpecframeConfig, load_config, resolve_proposers
+from .errors import ConfigError
 from .engine import Engine, GenerationResult
 from .isolation import IsolationPolicy
 from .registry import Registry, build_registry
@@ -39,6 +40,11 @@ class Specframe:
         name = self.config.verifier
         if name == "auto":
             name = "greedy" if sampling.is_greedy else "speculative-sampling"
+        elif name == "greedy" and not sampling.is_greedy:
+            raise ConfigError(
+                f"verifier greedy decodes at temperature 0, got temperature {sampling.temperature}: "
+                "use verifier auto or speculative-sampling to sample"
+            )
         if name not in self._verifiers:
             self._verifiers[name] = self.registry.verifier(name)()
         return self._verifiers[name]

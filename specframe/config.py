@@ -68,6 +68,13 @@ class SpecframeConfig(BaseModel):
         description="Proposer configs, each with `name` plus that proposer's own options.",
     )
 
+    @field_validator("stop")
+    @classmethod
+    def _non_empty_stops(cls, v: list[str]) -> list[str]:
+        if any(s == "" for s in v):
+            raise ValueError("stop strings must be non-empty (an empty string would stop at once)")
+        return v
+
     @field_validator("proposers")
     @classmethod
     def _named(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:

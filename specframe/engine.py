@@ -132,7 +132,8 @@ class _Request:
         self.buf = torch.empty((1, len(prompt_ids) + max_new_tokens), dtype=torch.int64)
         self.buf[0, : len(prompt_ids)] = torch.tensor(prompt_ids, dtype=torch.int64)
         self.length = len(prompt_ids)
-        self.state = DecodeState(self.buf[:, : self.length], len(prompt_ids), sampling, generator)
+        # proposers get a copy of the committed tokens: one that writes into it cannot change the output
+        self.state = DecodeState(self.buf[:, : self.length].clone(), len(prompt_ids), sampling, generator)
         self.room = target.max_context - len(prompt_ids)  # positions left in the context
         self.stops = StopChecker(
             target.eos_token_ids, min(max_new_tokens, self.room), stop_strings, target.decode if stop_strings else None
@@ -153,7 +154,7 @@ class _Request:
         e, m = self.e, self.metrics
         if self.length > 1:  # prefill all but the newest token (see the KV invariant above)
             ids = self.buf[:, : self.length - 1].to(self.device)
-            _, hidden = e.target.forward(ids, self.cache, want_hidden=e._want_hidden)
+            _, hidden = e.target.forward(ids, self.cache, want_hidden=e._want_hidden, logits_to_keep=1)
             self.state.hidden = None if hidden is None else hidden[:, -1]
         m.prefill_s = time.perf_counter() - t_start
         self._safe_call("start", self.state)
@@ -210,7 +211,7 @@ class _Request:
             end = self.length + len(tokens)
             self.buf[0, self.length : end] = torch.tensor(tokens, dtype=torch.int64)
             self.length = end
-            self.state.tokens = self.buf[:, :end]
+            self.state.tokens = self.buf[:, :end].clone()
 
     # --- fault isolation (see specframe.isolation) ---------------------------------------------------------
     def _propose(self, budget: int) -> DraftTree:

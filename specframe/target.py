@@ -74,17 +74,24 @@ class Target:
 
         return new_cache(self.model.config)
 
-    def forward(self, input_ids: Tensor, cache: Any, want_hidden: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, input_ids: Tensor, cache: Any, want_hidden: bool = False, logits_to_keep: int = 0
+    ) -> tuple[Tensor, Tensor | None]:
         """One target forward over new tokens appended after the cache.
 
         Args:
             input_ids: ``[B, n]`` int64 on the target's device.
             cache: the request's KV cache; grows by ``n`` positions.
             want_hidden: also return the last layer's hidden states.
+            logits_to_keep: compute logits for the last this-many positions only (0 = all); the prefill keeps 1,
+                which saves an ``[n, V]`` LM-head product over the whole prompt.
 
         Returns:
-            ``(logits [B, n, V] in the model's dtype, hidden [B, n, H] or None)``.
+            ``(logits [B, n or logits_to_keep, V] in the model's dtype, hidden [B, n, H] or None)``.
         """
-        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, output_hidden_states=want_hidden)
+        out = self.model(
+            input_ids=input_ids, cache=cache, use_cache=True, output_hidden_states=want_hidden,
+            logits_to_keep=logits_to_keep,
+        )
         hidden = out.hidden_states[-1] if want_hidden else None
         return out.logits, hidden
