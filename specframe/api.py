@@ -79,7 +79,14 @@ class Specframe:
             top_k=s.top_k if top_k is None else top_k,
             top_p=s.top_p if top_p is None else top_p,
         )
-        ids = list(prompt) if not isinstance(prompt, str) else self.encode(prompt, chat)
+        if isinstance(prompt, str):
+            ids = self.encode(prompt, chat)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise TypeError("prompt must be a str or a list of token ids (one prompt per call)")
+        if isinstance(stop, str):
+            stop = [stop]
         active = [self._proposer(e) for e in (proposers or c.proposers)]
         engine = Engine(
             self.target, active, self._verifier(sampling),
@@ -132,6 +139,10 @@ def load(
         cfg = load_config(config, **overrides)
     reg = registry or build_registry()
     resolve_proposers(cfg, reg)  # fail on an unknown proposer or bad option before loading a model
+    if len(cfg.proposers) != 1:
+        raise ConfigError(f"exactly one proposer is supported for now, got {len(cfg.proposers)}")
+    if cfg.verifier != "auto":
+        reg.verifier(cfg.verifier)
     if target is None:
         from .models import load_target
 

@@ -36,13 +36,15 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _check_flags(max_new_tokens, temperature, top_p, top_k) -> None:
+def _check_flags(max_new_tokens, temperature, top_p, top_k, seed=None) -> None:
     if max_new_tokens is not None and max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if temperature is not None and not temperature >= 0:
         raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ConfigError(f"--top-p must be in (0, 1], got {top_p}")
+    if seed is not None and not 0 <= seed < 2**63:
+        raise ConfigError(f"--seed must be in [0, 2**63), got {seed}")
     if top_k is not None and top_k < 0:
         raise ConfigError(f"--top-k must be >= 0 (0 = off), got {top_k}")
 
@@ -87,7 +89,7 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, ma
     from .models import check_device, resolve_dtype, resolve_model
     from .prompts import Prompt, read_prompts
 
-    _check_flags(max_new_tokens, temperature, top_p, top_k)
+    _check_flags(max_new_tokens, temperature, top_p, top_k, seed)
     if stream and as_json:
         raise ConfigError("--stream and --json cannot be combined: --json keeps stdout for records only")
     if (prompt is None) == (prompts_file is None):
@@ -119,6 +121,9 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, ma
     import specframe
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     with err.status(f"loading {cfg.model} ...", spinner="dots"):
         sf = specframe.load(cfg, registry=registry, log=lambda s: err.print(s, markup=False))
     encoded = [sf.encode(p.text) for p in prompts]

@@ -160,3 +160,26 @@ def test_bench_cli_bad_input_exits_2_before_loading(tmp_path, args, needle):
     assert res.exit_code == 2, res.output
     assert needle in res.output
     assert "Traceback" not in res.output
+
+
+def test_bench_unwritable_output_fails_before_loading(tmp_path):
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["hi"]}) + "\n")
+    cfg = tmp_path / "b.yaml"
+    model_dir = tmp_path / "tiny-model"
+    build_model("llama").save_pretrained(model_dir)
+    build_tokenizer().save_pretrained(model_dir)
+    cfg.write_text(json.dumps({"model": str(model_dir), "strategies": [{"name": "g", "peer": "hf-greedy"}]}))
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x")
+    res = CliRunner().invoke(app, ["bench", "--config", str(cfg), "--questions", str(q),
+                                   "--output", str(blocker / "sub")])
+    assert res.exit_code == 2 and "cannot create the directory" in res.output
+
+
+def test_peer_greedy_counts_its_prefill_forward_so_tau_is_one(sf):
+    cfg = _cfg()
+    records = BenchRunner(sf, cfg).run(QUESTIONS[:1])
+    peer = next(r for r in records if r["strategy"] == "hf-greedy")
+    assert peer["metrics"]["target_forwards"] == peer["metrics"]["new_tokens"]
+    assert peer["metrics"]["mean_accepted_length"] == 1.0

@@ -70,6 +70,10 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
             resolve_proposers(SpecframeConfig.model_validate({"proposers": s.proposers}), registry)
     check_device(cfg.device)
     resolve_model(cfg.model)
+    try:  # an unwritable output fails now, not after the run
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--output {output}: cannot create the directory ({exc.strerror})") from None
     assistant_names = {s.name: s.options["assistant_model"] for s in cfg.strategies if s.peer == "hf-assisted"}
     for name in assistant_names.values():
         resolve_model(name)
@@ -81,6 +85,9 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
     from ..models import load_target
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     with err.status(f"loading {cfg.model} ...", spinner="dots"):
         sf = specframe.load(SpecframeConfig(model=cfg.model, dtype=cfg.dtype, device=cfg.device, chat=cfg.chat),
                             registry=registry, log=lambda s: err.print(s, markup=False))

@@ -87,7 +87,9 @@ def run_peer(
         )
         wall = time.perf_counter() - t0
     generated = out[0, len(prompt_ids):].tolist()
-    forwards = max(meter.calls - 1, 1)  # the prefill forward is not counted, as in specframe
+    # HF's prefill forward also yields the first new token, so it counts as a decoding forward (plain greedy:
+    # n tokens, n forwards, τ = 1 — as for specframe's `none`, whose prefill yields no token and is not counted)
+    forwards = max(meter.calls, 1)
     n = len(generated)
     return {
         "token_ids": generated,

@@ -44,6 +44,7 @@ def write_plots(summary: dict[str, Any], out: Path) -> list[str]:
             ax.plot(range(1, len(acc) + 1), acc, marker="o", label=s)
             plotted = True
     ax.set_xlabel("draft position")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("acceptance rate (accepted / drafted at that depth)")
     ax.set_ylim(0, 1)
     ax.set_title("Acceptance rate by draft position")

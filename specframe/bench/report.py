@@ -121,7 +121,7 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
         "# specframe bench report",
         "",
         f"Model `{cfg['model']}` ({cfg['dtype']}, {cfg['device']}), temperature {cfg['temperature']}, "
-        f"{cfg['max_new_tokens']} new tokens, {n_q} questions, seeds {cfg['seeds']}, {cfg['repeats']} repeat(s); "
+        f"{cfg['max_new_tokens']} new tokens, {n_q} question{'s' if n_q != 1 else ''}, seeds {cfg['seeds']}, {cfg['repeats']} repeat(s); "
         f"strategies interleaved per question after {cfg['warmup']} warm-up question(s).",
         f"Environment: {env['cpu']} ({env['cpu_count']} CPUs, torch threads {env['torch_threads']}), "
         f"torch {env['torch']}, transformers {env['transformers']}, specframe {env['specframe']}, {env['date']}.",
@@ -143,7 +143,8 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
         "## Time per target forward (ms) and framework overhead",
         "",
         "Per verification step: propose, target forward, verify + commit + rollback + stop checks + feedback, "
-        "other (loop bookkeeping). Overhead = (verify + other) / forward. Peers: forward time only (hooks).",
+        "other (loop bookkeeping). Overhead = (verify + other) / forward. Peers: forward time only (hooks), and "
+        "their first forward is the prefill (it yields the first token), so their forward column includes it.",
         "",
         _md_table(["strategy", "propose", "forward", "verify+commit", "other", "overhead % of forward", "α"],
                   [[s, _f(e["ms_per_step"]["propose_s"]), _f(e["ms_per_step"]["forward_s"]),
