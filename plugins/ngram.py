@@ -24,6 +24,10 @@ class NgramConfig(ProposerConfig):
     k: int = Field(8, ge=1, le=64, description="Draft length: most tokens proposed per step.")
     min_n: int = Field(1, ge=1, description="Shortest suffix n-gram to match.")
     max_n: int = Field(4, ge=1, le=16, description="Longest suffix n-gram to match (tried first).")
+    match: Literal["first", "recent"] = Field(
+        "recent",
+        description="Which earlier occurrence to copy from: the first (as HF prompt lookup) or the most recent.",
+    )
 
     @model_validator(mode="after")
     def _order(self) -> "NgramConfig":
@@ -32,16 +36,17 @@ class NgramConfig(ProposerConfig):
         return self
 
 
-def find_continuation(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+def find_continuation(tokens: list[int], min_n: int, max_n: int, k: int, match: str = "recent") -> list[int]:
     """Reference (non-incremental) prompt lookup.
 
     Args:
         tokens: prompt + generated token ids.
         min_n, max_n: suffix lengths to try, longest first.
         k: most tokens to return.
+        match: ``"recent"`` copies after the most recent earlier occurrence, ``"first"`` after the first.
 
     Returns:
-        Up to ``k`` tokens that followed the most recent earlier occurrence of the longest matching suffix;
+        Up to ``k`` tokens that followed the chosen earlier occurrence of the longest matching suffix;
         ``[]`` when no suffix of length in ``[min_n, max_n]`` occurred before.
 
     Example: ``find_continuation([5, 6, 7, 8, 9, 5, 6, 7], 1, 3, 3) == [8, 9, 5]``.
@@ -49,8 +54,9 @@ def find_continuation(tokens: list[int], min_n: int, max_n: int, k: int) -> list
     length = len(tokens)
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         suffix = tokens[length - n :]
-        # occurrences ending at e (e <= length - 2 so that a continuation exists), most recent first
-        for end in range(length - 2, n - 2, -1):
+        # occurrences ending at e (e <= length - 2 so that a continuation exists)
+        ends = range(length - 2, n - 2, -1) if match == "recent" else range(n - 1, length - 1)
+        for end in ends:
             if tokens[end - n + 1 : end + 1] == suffix:
                 return tokens[end + 1 : end + 1 + k]
     return []
@@ -59,12 +65,13 @@ def find_continuation(tokens: list[int], min_n: int, max_n: int, k: int) -> list
 class NgramIndex:
     """Incremental index giving the same answer as :func:`find_continuation` in O(max_n) per lookup.
 
-    ``last_end[n][gram]`` is the end position of the most recent occurrence of ``gram`` that has a
-    continuation (ends before the last token).
+    ``last_end[n][gram]`` is the end position of the chosen (most recent, or first) occurrence of ``gram`` that
+    has a continuation (ends before the last token).
     """
 
-    def __init__(self, min_n: int, max_n: int) -> None:
+    def __init__(self, min_n: int, max_n: int, match: str = "recent") -> None:
         self.min_n, self.max_n = min_n, max_n
+        self.first = match == "first"
         self.tokens: list[int] = []
         self.last_end: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
 
@@ -76,7 +83,11 @@ class NgramIndex:
         for end in range(max(old_len - 1, 0), len(toks) - 1):
             for n, table in self.last_end.items():
                 if end - n + 1 >= 0:
-                    table[tuple(toks[end - n + 1 : end + 1])] = end
+                    key = tuple(toks[end - n + 1 : end + 1])
+                    if self.first:
+                        table.setdefault(key, end)
+                    else:
+                        table[key] = end
 
     def lookup(self, k: int) -> list[int]:
         toks = self.tokens
@@ -96,10 +107,10 @@ class NgramProposer(ProposerBase):
 
     def __init__(self, config: NgramConfig, target: TargetInfo) -> None:
         super().__init__(config, target)
-        self._index = NgramIndex(config.min_n, config.max_n)
+        self._index = NgramIndex(config.min_n, config.max_n, config.match)
 
     def start(self, state: DecodeState) -> None:
-        self._index = NgramIndex(self.config.min_n, self.config.max_n)
+        self._index = NgramIndex(self.config.min_n, self.config.max_n, self.config.match)
         self._index.extend(state.tokens[0].tolist())
 
     def propose(self, state: DecodeState, budget: int) -> DraftTree:

@@ -21,11 +21,12 @@ import torch
 from .contracts import DecodeState, DraftTree, Proposer, VerifyOutcome, Verifier
 from .errors import ConfigError, PromptTooLongError, ProposerTimeoutError
 from .isolation import FaultGuard, IsolationPolicy
-from .kv_cache import cache_length, rollback
+from .kv_cache import cache_length, compact, rollback
 from .metrics import RequestMetrics
 from .observe import Observers
 from .sampling import SamplingParams
 from .stopping import StopChecker, TextStream
+from .tree import node_depths, tree_attention_mask, tree_position_ids
 from .validate import check_draft
 
 log = logging.getLogger("specframe")
@@ -85,6 +86,13 @@ class Engine:
                 f"proposer {self.proposer.name!r} drafts token trees but verifier {verifier.name!r} verifies chains only"
             )
         self._want_hidden = bool(getattr(self.proposer, "needs_hidden_states", False))
+        # branching drafts need a proposer that declares them, a tree-capable verifier and a target whose layers
+        # all take one tree mask; otherwise a branching draft breaks the contract (a target-only step)
+        self.trees_ok = bool(
+            getattr(self.proposer, "produces_trees", False)
+            and getattr(verifier, "supports_trees", False)
+            and getattr(target, "supports_trees", False)
+        )
         self.isolation = isolation or IsolationPolicy()
         self.origins = dict(origins or {})
 
@@ -182,7 +190,15 @@ class _Request:
         t1 = time.perf_counter()
         newest = self.buf[:, self.length - 1 : self.length]
         ids = torch.cat([newest, draft.token_ids], 1).to(self.device) if n else newest.to(self.device)
-        logits, hidden = e.target.forward(ids, self.cache, want_hidden=e._want_hidden)
+        base = cache_length(self.cache) + 1  # cached past + the newest token
+        tree = n > 1 and not draft.is_chain()
+        if tree:  # one forward scores every branch: tree mask + per-node positions
+            parent = draft.parent[0].tolist()
+            mask = tree_attention_mask(parent, base - 1, e.target.dtype, self.device)
+            pos = tree_position_ids(parent, base - 1, self.device)
+            logits, hidden = e.target.forward(ids, self.cache, e._want_hidden, attention_mask=mask, position_ids=pos)
+        else:
+            logits, hidden = e.target.forward(ids, self.cache, want_hidden=e._want_hidden)
         # 4. accept
         t2 = time.perf_counter()
         result = e.verifier.verify(draft, logits, self.sampling, state.generator)
@@ -190,10 +206,13 @@ class _Request:
         # 5. commit, stop checks per token, KV rollback to the committed length minus the newest token
         committed = self.stops.feed([*draft.token_ids[0, list(accepted)].tolist(), result.next_token[0]])
         self._commit(committed)
-        rollback(self.cache, cache_length(self.cache) - (n - len(accepted)))
+        if tree:
+            compact(self.cache, base, list(accepted))  # keep only the accepted path
+        else:
+            rollback(self.cache, base + len(accepted))
         if hidden is not None:
-            state.hidden = hidden[:, len(accepted)]
-        m.record_step(n, len(accepted))
+            state.hidden = hidden[:, accepted[-1] + 1 if accepted else 0]
+        m.record_step(n, len(accepted), node_depths(parent) if tree else None)
         # 6. feedback
         finished = self.stops.finish_reason is not None
         self._safe_call("on_verified", VerifyOutcome(draft, result.accepted_nodes, (tuple(committed),), finished))
@@ -226,7 +245,7 @@ class _Request:
             if timeout is not None and elapsed > timeout:
                 raise ProposerTimeoutError(f"propose took {elapsed:.3f} s, over the {timeout:g} s budget")
             draft = draft.truncate(budget) if isinstance(draft, DraftTree) else draft
-            check_draft(draft, self.e.target.vocab_size, getattr(self.e.verifier, "supports_trees", False), 1)
+            check_draft(draft, self.e.target.vocab_size, self.e.trees_ok, 1)
             return draft
         except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
             self.guard.fault("propose", exc)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from transformers import DynamicCache
 
 
@@ -32,3 +33,24 @@ def rollback(cache: DynamicCache, length: int) -> None:
     if length > current:
         raise ValueError(f"cannot roll the KV cache forward: holds {current} positions, asked for {length}")
     cache.crop(-(current - length))  # negative = number to remove; 0 still trims sliding-window layers
+
+
+def compact(cache: DynamicCache, base_len: int, keep: list[int]) -> None:
+    """Keep only the accepted path of a verified token tree.
+
+    The cache holds ``base_len`` positions and then ``N`` draft nodes; afterwards it holds ``base_len`` positions
+    and the nodes ``keep`` (indices into the draft, in path order). Equivalent to a fresh prefill of the
+    accepted path (node keys were computed at their final positions), without re-running the target.
+    """
+    n = cache_length(cache) - base_len
+    if keep == list(range(len(keep))):  # a prefix (always so for chains): a crop suffices
+        rollback(cache, base_len + len(keep))
+        return
+    for layer in cache.layers:
+        keys, values = layer.keys, layer.values
+        offset = keys.shape[-2] - n  # this layer's first draft position
+        idx = torch.tensor(keep, dtype=torch.long, device=keys.device) + offset
+        layer.keys = torch.cat([keys[..., :offset, :], keys.index_select(-2, idx)], dim=-2)
+        layer.values = torch.cat([values[..., :offset, :], values.index_select(-2, idx)], dim=-2)
+        if hasattr(layer, "cumulative_length"):
+            layer.cumulative_length -= n - len(keep)

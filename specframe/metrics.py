@@ -24,16 +24,19 @@ class RequestMetrics:
     drafted_by_position: list[int] = field(default_factory=list)  # [k] nodes drafted at depth i+1
     accepted_by_position: list[int] = field(default_factory=list)  # [k] nodes accepted at depth i+1
 
-    def record_step(self, drafted: int, accepted: int) -> None:
+    def record_step(self, drafted: int, accepted: int, depths: list[int] | None = None) -> None:
+        """One verification step: ``drafted`` nodes (at ``depths``, 1-based; a chain when None), ``accepted``
+        of them along the accepted path."""
         self.target_forwards += 1
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
-        grow = drafted - len(self.drafted_by_position)
+        deepest = max(depths) if depths else drafted
+        grow = deepest - len(self.drafted_by_position)
         if grow > 0:
             self.drafted_by_position.extend([0] * grow)
             self.accepted_by_position.extend([0] * grow)
-        for i in range(drafted):
-            self.drafted_by_position[i] += 1
+        for d in depths if depths else range(1, drafted + 1):
+            self.drafted_by_position[d - 1] += 1
         for i in range(accepted):
             self.accepted_by_position[i] += 1
 

@@ -38,6 +38,12 @@ class Target:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.eos_token_ids = _eos_ids(model, tokenizer)
+        # a tree mask is one [N+1, T] mask for every layer; sliding-window layers see a different key range
+        cfg = model.config
+        sliding = any("sliding" in str(t) for t in (getattr(cfg, "layer_types", None) or [])) or bool(
+            getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None)
+        )
+        self.supports_trees = not sliding
         self.info = TargetInfo(
             vocab_size=self.vocab_size,
             eos_token_ids=self.eos_token_ids,
@@ -75,7 +81,13 @@ class Target:
         return new_cache(self.model.config)
 
     def forward(
-        self, input_ids: Tensor, cache: Any, want_hidden: bool = False, logits_to_keep: int = 0
+        self,
+        input_ids: Tensor,
+        cache: Any,
+        want_hidden: bool = False,
+        logits_to_keep: int = 0,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """One target forward over new tokens appended after the cache.
 
@@ -85,13 +97,15 @@ class Target:
             want_hidden: also return the last layer's hidden states.
             logits_to_keep: compute logits for the last this-many positions only (0 = all); the prefill keeps 1,
                 which saves an ``[n, V]`` LM-head product over the whole prompt.
+            attention_mask: ``[B, 1, n, cached + n]`` additive mask for a token tree (None = causal).
+            position_ids: ``[B, n]`` int64 positions for a token tree (None = consecutive).
 
         Returns:
             ``(logits [B, n or logits_to_keep, V] in the model's dtype, hidden [B, n, H] or None)``.
         """
         out = self.model(
             input_ids=input_ids, cache=cache, use_cache=True, output_hidden_states=want_hidden,
-            logits_to_keep=logits_to_keep,
+            logits_to_keep=logits_to_keep, attention_mask=attention_mask, position_ids=position_ids,
         )
         hidden = out.hidden_states[-1] if want_hidden else None
         return out.logits, hidden

@@ -46,7 +46,10 @@ def check_draft(draft: DraftTree, vocab_size: int, trees_ok: bool, batch: int | 
     if bool((parent < -1).any()) or bool((parent >= idx).any()):
         raise DraftError("parents must come before their children (-1 <= parent[i] < i)")
     if not trees_ok and not draft.is_chain():
-        raise DraftError("this verifier accepts chains only (parent[i] == i - 1)")
+        raise DraftError(
+            "branching draft where only chains are allowed (parent[i] == i - 1): the proposer must declare "
+            "produces_trees, and the verifier and target must support trees (sliding-window targets do not)"
+        )
     probs = draft.draft_probs
     if probs is not None:
         if not isinstance(probs, torch.Tensor) or not probs.is_floating_point():

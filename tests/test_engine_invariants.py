@@ -516,8 +516,11 @@ def test_tree_proposer_needs_a_tree_verifier(target):
         name = "tree"
         produces_trees = True
 
+    class ChainOnlyVerifier(GreedyVerifier):
+        supports_trees = False
+
     with pytest.raises(ConfigError, match="trees"):
-        Engine(target, [TreeProposer(NoneConfig(), target.info)], GreedyVerifier())
+        Engine(target, [TreeProposer(NoneConfig(), target.info)], ChainOnlyVerifier())
 
 
 def test_engine_is_reusable_and_restarts_the_proposer(target, reference):

@@ -22,6 +22,9 @@ INFO = TargetInfo(
 
 def test_docstring_worked_example():
     assert find_continuation([5, 6, 7, 8, 9, 5, 6, 7], 1, 3, 3) == [8, 9, 5]
+    # "first" copies after the earliest occurrence, "recent" after the latest
+    assert find_continuation([1, 2, 3, 1, 2, 4, 1, 2], 2, 2, 2, "first") == [3, 1]
+    assert find_continuation([1, 2, 3, 1, 2, 4, 1, 2], 2, 2, 2, "recent") == [4, 1]
 
 
 @pytest.mark.parametrize(
@@ -43,21 +46,23 @@ def test_find_continuation_cases(tokens, min_n, max_n, k, expected):
     assert find_continuation(tokens, min_n, max_n, k) == expected
 
 
-def test_index_equals_reference_on_random_sequences():
+@pytest.mark.parametrize("match", ["recent", "first"])
+def test_index_equals_reference_on_random_sequences(match):
     rng = random.Random(1234)
     checks = 0
     for _ in range(300):
         min_n = rng.randint(1, 3)
         max_n = rng.randint(min_n, 5)
         alphabet = rng.randint(2, 6)  # small alphabets so that matches of every length occur
-        index = NgramIndex(min_n, max_n)
+        index = NgramIndex(min_n, max_n, match)
         tokens: list[int] = []
         for _ in range(rng.randint(1, 12)):  # extend in chunks of random size, as the engine commits them
             chunk = [rng.randrange(alphabet) for _ in range(rng.randint(0 if tokens else 1, 6))]
             tokens += chunk
             index.extend(chunk)
             for k in (1, 3, 8):
-                assert index.lookup(k) == find_continuation(tokens, min_n, max_n, k), (tokens, min_n, max_n, k)
+                want = find_continuation(tokens, min_n, max_n, k, match)
+                assert index.lookup(k) == want, (tokens, min_n, max_n, k, match)
                 checks += 1
     assert checks > 2000
 

@@ -189,9 +189,15 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
         parts.append(f"Greedy token ids compared with `none` for: {', '.join(checked) or '(none)'}. "
                      + ("All identical." if not loss else f"Mismatches in: {', '.join(bad)}."))
         if loss:
-            parts += ["", _md_table(["strategy", "question", "first divergence", "top-2 logit gap"],
+            ties = sum(1 for m in loss if m.get("near_tie"))
+            parts += ["", f"{len(loss)} mismatching runs; {ties} diverge at a near-tie (top-2 gap within 2 units in "
+                      f"the last place of {cfg['dtype']} at that logit), {len(loss) - ties} do not. In bf16 a 1-token "
+                      "and a k-token forward round differently, so near-ties can flip; exactness is checked in "
+                      "float32.",
+                      "", _md_table(["strategy", "question", "first divergence", "top-2 logit gap", "near-tie"],
                                     [[m["strategy"], str(m["question_id"]), str(m["first_divergence"]),
-                                      f"{m['top2_logit_gap']:.4g}"] for m in loss])]
+                                      f"{m['top2_logit_gap']:.4g}", "yes" if m.get("near_tie") else "**no**"]
+                                     for m in loss])]
     if plots:
         parts += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(parts) + "\n"

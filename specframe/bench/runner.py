@@ -102,6 +102,16 @@ class BenchRunner:
         return records
 
 
+def is_near_tie(gap: float, top1: float, dtype: torch.dtype) -> bool:
+    """A top-2 gap within two units in the last place of the run's dtype at the top logit's magnitude: a 1-token
+    and a k-token forward may round either way there. Never true in float32 beyond 2 fp32 ulps."""
+    import math
+
+    mantissa = {torch.bfloat16: 7, torch.float16: 10}.get(dtype, 23)
+    ulp = 2.0 ** (math.floor(math.log2(max(abs(top1), 1e-30))) - mantissa)
+    return gap <= 2 * ulp
+
+
 def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Prompt], chat: bool) -> list[dict[str, Any]]:
     """Greedy runs: every strategy's token ids must equal the baseline's for the same question, seed, repeat.
 
@@ -124,10 +134,13 @@ def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Promp
         with torch.inference_mode():
             logits = sf.target.model(input_ids=torch.tensor([ids], device=sf.target.device)).logits[0, -1].float()
         top = torch.topk(logits, 2)
+        gap = float(top.values[0] - top.values[1])
         out.append({
             "strategy": r["strategy"], "kind": r["kind"], "question_id": r["question_id"], "seed": r["seed"],
             "repeat": r["repeat"], "first_divergence": first, "baseline_token": ref[first] if first < len(ref) else None,
             "strategy_token": got[first] if first < len(got) else None,
-            "top2_logit_gap": float(top.values[0] - top.values[1]),
+            "top2_logit_gap": gap,
+            "top1_logit": float(top.values[0]),
+            "near_tie": is_near_tie(gap, float(top.values[0]), sf.target.dtype),
         })
     return out
