@@ -4,6 +4,9 @@ The last ``n`` committed tokens (longest ``n`` first, from ``max_n`` down to ``m
 prompt + generated tokens; the tokens that followed their most recent earlier occurrence are proposed, up to
 ``k`` of them. Drafts are deterministic (one-hot q), so exactness holds under greedy and sampling alike.
 
+With ``branches > 1`` the continuations of several earlier occurrences are merged into a token tree (shared
+prefixes once, at most ``max_nodes`` nodes) and verified in the same single forward.
+
 Worked example (``min_n=1, max_n=3, k=3``)::
 
     tokens = [5, 6, 7, 8, 9, 5, 6, 7]
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from pydantic import Field, model_validator
 
 from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, hookimpl
@@ -28,6 +32,8 @@ class NgramConfig(ProposerConfig):
         "recent",
         description="Which earlier occurrence to copy from: the first (as HF prompt lookup) or the most recent.",
     )
+    branches: int = Field(1, ge=1, le=8, description="Continuations of this many occurrences, merged into a tree.")
+    max_nodes: int = Field(16, ge=1, le=128, description="Most tree nodes per step when branches > 1.")
 
     @model_validator(mode="after")
     def _order(self) -> "NgramConfig":
@@ -74,6 +80,7 @@ class NgramIndex:
         self.first = match == "first"
         self.tokens: list[int] = []
         self.last_end: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
+        self.all_ends: dict[int, dict[tuple[int, ...], list[int]]] | None = None  # every occurrence, if asked
 
     def extend(self, new_tokens: list[int]) -> None:
         old_len = len(self.tokens)
@@ -84,6 +91,8 @@ class NgramIndex:
             for n, table in self.last_end.items():
                 if end - n + 1 >= 0:
                     key = tuple(toks[end - n + 1 : end + 1])
+                    if self.all_ends is not None:
+                        self.all_ends[n].setdefault(key, []).append(end)
                     if self.first:
                         table.setdefault(key, end)
                     else:
@@ -99,6 +108,55 @@ class NgramIndex:
         return []
 
 
+    def track_all(self) -> "NgramIndex":
+        """Also record every occurrence (for :meth:`lookup_many`); call before :meth:`extend`."""
+        self.all_ends = {n: {} for n in range(self.min_n, self.max_n + 1)}
+        return self
+
+    def lookup_many(self, k: int, branches: int) -> list[list[int]]:
+        """Continuations (up to ``k`` tokens) of up to ``branches`` occurrences of the longest matching suffix,
+        in ``match`` order (the first one is what :meth:`lookup` returns); duplicates dropped."""
+        assert self.all_ends is not None, "call track_all() first"
+        toks = self.tokens
+        length = len(toks)
+        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
+            ends = self.all_ends[n].get(tuple(toks[length - n :]))
+            if ends:
+                out: list[list[int]] = []
+                for end in ends if self.first else reversed(ends):
+                    cont = toks[end + 1 : end + 1 + k]
+                    if cont not in out:
+                        out.append(cont)
+                        if len(out) == branches:
+                            break
+                return out
+        return []
+
+
+def merge_into_tree(continuations: list[list[int]], max_nodes: int) -> tuple[list[int], list[int]]:
+    """Merge token sequences into a trie in topological order: ``(tokens, parent)``, at most ``max_nodes`` nodes.
+
+    Sequences are inserted in order, so the first one is a chain at the front. Example:
+    ``merge_into_tree([[1, 2, 3], [1, 4]], 8) == ([1, 2, 3, 4], [-1, 0, 1, 0])``.
+    """
+    tokens: list[int] = []
+    parent: list[int] = []
+    child: dict[tuple[int, int], int] = {}
+    for seq in continuations:
+        at = -1
+        for tok in seq:
+            node = child.get((at, tok))
+            if node is None:
+                if len(tokens) == max_nodes:
+                    break
+                node = len(tokens)
+                tokens.append(tok)
+                parent.append(at)
+                child[(at, tok)] = node
+            at = node
+    return tokens, parent
+
+
 class NgramProposer(ProposerBase):
     """Prompt lookup over prompt + generated tokens (row 0; batch > 1 comes later)."""
 
@@ -107,17 +165,29 @@ class NgramProposer(ProposerBase):
 
     def __init__(self, config: NgramConfig, target: TargetInfo) -> None:
         super().__init__(config, target)
-        self._index = NgramIndex(config.min_n, config.max_n, config.match)
+        self.produces_trees = config.branches > 1  # capability of this instance
+        self._index = self._new_index()
+
+    def _new_index(self) -> NgramIndex:
+        index = NgramIndex(self.config.min_n, self.config.max_n, self.config.match)
+        return index.track_all() if self.config.branches > 1 else index
 
     def start(self, state: DecodeState) -> None:
-        self._index = NgramIndex(self.config.min_n, self.config.max_n, self.config.match)
+        self._index = self._new_index()
         self._index.extend(state.tokens[0].tolist())
 
     def propose(self, state: DecodeState, budget: int) -> DraftTree:
         seen = len(self._index.tokens)
         if state.tokens.shape[1] > seen:
             self._index.extend(state.tokens[0, seen:].tolist())
-        draft = self._index.lookup(min(self.config.k, budget))
+        cfg = self.config
+        if cfg.branches > 1:
+            conts = self._index.lookup_many(min(cfg.k, budget), cfg.branches)
+            tokens, parent = merge_into_tree(conts, min(cfg.max_nodes, budget))
+            if not tokens:
+                return DraftTree.empty(state.tokens.shape[0])
+            return DraftTree(torch.tensor([tokens], dtype=torch.int64), torch.tensor([parent], dtype=torch.int64))
+        draft = self._index.lookup(min(cfg.k, budget))
         return DraftTree.chain(draft) if draft else DraftTree.empty(state.tokens.shape[0])
 
 

@@ -183,3 +183,15 @@ def test_peer_greedy_counts_its_prefill_forward_so_tau_is_one(sf):
     peer = next(r for r in records if r["strategy"] == "hf-greedy")
     assert peer["metrics"]["target_forwards"] == peer["metrics"]["new_tokens"]
     assert peer["metrics"]["mean_accepted_length"] == 1.0
+
+
+def test_near_tie_is_relative_to_the_dtype_precision():
+    import torch
+
+    from specframe.bench.runner import is_near_tie
+
+    # bf16 at |logit| in [16, 32): one ulp is 0.125
+    assert is_near_tie(0.0, 20.0, torch.bfloat16) and is_near_tie(0.5, 20.0, torch.bfloat16)
+    assert not is_near_tie(0.6, 20.0, torch.bfloat16)
+    # float32: the same gaps are real decisions
+    assert not is_near_tie(0.125, 20.0, torch.float32) and is_near_tie(0.0, 20.0, torch.float32)

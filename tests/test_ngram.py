@@ -127,3 +127,48 @@ def test_registered_under_its_name():
     registry = build_registry()
     assert registry.proposer("ngram") is NgramProposer
     assert {"ngram", "none"} <= set(registry.proposers)
+
+
+def test_merge_into_tree_shares_prefixes_and_respects_the_node_budget():
+    from specframe_plugins.ngram import merge_into_tree
+
+    assert merge_into_tree([[1, 2, 3], [1, 4]], 8) == ([1, 2, 3, 4], [-1, 0, 1, 0])
+    assert merge_into_tree([[1, 2, 3], [5, 6]], 4) == ([1, 2, 3, 5], [-1, 0, 1, -1])
+    assert merge_into_tree([], 4) == ([], [])
+
+
+@pytest.mark.parametrize("match", ["recent", "first"])
+def test_lookup_many_starts_with_lookup_and_has_distinct_continuations(match):
+    rng = random.Random(7)
+    for _ in range(200):
+        tokens = [rng.randrange(3) for _ in range(rng.randint(2, 30))]
+        index = NgramIndex(1, 3, match).track_all()
+        index.extend(tokens)
+        many = index.lookup_many(4, 3)
+        assert (many[0] if many else []) == index.lookup(4)
+        assert len(many) == len({tuple(c) for c in many}) <= 3
+
+
+def test_branching_ngram_is_exact_and_drafts_trees(llama_target):
+    from specframe.engine import Engine
+    from specframe.verifiers import GreedyVerifier
+
+    from .support import hf_greedy
+
+    cfg = NgramConfig(branches=3, max_nodes=12, k=4)
+    proposer = NgramProposer(cfg, llama_target.info)
+    assert proposer.produces_trees
+    branched = []
+    propose = proposer.propose
+
+    def spy(state, budget):
+        draft = propose(state, budget)
+        branched.append(not draft.is_chain())
+        return draft
+
+    proposer.propose = spy
+    prompt = [11, 12, 13, 11, 12, 14, 11, 12, 15, 11, 12]  # "11 12" continues three different ways
+    res = Engine(llama_target, [proposer], GreedyVerifier()).generate(prompt, max_new_tokens=24)
+    assert branched[0]  # the first draft is a 3-branch tree
+    assert res.token_ids == hf_greedy(llama_target.model, prompt, 24)
+    assert res.metrics.proposer_faults == 0 and res.metrics.drafted_tokens > 0

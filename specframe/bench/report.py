@@ -190,7 +190,7 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
                      + ("All identical." if not loss else f"Mismatches in: {', '.join(bad)}."))
         if loss:
             ties = sum(1 for m in loss if m.get("near_tie"))
-            parts += ["", f"{len(loss)} mismatching runs; {ties} diverge at a near-tie (top-2 gap within 2 units in "
+            parts += ["", f"{len(loss)} mismatching runs; {ties} diverge at a near-tie (top-2 gap within 4 units in "
                       f"the last place of {cfg['dtype']} at that logit), {len(loss) - ties} do not. In bf16 a 1-token "
                       "and a k-token forward round differently, so near-ties can flip; exactness is checked in "
                       "float32.",

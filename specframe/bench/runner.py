@@ -103,13 +103,14 @@ class BenchRunner:
 
 
 def is_near_tie(gap: float, top1: float, dtype: torch.dtype) -> bool:
-    """A top-2 gap within two units in the last place of the run's dtype at the top logit's magnitude: a 1-token
-    and a k-token forward may round either way there. Never true in float32 beyond 2 fp32 ulps."""
+    """A top-2 gap within four units in the last place of the run's dtype at the top logit's magnitude: rounding
+    differences between a 1-token and a k-token forward accumulate over the layers, so such a tie may break
+    either way. In float32 four ulps are ~5e-7 relative: practically only exact ties."""
     import math
 
     mantissa = {torch.bfloat16: 7, torch.float16: 10}.get(dtype, 23)
     ulp = 2.0 ** (math.floor(math.log2(max(abs(top1), 1e-30))) - mantissa)
-    return gap <= 2 * ulp
+    return gap <= 4 * ulp
 
 
 def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Prompt], chat: bool) -> list[dict[str, Any]]:
