@@ -182,6 +182,10 @@ from .bench.command import bench as _bench_command  # noqa: E402
 
 app.command("bench")(_bench_command)
 
+from .training.command import train_app  # noqa: E402
+
+app.add_typer(train_app, name="train")
+
 
 def main() -> None:
     app()

@@ -130,6 +130,8 @@ class TargetInfo:
     name: str = ""
     tokenizer: Any = field(default=None, compare=False)  # transformers tokenizer, for proposers that need text
     model: Any = field(default=None, compare=False)  # the target model, for heads that reuse its LM head
+    supports_trees: bool = True  # one tree mask serves every layer (False for sliding-window targets): a
+    # tree-drafting proposer should draft chains when False
 
 
 class ProposerConfig(BaseModel):

@@ -53,6 +53,7 @@ class Target:
             name=self.name,
             tokenizer=tokenizer,
             model=model,
+            supports_trees=self.supports_trees,
         )
 
     # --- text ---------------------------------------------------------------------------------------------

@@ -1,0 +1,237 @@
+"""``draft-model``: a small causal LM drafts a chain autoregressively (Leviathan et al. 2022; Chen et al. 2023;
+transformers' assisted generation; vLLM's ``draft_model``).
+
+The draft keeps its own KV cache across steps: after verification it is rolled back to the longest prefix it
+shares with the committed tokens, so each step feeds only the tokens it has not seen. Under sampling, draft
+tokens are drawn from the draft's warped distribution q (same temperature / top-k / top-p as the target) with
+the request's generator, and q is returned as ``draft_probs`` for exact rejection sampling (Leviathan et al.
+2022, Algorithm 1). Under greedy decoding the draft takes its argmax and no probabilities are built.
+
+Draft length is dynamic: drafting stops early when the draft's top probability falls below
+``min_confidence``, and with ``schedule: heuristic`` the length adapts to acceptance (transformers' assisted
+generation heuristic: +2 after a fully accepted draft, -1 otherwise, within ``[1, max_k]``).
+
+Which drafts work:
+
+- any transformers causal LM sharing the target's tokenizer (``model: DIR``). A vocabulary padded beyond the
+  target's is tolerated (the extra logits are dropped); tokens whose text differs from the target's are refused
+  with an error naming the first one;
+- a specframe small draft (``specframe train draft``), which reads the target's own embeddings and drafts over
+  a frequent-token subset (:mod:`specframe.learned.small_draft`);
+- by default, the small draft shipped for the target (``specframe_plugins/weights/<target>/draft-model/``).
+
+A context longer than the draft's ``max_position_embeddings`` turns speculation off for the rest of the request
+(target-only steps, output unchanged).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor
+
+from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, VerifyOutcome, hookimpl
+from specframe.errors import ConfigError
+from specframe.kv_cache import cache_length, new_cache, rollback
+from specframe.learned.small_draft import is_small_draft, load_small_draft
+from specframe.sampling import probs_from_logits
+
+from .weights import available, shipped
+
+log = logging.getLogger("specframe")
+
+
+class DraftModelConfig(ProposerConfig):
+    name: Literal["draft-model"] = "draft-model"
+    model: Optional[str] = Field(None, description="Draft model folder; default: the draft shipped for the target.")
+    k: int = Field(5, ge=1, le=64, description="Draft length of the first step (and of every step when constant).")
+    max_k: int = Field(8, ge=1, le=64, description="Longest draft the heuristic schedule may grow to.")
+    schedule: Literal["heuristic", "constant"] = Field(
+        "heuristic", description="heuristic: +2 after a fully accepted draft, -1 otherwise; constant: always k."
+    )
+    min_confidence: float = Field(
+        0.3, ge=0.0, le=1.0, description="Stop drafting when the draft's top probability is below this (0 = never)."
+    )
+
+    @model_validator(mode="after")
+    def _order(self) -> "DraftModelConfig":
+        if self.k > self.max_k:
+            raise ValueError(f"draft-model: k ({self.k}) must be <= max_k ({self.max_k})")
+        return self
+
+
+def check_vocabularies(target_tok: Any, draft_tok: Any) -> None:
+    """Refuse a draft whose tokenizer gives any target token another id.
+
+    Raises:
+        ConfigError: names the first token whose id differs (or that the draft lacks).
+    """
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    for token, i in sorted(tv.items(), key=lambda kv: kv[1]):
+        j = dv.get(token)
+        if j != i:
+            where = "is missing from the draft's vocabulary" if j is None else f"is id {j} in the draft"
+            raise ConfigError(
+                f"the draft model does not share the target's tokenizer: token {token!r} is id {i} in the target "
+                f"and {where}; use a draft trained with the target's tokenizer"
+            )
+
+
+class _HFDraft:
+    """A plain transformers causal LM as a draft: logits over its own vocabulary, mapped to the target's."""
+
+    def __init__(self, directory: Path, target: TargetInfo) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=target.dtype).to(target.device).eval()
+        try:
+            tok = AutoTokenizer.from_pretrained(directory)
+        except (OSError, ValueError):
+            tok = None  # no tokenizer files: only the vocabulary sizes can be checked
+        if tok is not None and target.tokenizer is not None:
+            check_vocabularies(target.tokenizer, tok)
+        self.vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        self.token_map: Tensor | None = None
+        self.config = self.model.config
+
+    def __call__(self, ids: Tensor, cache: Any) -> Tensor:
+        return self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+
+
+class _SmallDraft:
+    def __init__(self, directory: Path, target: TargetInfo) -> None:
+        self.model = load_small_draft(directory, target.model, target.dtype, target.device)
+        self.token_map = self.model.token_map
+        self.vocab = int(self.token_map.numel())
+        self.config = self.model.config
+
+    def __call__(self, ids: Tensor, cache: Any) -> Tensor:
+        return self.model(ids, cache)[0, -1]
+
+
+def _common_prefix(a: list[int], b: list[int], start: int) -> int:
+    n = min(len(a), len(b))
+    i = start
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class DraftModelProposer(ProposerBase):
+    """A small LM drafts a chain with its own KV cache (see the module docstring)."""
+
+    name = "draft-model"
+    Config = DraftModelConfig
+    needs_hidden_states = False
+    produces_trees = False
+    provides_draft_probs = True
+
+    def __init__(self, config: DraftModelConfig, target: TargetInfo) -> None:
+        super().__init__(config, target)
+        folder = Path(config.model).expanduser() if config.model else shipped(target.name, "draft-model")
+        if folder is None:
+            have = ", ".join(available("draft-model")) or "none"
+            raise ConfigError(
+                f"no draft model is shipped for target {target.name!r} (shipped for: {have}): set `model: DIR` "
+                "(a transformers model folder sharing the target's tokenizer, or `specframe train draft` output)"
+            )
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"draft model folder {folder} has no config.json")
+        if is_small_draft(folder):
+            if target.model is None:
+                raise ConfigError("a specframe small draft needs the target model's embeddings (TargetInfo.model)")
+            self.draft: Any = _SmallDraft(folder, target)
+        else:
+            self.draft = _HFDraft(folder, target)
+        self.max_context = int(getattr(self.draft.config, "max_position_embeddings", 0) or 1 << 30)
+        self.k = config.k
+        self.speculating = True
+        self._cache: Any = None
+        self._seen: list[int] = []  # the token ids whose keys/values are in the draft's cache, in order
+
+    # --- per request ---------------------------------------------------------------------------------------
+    def start(self, state: DecodeState) -> None:
+        self._cache = new_cache(self.draft.config)
+        self._seen = []
+        self.k = self.config.k
+        self.speculating = True
+
+    def _to_target_logits(self, logits: Tensor) -> Tensor:
+        """Draft logits ``[Vd]`` -> ``[V]`` float32 over the target's vocabulary (-inf where the draft has none)."""
+        v = self.target.vocab_size
+        if self.draft.token_map is not None:
+            full = torch.full((v,), float("-inf"), dtype=torch.float32, device=logits.device)
+            return full.index_copy_(0, self.draft.token_map.to(logits.device), logits.float())
+        if self.draft.vocab >= v:
+            return logits[:v].float()  # a padded vocabulary: the extra rows are never target tokens
+        pad = torch.full((v - self.draft.vocab,), float("-inf"), dtype=torch.float32, device=logits.device)
+        return torch.cat([logits.float(), pad])
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState, budget: int) -> DraftTree:
+        batch = state.tokens.shape[0]
+        if not self.speculating or self._cache is None:
+            return DraftTree.empty(batch)
+        tokens = state.tokens[0].tolist()
+        k = min(self.k, budget)
+        if len(tokens) + k > self.max_context:
+            self.speculating = False  # the draft cannot see this context: target-only steps from here on
+            log.info("draft-model: context of %d tokens exceeds the draft's %d positions; speculation off",
+                     len(tokens), self.max_context)
+            return DraftTree.empty(batch)
+        if self.draft.token_map is None and max(tokens) >= self.draft.vocab:
+            return DraftTree.empty(batch)  # a token the draft cannot embed (draft vocabulary smaller than target's)
+        keep = min(_common_prefix(self._seen, tokens, 0), len(tokens) - 1)
+        if cache_length(self._cache) > 0:  # (an empty cache has no layers to crop yet)
+            rollback(self._cache, keep)
+        device = self.target.device
+        feed = torch.tensor([tokens[keep:]], dtype=torch.int64, device=device)
+        self._seen = tokens[:]
+        greedy = state.sampling.is_greedy
+        drafted: list[int] = []
+        probs: list[Tensor] = []
+        for i in range(k):
+            logits = self.draft(feed, self._cache)
+            if greedy:
+                if self.draft.token_map is not None or self.draft.vocab != self.target.vocab_size:
+                    full = self._to_target_logits(logits)
+                else:
+                    full = logits.float()
+                top = int(full.argmax())
+                conf = float(torch.softmax(full, -1)[top]) if self.config.min_confidence > 0 and i > 0 else 1.0
+            else:
+                q = probs_from_logits(self._to_target_logits(logits), state.sampling)
+                top = int(torch.multinomial(q.to(state.generator.device), 1, generator=state.generator))
+                conf = float(q.max()) if self.config.min_confidence > 0 and i > 0 else 1.0
+            if conf < self.config.min_confidence:
+                break
+            drafted.append(top)
+            if not greedy:
+                probs.append(q)
+            if i + 1 < k:
+                feed = torch.tensor([[top]], dtype=torch.int64, device=device)
+                self._seen.append(top)
+        if not drafted:
+            return DraftTree.empty(batch)
+        q_all = torch.stack(probs).cpu() if probs else None
+        return DraftTree.chain(drafted, q_all)
+
+    def on_verified(self, outcome: VerifyOutcome) -> None:
+        if self.config.schedule != "heuristic":
+            return
+        drafted = outcome.draft.num_nodes
+        if drafted == 0:
+            return
+        if outcome.num_accepted == drafted:
+            self.k = min(self.k + 2, self.config.max_k)
+        else:
+            self.k = max(self.k - 1, 1)
+
+
+@hookimpl
+def specframe_register_proposers(register) -> None:
+    register(DraftModelProposer)

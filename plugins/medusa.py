@@ -1,0 +1,114 @@
+"""``medusa``: Medusa-1 heads on the target's last hidden state, expanded into a token tree
+(Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding Heads").
+
+The hidden state comes from the verification forward the engine already ran (``needs_hidden_states``): no extra
+target pass. Head ``i`` proposes the ``top_k`` most likely tokens at draft depth ``i + 1``; the tree grows
+best-first by the product of the heads' probabilities along a path (a dynamic tree, as EAGLE-2 grows its own)
+up to ``max_nodes`` nodes, and the target verifies all of it in one forward. Drafts are deterministic
+(one-hot q), so exactness holds under greedy and sampling alike. On a target that cannot take tree masks
+(sliding-window attention) the draft is the chain of each head's top-1.
+
+Weights: ``heads: DIR`` (written by ``specframe train medusa``), or by default the heads shipped for the
+target (see ``specframe_plugins/weights/<target>/medusa/README.md``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from pathlib import Path
+from typing import Literal, Optional
+
+import torch
+from pydantic import Field
+
+from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, hookimpl
+from specframe.errors import ConfigError
+from specframe.learned.medusa_heads import MedusaHeads
+
+from .weights import available, shipped
+
+
+class MedusaConfig(ProposerConfig):
+    name: Literal["medusa"] = "medusa"
+    heads: Optional[str] = Field(None, description="Folder of trained heads; default: the heads shipped for the target.")
+    num_heads: Optional[int] = Field(None, ge=1, description="Use only the first N heads (default: all).")
+    top_k: int = Field(4, ge=1, le=32, description="Candidates per head.")
+    max_nodes: int = Field(16, ge=1, le=256, description="Most tree nodes per step (the verification width).")
+
+
+def grow_tree(top_ids: list[list[int]], top_probs: list[list[float]], max_nodes: int) -> tuple[list[int], list[int]]:
+    """Best-first token tree over independent per-depth candidates.
+
+    Args:
+        top_ids: ``[D][k]`` candidate tokens per depth (depth ``d`` = head ``d``), best first.
+        top_probs: ``[D][k]`` their probabilities.
+        max_nodes: node budget.
+
+    Returns:
+        ``(token_ids [N], parent [N])`` in topological order: a path's score is the product of its nodes'
+        probabilities, and nodes are taken highest score first (a child never outscores its parent, so parents
+        come first).
+    """
+    ids: list[int] = []
+    parents: list[int] = []
+    heap = [(-top_probs[0][r], r, 0, -1) for r in range(len(top_ids[0]))]  # (-score, rank, depth, parent node)
+    heapq.heapify(heap)
+    while heap and len(ids) < max_nodes:
+        neg, rank, depth, parent = heapq.heappop(heap)
+        node = len(ids)
+        ids.append(top_ids[depth][rank])
+        parents.append(parent)
+        if depth + 1 < len(top_ids):
+            for r, p in enumerate(top_probs[depth + 1]):
+                heapq.heappush(heap, (neg * p, r, depth + 1, node))
+    return ids, parents
+
+
+class MedusaProposer(ProposerBase):
+    """Medusa-1 heads -> best-first token tree (see the module docstring)."""
+
+    name = "medusa"
+    Config = MedusaConfig
+    needs_hidden_states = True
+    produces_trees = True
+    provides_draft_probs = False
+
+    def __init__(self, config: MedusaConfig, target: TargetInfo) -> None:
+        super().__init__(config, target)
+        if target.model is None:
+            raise ConfigError("medusa needs the target model (its LM head): TargetInfo.model is None")
+        lm_head = target.model.get_output_embeddings()
+        hidden = int(lm_head.weight.shape[1])
+        folder = Path(config.heads).expanduser() if config.heads else shipped(target.name, "medusa")
+        if folder is None:
+            have = ", ".join(available("medusa")) or "none"
+            raise ConfigError(
+                f"no Medusa heads are shipped for target {target.name!r} (shipped for: {have}): "
+                "train them with `specframe train medusa` and set `heads: DIR` in the proposer config"
+            )
+        heads = MedusaHeads.load(folder, hidden)
+        self.num_heads = min(config.num_heads or heads.num_heads, heads.num_heads)
+        self.heads = heads.to(device=target.device, dtype=target.dtype)
+        self.lm_head = lm_head
+        self.trees = bool(target.supports_trees)
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState, budget: int) -> DraftTree:
+        if state.hidden is None:
+            return DraftTree.empty(state.tokens.shape[0])
+        h = state.hidden[:1].to(self.heads.heads[0][0].linear.weight.dtype)  # [1, H]
+        feats = self.heads(h)[0, : self.num_heads]  # [D, H]
+        probs = torch.softmax(self.lm_head(feats).float(), dim=-1)  # [D, V]
+        cfg = self.config
+        budget = min(budget, cfg.max_nodes)
+        if not self.trees or cfg.top_k == 1 or budget <= 1:
+            ids = probs[: min(budget, self.num_heads)].argmax(-1)
+            return DraftTree.chain(ids.cpu())
+        p, i = probs.topk(cfg.top_k, dim=-1)
+        ids, parents = grow_tree(i.tolist(), p.tolist(), budget)
+        return DraftTree(torch.tensor([ids], dtype=torch.int64), torch.tensor([parents], dtype=torch.int64))
+
+
+@hookimpl
+def specframe_register_proposers(register) -> None:
+    register(MedusaProposer)

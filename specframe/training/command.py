@@ -1,0 +1,117 @@
+"""``specframe train draft|medusa``: the training recipes as commands (seeded, resumable, with progress bars)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from ..errors import ConfigError, SpecframeError
+
+train_app = typer.Typer(
+    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    help="Train learned proposers for a target (self-distillation on the CPU).",
+)
+err = Console(stderr=True, highlight=False)
+
+_MODEL = typer.Option("smollm2-135m-instruct", "--model", help="Target: built-in name, model folder or .gguf file.")
+_OUTPUT = typer.Option(..., "--output", help="Folder for the weights, model card, loss log (resumes if present).")
+_CORPUS = typer.Option(None, "--corpus", help="Corpus folder (shared by recipes; default OUTPUT/corpus).")
+_PROMPTS = typer.Option(1152, "--prompts", help="Training prompts to answer with the target.")
+_NEW = typer.Option(160, "--max-new-tokens", help="Longest target answer per prompt.")
+_SEED = typer.Option(0, "--seed", help="Seed of the prompts, initialisation and batch order.")
+_DTYPE = typer.Option("bfloat16", "--dtype", help="Target dtype for the corpus and hidden states.")
+_EVAL = typer.Option(12, "--eval-prompts", help="Held-out prompts for the τ in the model card.")
+
+
+def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: int, max_new_tokens: int,
+         seed: int, dtype: str, eval_prompts: int, settings) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from ..models import load_target, resolve_model
+    from .corpus import CorpusSettings
+    from .recipe import run_recipe
+
+    if prompts < 16:
+        raise ConfigError(f"--prompts must be >= 16, got {prompts}")
+    if max_new_tokens < 8:
+        raise ConfigError(f"--max-new-tokens must be >= 8, got {max_new_tokens}")
+    if dtype not in ("bfloat16", "float32"):
+        raise ConfigError(f"--dtype must be bfloat16 or float32, got {dtype!r}")
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"--output {output} is a file: give a folder")
+    source = resolve_model(model)
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    with err.status(f"loading {model} ...", spinner="dots"):
+        target = load_target(model, dtype=dtype, log=lambda s: err.print(s, markup=False))
+    corpus = corpus or output / "corpus"
+    cs = CorpusSettings(source.name, prompts, max_new_tokens, 32, seed, dtype)
+    cols = (TextColumn("{task.description:>7}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*cols, console=err) as progress:
+        tasks: dict[str, int] = {}
+
+        def bar(phase: str, done: int, total: int, info: str) -> None:
+            if phase not in tasks:
+                tasks[phase] = progress.add_task(phase, total=total, info="")
+            progress.update(tasks[phase], completed=done, total=total, info=info)
+
+        record = run_recipe(kind, target, source.name, output, corpus, cs, settings, bar, eval_prompts)
+    ev = record["eval"]
+    name = "draft-model" if kind == "draft" else "medusa"
+    err.print(f"wrote {output} (weights, README.md model card, loss.png, recipe.json) in {record['wall_s'] / 60:.1f} min")
+    err.print(f"held-out τ {ev[name]['tau']:.2f} ({ev[name]['tok_s']:.1f} tok/s vs none {ev['none']['tok_s']:.1f}: "
+              f"{ev['speedup']:.2f}x)")
+
+
+@train_app.command("draft")
+def draft(
+    model: str = _MODEL, output: Path = _OUTPUT, corpus: Optional[Path] = _CORPUS, prompts: int = _PROMPTS,
+    max_new_tokens: int = _NEW, seed: int = _SEED, dtype: str = _DTYPE, eval_prompts: int = _EVAL,
+    layers: str = typer.Option("0,1", "--layers", help="Target layers the draft starts from (comma-separated)."),
+    vocab_subset: int = typer.Option(8192, "--vocab-subset", help="Output head size: most frequent tokens kept."),
+    epochs: int = typer.Option(2, "--epochs", help="Passes over the corpus."),
+    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate (AdamW, cosine)."),
+) -> None:
+    """Distil a small draft model (a few of the target's layers, its embeddings and tokenizer) from the target."""
+    from .draft import DraftSettings
+
+    try:
+        try:
+            ids = [int(x) for x in layers.split(",") if x.strip()]
+        except ValueError:
+            raise ConfigError(f"--layers must be comma-separated integers, got {layers!r}") from None
+        if epochs < 1 or vocab_subset < 16 or not lr > 0:
+            raise ConfigError("--epochs must be >= 1, --vocab-subset >= 16 and --lr > 0")
+        s = DraftSettings(layers=ids, vocab_subset=vocab_subset, epochs=epochs, lr=lr, seed=seed)
+        _run("draft", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s)
+    except SpecframeError as exc:
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(2)
+
+
+@train_app.command("medusa")
+def medusa(
+    model: str = _MODEL, output: Path = _OUTPUT, corpus: Optional[Path] = _CORPUS, prompts: int = _PROMPTS,
+    max_new_tokens: int = _NEW, seed: int = _SEED, dtype: str = _DTYPE, eval_prompts: int = _EVAL,
+    heads: int = typer.Option(4, "--heads", help="Number of Medusa heads."),
+    epochs: int = typer.Option(3, "--epochs", help="Passes over the corpus positions."),
+    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate (AdamW, cosine)."),
+) -> None:
+    """Train Medusa-1 heads on the target's own answers (self-distillation)."""
+    from .medusa import MedusaSettings
+
+    try:
+        if heads < 1 or epochs < 1 or not lr > 0:
+            raise ConfigError("--heads and --epochs must be >= 1 and --lr > 0")
+        s = MedusaSettings(num_heads=heads, epochs=epochs, lr=lr, seed=seed)
+        _run("medusa", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s)
+    except SpecframeError as exc:
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(2)

@@ -1,0 +1,140 @@
+"""``specframe train draft``: distil a small draft (a few of the target's own layers, sharing its embeddings and
+tokenizer) from the target's own greedy answers.
+
+Loss: cross-entropy of the draft's next-token logits over the frequent-token subset against the target's greedy
+choice, on response positions only (the corpus responses *are* the target's argmax, so this is sequence-level
+knowledge distillation, Kim & Rush 2016). Seeded, resumable from ``ckpt.pt``; writes the draft folder
+(:mod:`specframe.learned.small_draft`), ``train-log.jsonl`` and ``loss.png``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from ..learned.small_draft import build_from_target
+from .common import Checkpoint, LossLog, cosine_lr, length_batches, plot_loss, token_subset
+
+
+@dataclass(frozen=True)
+class DraftSettings:
+    layers: list[int] = field(default_factory=lambda: [0, 1])  # target layers the draft starts from
+    vocab_subset: int = 8192
+    epochs: int = 2
+    batch_size: int = 8
+    max_len: int = 512
+    lr: float = 5e-4
+    warmup: int = 30
+    seed: int = 0
+
+
+def _examples(records: list[dict], max_len: int) -> list[tuple[list[int], int]]:
+    """``(ids, first response index)`` per record, cut from the left to ``max_len`` tokens."""
+    out = []
+    for r in records:
+        ids = r["prompt_ids"] + r["response_ids"]
+        start = len(r["prompt_ids"])
+        cut = max(0, len(ids) - max_len)
+        if len(r["response_ids"]) >= 2:
+            out.append((ids[cut:], max(1, start - cut)))
+    return out
+
+
+def train_draft(
+    target: Any, records: list[dict], out: Path, s: DraftSettings, progress: Callable[[int, int, float], None] | None = None
+) -> dict:
+    """Train and save a draft into ``out``; resumes from ``out/ckpt.pt`` when present.
+
+    Args:
+        target: a loaded :class:`specframe.target.Target` (any dtype; the draft trains in float32).
+        records: corpus records (:func:`specframe.training.corpus.read_corpus`).
+        out: output folder (the draft folder itself).
+        s: settings; a checkpoint made with other settings is refused (ConfigError).
+        progress: optional ``(step, total_steps, loss)`` callback.
+
+    Returns:
+        Summary: steps, final loss / accuracy (mean of the last 20 steps), subset coverage, train seconds,
+        parameter counts.
+    """
+    torch.manual_seed(s.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    token_map, coverage = token_subset(records, s.vocab_subset, target.eos_token_ids)
+    draft = build_from_target(target.model, list(s.layers), token_map)
+    draft.train()
+    sub_index = torch.full((target.vocab_size,), -100, dtype=torch.int64)
+    sub_index[token_map] = torch.arange(token_map.numel())
+    examples = _examples(records, s.max_len)
+    if not examples:
+        raise ConfigError("the corpus has no usable responses (none with 2 or more tokens): build a larger corpus")
+    per_epoch = len(length_batches([len(e[0]) for e in examples], s.batch_size, s.seed, 0))
+    total = per_epoch * s.epochs
+    params = [p for p in draft.lm.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=0.0, betas=(0.9, 0.98))
+    ckpt = Checkpoint(out, {"draft": asdict(s), "records": len(records)})
+    state = ckpt.load()
+    step = 0
+    if state is not None:
+        draft.lm.load_state_dict(state["model"], strict=False)
+        opt.load_state_dict(state["opt"])
+        step = state["step"]
+        torch.set_rng_state(state["rng"])
+    logger = LossLog(out, step)
+    t0 = time.perf_counter()
+    tail: list[tuple[float, float]] = []
+    for epoch in range(step // per_epoch, s.epochs):
+        batches = length_batches([len(e[0]) for e in examples], s.batch_size, s.seed, epoch)
+        for b in batches[step - epoch * per_epoch :]:
+            rows = [examples[i] for i in b]
+            width = max(len(r[0]) for r in rows)
+            ids = torch.zeros((len(rows), width), dtype=torch.int64)
+            mask = torch.zeros((len(rows), width), dtype=torch.int64)
+            labels = torch.full((len(rows), width), -100, dtype=torch.int64)
+            for j, (seq, start) in enumerate(rows):
+                t = torch.tensor(seq)
+                ids[j, : len(seq)] = t
+                mask[j, : len(seq)] = 1
+                labels[j, start - 1 : len(seq) - 1] = sub_index[t[start:]]  # logits at i predict token i + 1
+            if not bool((labels != -100).any()):  # every label outside the subset: nothing to learn here
+                step += 1
+                continue
+            for g in opt.param_groups:
+                g["lr"] = cosine_lr(step, total, s.lr, s.warmup)
+            logits = draft(ids, attention_mask=mask)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            with torch.no_grad():
+                valid = labels != -100
+                acc = float((logits.argmax(-1)[valid] == labels[valid]).float().mean())
+            logger.add(step, float(loss.detach()), acc)
+            tail = (tail + [(float(loss.detach()), acc)])[-20:]
+            step += 1
+            if progress:
+                progress(step, total, float(loss.detach()))
+            if step % 50 == 0 or step == total:
+                ckpt.save(model=draft.lm.state_dict(), opt=opt.state_dict(), step=step, rng=torch.get_rng_state())
+    logger.close()
+    draft.eval()
+    return {
+        "steps": step,
+        "final_loss": sum(x for x, _ in tail) / max(1, len(tail)),
+        "final_acc": sum(a for _, a in tail) / max(1, len(tail)),
+        "subset_coverage": coverage,
+        "train_s": time.perf_counter() - t0,
+        "trainable_params": sum(p.numel() for p in params),
+        "draft": draft,
+    }
+
+
+def finish_draft(draft: Any, out: Path, target_name: str, target_vocab_size: int) -> None:
+    """Save the trained draft folder and its loss plot."""
+    draft.save(out, target_name, target_vocab_size)
+    plot_loss(out, "draft distillation")

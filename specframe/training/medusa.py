@@ -1,0 +1,172 @@
+"""``specframe train medusa``: Medusa-1 heads (:mod:`specframe.learned.medusa_heads`) on the target's own greedy
+answers (self-distillation, as Medusa's recipe for models without their SFT data).
+
+1. One target forward per corpus record gives the last hidden state at every position (``collect``).
+2. Head ``i`` at position ``t`` learns the token at ``t + 2 + i`` with cross-entropy over the frequent-token
+   subset of the LM head (training only: inference uses the full LM head), loss weight ``0.8 ** i``
+   (Medusa paper §2.1.1). The target stays frozen.
+Seeded, resumable from ``ckpt.pt``; writes ``medusa.safetensors`` + ``medusa.json``, ``train-log.jsonl``,
+``loss.png``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..errors import ConfigError
+from ..learned.medusa_heads import MedusaHeads
+from .common import Checkpoint, LossLog, cosine_lr, length_batches, plot_loss, token_subset
+
+
+@dataclass(frozen=True)
+class MedusaSettings:
+    num_heads: int = 4
+    num_layers: int = 1
+    vocab_subset: int = 8192
+    epochs: int = 3
+    batch_positions: int = 256
+    lr: float = 1e-3
+    warmup: int = 50
+    seed: int = 0
+    max_len: int = 640
+
+
+@torch.inference_mode()
+def collect(target: Any, records: list[dict], num_heads: int, max_len: int,
+            progress: Callable[[int, int], None] | None = None) -> tuple[Tensor, Tensor]:
+    """Hidden states and head labels at every position whose head-0 label is a response token.
+
+    Returns:
+        ``(hidden [M, H] in the target's dtype, labels [M, num_heads] int64)``; label ``-1`` = past the end.
+    """
+    hs, ls = [], []
+    lengths = [min(max_len, len(r["prompt_ids"]) + len(r["response_ids"])) for r in records]
+    batches = length_batches(lengths, 8, 0, 0)
+    for n, b in enumerate(batches):
+        rows = []
+        for i in b:
+            r = records[i]
+            ids = (r["prompt_ids"] + r["response_ids"])[-max_len:]
+            start = len(ids) - len(r["response_ids"])  # first response index
+            rows.append((ids, max(start, 0)))
+        width = max(len(x[0]) for x in rows)
+        ids = torch.zeros((len(rows), width), dtype=torch.int64)
+        mask = torch.zeros((len(rows), width), dtype=torch.int64)
+        for j, (seq, _) in enumerate(rows):
+            ids[j, : len(seq)] = torch.tensor(seq)
+            mask[j, : len(seq)] = 1
+        out = target.model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
+                           output_hidden_states=True, logits_to_keep=1)
+        hidden = out.hidden_states[-1].cpu()
+        for j, (seq, start) in enumerate(rows):
+            first = max(start - 2, 0)  # hidden at t -> head 0 predicts t + 2
+            last = len(seq) - 3
+            if last < first:
+                continue
+            t = torch.arange(first, last + 1)
+            lab = torch.full((len(t), num_heads), -1, dtype=torch.int64)
+            seq_t = torch.tensor(seq)
+            for i in range(num_heads):
+                pos = t + 2 + i
+                ok = pos < len(seq)
+                lab[ok, i] = seq_t[pos[ok]]
+            hs.append(hidden[j, first : last + 1])
+            ls.append(lab)
+        if progress:
+            progress(n + 1, len(batches))
+    if not hs:
+        raise ConfigError("the corpus has no usable responses (none with 2 or more tokens): build a larger corpus")
+    return torch.cat(hs), torch.cat(ls)
+
+
+def train_medusa(
+    target: Any, records: list[dict], out: Path, s: MedusaSettings,
+    progress: Callable[[str, int, int, float], None] | None = None,
+) -> dict:
+    """Train heads and save them into ``out``; resumes from ``out/ckpt.pt`` when present.
+
+    Args:
+        target: a loaded :class:`specframe.target.Target` (its dtype is the one the hidden states are taken in).
+        records: corpus records.
+        out: output folder.
+        s: settings; a checkpoint made with other settings is refused (ConfigError).
+        progress: optional ``(phase, done, total, loss)`` callback; phase is ``"hidden"`` or ``"train"``.
+
+    Returns:
+        Summary: steps, positions, final loss / head-0 accuracy (mean of the last 20 steps), coverage, seconds.
+    """
+    torch.manual_seed(s.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    hidden, labels = collect(target, records, s.num_heads, s.max_len,
+                             (lambda d, n: progress("hidden", d, n, 0.0)) if progress else None)
+    t_hidden = time.perf_counter() - t0
+    token_map, coverage = token_subset(records, s.vocab_subset, target.eos_token_ids)
+    sub_index = torch.full((target.vocab_size,), -100, dtype=torch.int64)
+    sub_index[token_map] = torch.arange(token_map.numel())
+    sub_labels = torch.where(labels >= 0, sub_index[labels.clamp(min=0)], torch.full_like(labels, -100))
+    w_sub = target.model.get_output_embeddings().weight.detach()[token_map].float()  # [S, H]
+    heads = MedusaHeads(hidden.shape[1], s.num_heads, s.num_layers).float().train()
+    opt = torch.optim.AdamW(heads.parameters(), lr=s.lr, weight_decay=0.0)
+    m = hidden.shape[0]
+    per_epoch = (m + s.batch_positions - 1) // s.batch_positions
+    total = per_epoch * s.epochs
+    ckpt = Checkpoint(out, {"medusa": asdict(s), "records": len(records), "positions": m})
+    state = ckpt.load()
+    step = 0
+    if state is not None:
+        heads.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step = state["step"]
+    logger = LossLog(out, step)
+    weights = torch.tensor([0.8**i for i in range(s.num_heads)])
+    tail: list[tuple[float, float]] = []
+    t1 = time.perf_counter()
+    for epoch in range(step // per_epoch, s.epochs):
+        g = torch.Generator().manual_seed(s.seed * 1000 + epoch)
+        perm = torch.randperm(m, generator=g)
+        for k in range(step - epoch * per_epoch, per_epoch):
+            idx = perm[k * s.batch_positions : (k + 1) * s.batch_positions]
+            h, lab = hidden[idx].float(), sub_labels[idx]
+            for grp in opt.param_groups:
+                grp["lr"] = cosine_lr(step, total, s.lr, s.warmup)
+            logits = heads(h) @ w_sub.T  # [b, D, S]
+            losses = torch.stack([
+                F.cross_entropy(logits[:, i], lab[:, i], ignore_index=-100) if bool((lab[:, i] != -100).any())
+                else logits.sum() * 0.0
+                for i in range(s.num_heads)
+            ])
+            loss = (losses * weights).sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                valid = lab[:, 0] != -100
+                acc = float((logits[:, 0].argmax(-1)[valid] == lab[valid, 0]).float().mean()) if valid.any() else 0.0
+            lv = float(losses[0].detach())
+            logger.add(step, lv, acc)
+            tail = (tail + [(lv, acc)])[-20:]
+            step += 1
+            if progress:
+                progress("train", step, total, lv)
+            if step % 200 == 0 or step == total:
+                ckpt.save(model=heads.state_dict(), opt=opt.state_dict(), step=step)
+    logger.close()
+    heads.eval()
+    return {
+        "steps": step, "positions": m, "final_loss_head0": sum(x for x, _ in tail) / max(1, len(tail)),
+        "final_acc_head0": sum(a for _, a in tail) / max(1, len(tail)), "subset_coverage": coverage,
+        "hidden_s": t_hidden, "train_s": time.perf_counter() - t1, "heads": heads,
+    }
+
+
+def finish_medusa(heads: MedusaHeads, out: Path, target_name: str) -> None:
+    heads.save(out, target_name)
+    plot_loss(out, "Medusa head 0")

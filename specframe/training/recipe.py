@@ -1,0 +1,135 @@
+"""The two recipes end to end: corpus (resumable) -> training (resumable) -> weights + model card with τ measured
+on held-out prompts (built from the same source with another seed; never Spec-Bench).
+
+``run_recipe("draft" | "medusa", ...)`` is what ``specframe train draft|medusa`` calls.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..errors import ConfigError
+from .corpus import CorpusSettings, build_corpus, read_corpus
+from .draft import DraftSettings, finish_draft, train_draft
+from .medusa import MedusaSettings, finish_medusa, train_medusa
+from .prompts import SOURCE, build_prompts
+
+EVAL_SEED = 10_001  # held-out prompts: same templates and source, another seed
+
+
+def evaluate_tau(target: Any, proposer_name: str, options: dict, num_prompts: int = 12, max_new_tokens: int = 96,
+                 progress: Callable[[int, int], None] | None = None) -> dict:
+    """Greedy τ (tokens per target forward) and tok/s of a proposer on held-out prompts, vs ``none``."""
+    from ..engine import Engine
+    from ..registry import build_registry
+    from ..verifiers import GreedyVerifier
+
+    reg = build_registry()
+    prompts = [target.encode_prompt(p["text"]) for p in build_prompts(num_prompts, EVAL_SEED)]
+    res = {}
+    for name, opts in ((proposer_name, options), ("none", {})):
+        cls = reg.proposer(name)
+        proposer = cls(cls.Config(name=name, **opts), target.info)
+        engine = Engine(target, [proposer], GreedyVerifier())
+        toks = fwd = 0
+        secs = 0.0
+        for i, ids in enumerate(prompts):
+            r = engine.generate(ids, max_new_tokens=max_new_tokens)
+            toks += r.metrics.new_tokens
+            fwd += r.metrics.target_forwards
+            secs += r.metrics.wall_s
+            if progress:
+                progress(i + 1 + (0 if name != "none" else len(prompts)), 2 * len(prompts))
+        res[name] = {"tau": toks / max(1, fwd), "tok_s": toks / max(secs, 1e-9), "tokens": toks}
+    res["speedup"] = res[proposer_name]["tok_s"] / max(res["none"]["tok_s"], 1e-9)
+    res["prompts"], res["max_new_tokens"] = num_prompts, max_new_tokens
+    return res
+
+
+def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: Path, corpus_settings: CorpusSettings,
+               settings: DraftSettings | MedusaSettings, bar: Callable[[str, int, int, str], None],
+               eval_prompts: int = 12) -> dict:
+    """Build the corpus (or finish it), train, save, evaluate, write ``README.md`` (model card) and
+    ``recipe.json`` in ``output``. Returns the summary written to ``recipe.json``."""
+    if kind not in ("draft", "medusa"):
+        raise ConfigError(f"unknown recipe {kind!r}: use draft or medusa")
+    t0 = time.perf_counter()
+    build_corpus(target, corpus, corpus_settings, progress=lambda d, n: bar("corpus", d, n, ""))
+    t_corpus = time.perf_counter() - t0
+    records = list(read_corpus(corpus))
+    n_resp = sum(len(r["response_ids"]) for r in records)
+    n_prompt = sum(len(r["prompt_ids"]) for r in records)
+    if kind == "draft":
+        summary = train_draft(target, records, output, settings,
+                              progress=lambda s, n, loss: bar("train", s, n, f"loss {loss:.3f}"))
+        model = summary.pop("draft")
+        finish_draft(model, output, target_name, target.vocab_size)
+        proposer, options = "draft-model", {"model": str(output)}
+    else:
+        summary = train_medusa(target, records, output, settings,
+                               progress=lambda ph, s, n, loss: bar(ph, s, n, f"loss {loss:.3f}" if ph == "train" else ""))
+        model = summary.pop("heads")
+        finish_medusa(model, output, target_name)
+        proposer, options = "medusa", {"heads": str(output)}
+    (output / "ckpt.pt").unlink(missing_ok=True)  # the weights are saved; the optimizer state is not shipped
+    ev = evaluate_tau(target, proposer, options, eval_prompts, progress=lambda d, n: bar("eval", d, n, ""))
+    record = {
+        "recipe": kind, "target": target_name, "target_dtype": str(target.dtype).replace("torch.", ""),
+        "corpus": {"settings": asdict(corpus_settings), "source": SOURCE, "records": len(records),
+                   "prompt_tokens": n_prompt, "response_tokens": n_resp, "build_s_this_run": round(t_corpus, 1)},
+        "settings": asdict(settings), "result": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()},
+        "eval": ev, "wall_s": round(time.perf_counter() - t0, 1),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+    }
+    (output / "recipe.json").write_text(json.dumps(record, indent=1) + "\n")
+    (output / "README.md").write_text(model_card(record))
+    return record
+
+
+def model_card(r: dict) -> str:
+    kind = r["recipe"]
+    c, s, res, ev = r["corpus"], r["settings"], r["result"], r["eval"]
+    proposer = "draft-model" if kind == "draft" else "medusa"
+    what = (
+        f"A {len(s['layers'])}-layer draft for `{r['target']}`: the target's own layers {s['layers']} as the "
+        f"starting point, the target's embeddings and tokenizer, and an output head over the {s['vocab_subset']} most "
+        "frequent tokens of the corpus (rows of the target's output embedding; FR-Spec style)."
+        if kind == "draft" else
+        f"{s['num_heads']} Medusa-1 heads ({s['num_layers']} residual block each) for `{r['target']}`, feeding the "
+        "target's own LM head."
+    )
+    lines = [
+        f"# specframe {proposer} weights for {r['target']}", "", what, "",
+        f"Use: `specframe generate --proposer {proposer} ...` (these weights are the default for this target).", "",
+        "## Data", "",
+        f"- Prompts: {c['records']} prompts built by `specframe.training.prompts` (seed {c['settings']['seed']}) from "
+        f"{c['source']}, plus specframe's own task templates and synthetic arithmetic problems. No Spec-Bench text.",
+        "- Responses: the target's own greedy answers (self-distillation), "
+        f"{c['settings']['max_new_tokens']} new tokens at most, generated in {c['settings']['dtype']}.",
+        f"- {c['prompt_tokens']} prompt tokens, {c['response_tokens']} response tokens "
+        f"(frequent-token subset covers {res['subset_coverage']:.1%} of the response tokens).",
+        "- Licence of the data: PSF License 2.0 (passages) and Apache-2.0 (templates); both allow commercial use.", "",
+        "## Training", "",
+        "```", json.dumps(s), "```", "",
+        f"{res['steps']} steps; final loss {res.get('final_loss', res.get('final_loss_head0')):.3f}, top-1 accuracy "
+        f"{res.get('final_acc', res.get('final_acc_head0')):.3f} (mean of the last 20 steps"
+        + ("" if kind == "draft" else ", head 0") + f"); training {res['train_s'] / 60:.1f} min "
+        f"on {r['machine']}; whole recipe run {r['wall_s'] / 60:.1f} min.", "",
+        "![loss curve](loss.png)", "",
+        "## Measured τ", "",
+        f"Greedy, {ev['prompts']} held-out prompts (same templates, seed {EVAL_SEED}), {ev['max_new_tokens']} new "
+        f"tokens, target in {r['target_dtype']}:", "",
+        "| proposer | τ | tok/s |", "|---|---|---|",
+        f"| {proposer} | {ev[proposer]['tau']:.2f} | {ev[proposer]['tok_s']:.1f} |",
+        f"| none | {ev['none']['tau']:.2f} | {ev['none']['tok_s']:.1f} |", "",
+        f"Speed-up on this machine: {ev['speedup']:.2f}x. Spec-Bench figures: docs/results/.", "",
+        "Reproduce: `specframe train " + kind + " --output DIR` (see docs/training.md).", "",
+    ]
+    return "\n".join(lines)
