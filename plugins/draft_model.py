@@ -81,6 +81,9 @@ def check_vocabularies(target_tok: Any, draft_tok: Any) -> None:
             )
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 class _HFDraft:
     """A plain transformers causal LM as a draft: logits over its own vocabulary, mapped to the target's."""
 
@@ -88,10 +91,9 @@ class _HFDraft:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=target.dtype).to(target.device).eval()
-        try:
+        tok = None  # no tokenizer files: only the vocabulary sizes can be checked
+        if any((directory / f).is_file() for f in _TOKENIZER_FILES):
             tok = AutoTokenizer.from_pretrained(directory)
-        except (OSError, ValueError):
-            tok = None  # no tokenizer files: only the vocabulary sizes can be checked
         if tok is not None and target.tokenizer is not None:
             check_vocabularies(target.tokenizer, tok)
         self.vocab = int(self.model.get_output_embeddings().weight.shape[0])
@@ -177,8 +179,8 @@ class DraftModelProposer(ProposerBase):
         if not self.speculating or self._cache is None:
             return DraftTree.empty(batch)
         tokens = state.tokens[0].tolist()
-        k = min(self.k, budget)
-        if len(tokens) + k > self.max_context:
+        k = min(self.k, budget, self.max_context - len(tokens))  # the draft must hold context + k - 1 positions
+        if k < 1:
             self.speculating = False  # the draft cannot see this context: target-only steps from here on
             log.info("draft-model: context of %d tokens exceeds the draft's %d positions; speculation off",
                      len(tokens), self.max_context)

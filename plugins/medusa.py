@@ -104,7 +104,7 @@ class MedusaProposer(ProposerBase):
         if not self.trees or cfg.top_k == 1 or budget <= 1:
             ids = probs[: min(budget, self.num_heads)].argmax(-1)
             return DraftTree.chain(ids.cpu())
-        p, i = probs.topk(cfg.top_k, dim=-1)
+        p, i = probs.topk(min(cfg.top_k, probs.shape[-1]), dim=-1)
         ids, parents = grow_tree(i.tolist(), p.tolist(), budget)
         return DraftTree(torch.tensor([ids], dtype=torch.int64), torch.tensor([parents], dtype=torch.int64))
 

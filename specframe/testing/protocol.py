@@ -38,6 +38,17 @@ def check_contract(kit: "Kit") -> None:
         )
 
 
+def _greedy_match(tokens: list[int], parent: list[int], ref: list[int]) -> int:
+    """Length of the longest root path of a draft tree (a chain included) that plain greedy decoding follows."""
+    node, depth = -1, 0
+    while depth < len(ref):
+        nxt = next((i for i, p in enumerate(parent) if p == node and tokens[i] == ref[depth]), None)
+        if nxt is None:
+            break
+        node, depth = nxt, depth + 1
+    return depth
+
+
 def check_feedback(kit: "Kit") -> None:
     """``start`` once per request, then per step at most one ``propose`` followed by exactly one ``on_verified``
     whose outcome holds the verified draft, the number of draft tokens that match plain greedy decoding, and the
@@ -64,7 +75,7 @@ def check_feedback(kit: "Kit") -> None:
                 raise ConformanceError(f"{where}: on_verified got draft {ids(o.draft.token_ids[0].tolist())} but "
                                        f"{ids(verified.token_ids[0].tolist())} was verified")
             drafted = o.draft.token_ids[0].tolist()
-            match = next((j for j, (a, b) in enumerate(zip(drafted, ref[pos:])) if a != b), len(drafted))
+            match = _greedy_match(drafted, o.draft.parent[0].tolist(), ref[pos:])
             expected = tuple(ref[pos: min(pos + match + 1, kit.new_tokens)])
             if o.num_accepted != match or o.committed[0] != expected:
                 raise ConformanceError(
