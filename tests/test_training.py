@@ -567,3 +567,52 @@ def test_train_cli_errors(args, needle, tmp_path, no_model_load):
     assert lines[0].startswith("error: ") and needle in lines[0]
     assert "Traceback" not in result.output
     assert not out.exists()
+
+
+# --- the teacher pass and soft labels -------------------------------------------------------------------------------
+
+
+def test_teacher_pass_matches_a_fresh_forward_and_resumes(tiny, tmp_path):
+    from specframe.training.medusa import from_teacher
+    from specframe.training.teacher import teacher_pass
+
+    records = pattern_records(10)
+    teach = teacher_pass(tiny, tmp_path, records, top_k=4)
+    assert len(teach) == len(records)
+    for r, t in zip(records, teach):
+        seq = r["prompt_ids"] + r["response_ids"]
+        assert t["ids"] == seq and t["start"] == len(r["prompt_ids"])
+        with torch.no_grad():
+            out = tiny.model(input_ids=torch.tensor([seq]), output_hidden_states=True)
+        logp = torch.log_softmax(out.logits[0, :-1].float(), -1)
+        top = logp.topk(4, -1)
+        assert torch.equal(t["top_ids"].long(), top.indices)
+        torch.testing.assert_close(t["top_logp"].float(), top.values, atol=2e-3, rtol=1e-3)
+        torch.testing.assert_close(t["hidden"], out.hidden_states[-1][0, t["h0"]:], atol=1e-5, rtol=1e-5)
+    # the Medusa rows built from the teacher equal collect()'s
+    h1, l1 = from_teacher(teach, 3)
+    h2, l2 = collect(tiny, records, num_heads=3, max_len=640)
+    assert sorted(map(tuple, l1.tolist())) == sorted(map(tuple, l2.tolist()))
+    assert h1.shape == h2.shape
+    # resume: a deleted part is recomputed, the others are read back unchanged
+    parts = sorted((tmp_path / "teacher-float32-k4").glob("part-*.pt"))
+    assert len(parts) == 2
+    parts[0].unlink()
+    again = teacher_pass(tiny, tmp_path, records, top_k=4)
+    for a, b in zip(teach, again):
+        assert torch.equal(a["top_ids"], b["top_ids"]) and torch.equal(a["hidden"], b["hidden"])
+
+
+def test_soft_label_draft_learns_and_needs_the_teacher(tiny, tmp_path):
+    from specframe.training.teacher import teacher_pass
+
+    records = pattern_records()
+    s = replace(DS, soft_labels=True)
+    with pytest.raises(ConfigError, match="teacher"):
+        train_draft(tiny, records, tmp_path / "no", s)
+    teach = teacher_pass(tiny, tmp_path / "corpus", records, top_k=8)
+    summary = train_draft(tiny, records, tmp_path / "soft", s, teacher=teach)
+    log = _log(tmp_path / "soft")
+    # cross-entropy against the (near-uniform) random target's distributions falls towards their entropy
+    assert summary["steps"] == len(log) and summary["final_loss"] < log[0]["loss"] - 0.1
+    assert all(math.isfinite(r["loss"]) for r in log)

@@ -76,8 +76,11 @@ def draft(
     max_new_tokens: int = _NEW, seed: int = _SEED, dtype: str = _DTYPE, eval_prompts: int = _EVAL,
     layers: str = typer.Option("0,1", "--layers", help="Target layers the draft starts from (comma-separated)."),
     vocab_subset: int = typer.Option(8192, "--vocab-subset", help="Output head size: most frequent tokens kept."),
-    epochs: int = typer.Option(2, "--epochs", help="Passes over the corpus."),
+    epochs: int = typer.Option(6, "--epochs", help="Passes over the corpus."),
     lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate (AdamW, cosine)."),
+    hard_labels: bool = typer.Option(
+        False, "--hard-labels", help="Train on the greedy answers only (no teacher pass; weaker, faster)."
+    ),
 ) -> None:
     """Distil a small draft model (a few of the target's layers, its embeddings and tokenizer) from the target."""
     from .draft import DraftSettings
@@ -89,7 +92,7 @@ def draft(
             raise ConfigError(f"--layers must be comma-separated integers, got {layers!r}") from None
         if epochs < 1 or vocab_subset < 16 or not lr > 0:
             raise ConfigError("--epochs must be >= 1, --vocab-subset >= 16 and --lr > 0")
-        s = DraftSettings(layers=ids, vocab_subset=vocab_subset, epochs=epochs, lr=lr, seed=seed)
+        s = DraftSettings(layers=ids, vocab_subset=vocab_subset, epochs=epochs, lr=lr, seed=seed, soft_labels=not hard_labels)
         _run("draft", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s)
     except SpecframeError as exc:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)

@@ -29,9 +29,10 @@ class DraftSettings:
     epochs: int = 2
     batch_size: int = 8
     max_len: int = 512
-    lr: float = 5e-4
+    lr: float = 1e-3
     warmup: int = 30
     seed: int = 0
+    soft_labels: bool = False  # True: the target's top-K distribution at every position (needs the teacher pass)
 
 
 def _examples(records: list[dict], max_len: int) -> list[tuple[list[int], int]]:
@@ -47,7 +48,8 @@ def _examples(records: list[dict], max_len: int) -> list[tuple[list[int], int]]:
 
 
 def train_draft(
-    target: Any, records: list[dict], out: Path, s: DraftSettings, progress: Callable[[int, int, float], None] | None = None
+    target: Any, records: list[dict], out: Path, s: DraftSettings, progress: Callable[[int, int, float], None] | None = None,
+    teacher: list[dict] | None = None,
 ) -> dict:
     """Train and save a draft into ``out``; resumes from ``out/ckpt.pt`` when present.
 
@@ -57,6 +59,9 @@ def train_draft(
         out: output folder (the draft folder itself).
         s: settings; a checkpoint made with other settings is refused (ConfigError).
         progress: optional ``(step, total_steps, loss)`` callback.
+        teacher: :func:`specframe.training.teacher.teacher_pass` output for ``records`` (required when
+            ``s.soft_labels``): the loss is then the cross-entropy against the target's top-K distribution
+            (renormalised over the subset) at every position, prompt included.
 
     Returns:
         Summary: steps, final loss / accuracy (mean of the last 20 steps), subset coverage, train seconds,
@@ -69,7 +74,13 @@ def train_draft(
     draft.train()
     sub_index = torch.full((target.vocab_size,), -100, dtype=torch.int64)
     sub_index[token_map] = torch.arange(token_map.numel())
-    examples = _examples(records, s.max_len)
+    if s.soft_labels:
+        if teacher is None:
+            raise ConfigError("soft labels need the teacher pass (specframe.training.teacher.teacher_pass)")
+        examples = [(t["ids"], t["start"]) for t in teacher]
+        soft = {id(e): t for e, t in zip(examples, teacher)}
+    else:
+        examples = _examples(records, s.max_len)
     if not examples:
         raise ConfigError("the corpus has no usable responses (none with 2 or more tokens): build a larger corpus")
     per_epoch = len(length_batches([len(e[0]) for e in examples], s.batch_size, s.seed, 0))
@@ -106,7 +117,10 @@ def train_draft(
             for g in opt.param_groups:
                 g["lr"] = cosine_lr(step, total, s.lr, s.warmup)
             logits = draft(ids, attention_mask=mask)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
+            if s.soft_labels:
+                loss, labels = _soft_loss(logits, [soft[id(r)] for r in rows], sub_index)
+            else:
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -132,6 +146,28 @@ def train_draft(
         "trainable_params": sum(p.numel() for p in params),
         "draft": draft,
     }
+
+
+def _soft_loss(logits: torch.Tensor, teach: list[dict], sub_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy of the draft ``[B, W, S]`` against the target's top-K distributions renormalised over the
+    subset, averaged over positions; also returns the target's top-1 as hard labels ``[B, W]`` (for accuracy)."""
+    b, w, _ = logits.shape
+    k = teach[0]["top_ids"].shape[1]
+    idx = torch.full((b, w, k), -100, dtype=torch.int64)
+    prob = torch.zeros((b, w, k), dtype=torch.float32)
+    for j, t in enumerate(teach):
+        n = t["top_ids"].shape[0]
+        idx[j, :n] = sub_index[t["top_ids"].long()]
+        prob[j, :n] = t["top_logp"].float().exp()
+    inside = idx != -100
+    prob = prob * inside
+    total = prob.sum(-1, keepdim=True)
+    valid = total[..., 0] > 0
+    prob = prob / total.clamp(min=1e-9)
+    logq = torch.log_softmax(logits.float(), -1).gather(-1, idx.clamp(min=0))
+    loss = -(prob * logq).sum(-1)[valid].mean()
+    hard = torch.where(inside[..., 0], idx[..., 0], torch.full_like(idx[..., 0], -100))
+    return loss, hard
 
 
 def finish_draft(draft: Any, out: Path, target_name: str, target_vocab_size: int) -> None:

@@ -86,9 +86,31 @@ def collect(target: Any, records: list[dict], num_heads: int, max_len: int,
     return torch.cat(hs), torch.cat(ls)
 
 
+def from_teacher(teacher: list[dict], num_heads: int) -> tuple[Tensor, Tensor]:
+    """:func:`collect`'s output, from the hidden states the teacher pass already holds."""
+    hs, ls = [], []
+    for t in teacher:
+        seq, h0 = t["ids"], t["h0"]
+        last = len(seq) - 3
+        if last < h0:
+            continue
+        pos = torch.arange(h0, last + 1)
+        seq_t = torch.tensor(seq)
+        lab = torch.full((len(pos), num_heads), -1, dtype=torch.int64)
+        for i in range(num_heads):
+            p = pos + 2 + i
+            ok = p < len(seq)
+            lab[ok, i] = seq_t[p[ok]]
+        hs.append(t["hidden"][: len(pos)])
+        ls.append(lab)
+    if not hs:
+        raise ConfigError("the corpus has no usable responses (none with 2 or more tokens): build a larger corpus")
+    return torch.cat(hs), torch.cat(ls)
+
+
 def train_medusa(
     target: Any, records: list[dict], out: Path, s: MedusaSettings,
-    progress: Callable[[str, int, int, float], None] | None = None,
+    progress: Callable[[str, int, int, float], None] | None = None, teacher: list[dict] | None = None,
 ) -> dict:
     """Train heads and save them into ``out``; resumes from ``out/ckpt.pt`` when present.
 
@@ -98,6 +120,7 @@ def train_medusa(
         out: output folder.
         s: settings; a checkpoint made with other settings is refused (ConfigError).
         progress: optional ``(phase, done, total, loss)`` callback; phase is ``"hidden"`` or ``"train"``.
+        teacher: :func:`specframe.training.teacher.teacher_pass` output (its hidden states are reused).
 
     Returns:
         Summary: steps, positions, final loss / head-0 accuracy (mean of the last 20 steps), coverage, seconds.
@@ -105,8 +128,11 @@ def train_medusa(
     torch.manual_seed(s.seed)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    hidden, labels = collect(target, records, s.num_heads, s.max_len,
-                             (lambda d, n: progress("hidden", d, n, 0.0)) if progress else None)
+    if teacher is not None:
+        hidden, labels = from_teacher(teacher, s.num_heads)
+    else:
+        hidden, labels = collect(target, records, s.num_heads, s.max_len,
+                                 (lambda d, n: progress("hidden", d, n, 0.0)) if progress else None)
     t_hidden = time.perf_counter() - t0
     token_map, coverage = token_subset(records, s.vocab_subset, target.eos_token_ids)
     sub_index = torch.full((target.vocab_size,), -100, dtype=torch.int64)

@@ -20,6 +20,7 @@ from .corpus import CorpusSettings, build_corpus, read_corpus
 from .draft import DraftSettings, finish_draft, train_draft
 from .medusa import MedusaSettings, finish_medusa, train_medusa
 from .prompts import SOURCE, build_prompts
+from .teacher import teacher_pass
 
 EVAL_SEED = 10_001  # held-out prompts: same templates and source, another seed
 
@@ -64,17 +65,21 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
     build_corpus(target, corpus, corpus_settings, progress=lambda d, n: bar("corpus", d, n, ""))
     t_corpus = time.perf_counter() - t0
     records = list(read_corpus(corpus))
+    teacher = None
+    if kind == "medusa" or getattr(settings, "soft_labels", False):
+        teacher = teacher_pass(target, corpus, records, progress=lambda d, n: bar("teacher", d, n, ""))
     n_resp = sum(len(r["response_ids"]) for r in records)
     n_prompt = sum(len(r["prompt_ids"]) for r in records)
     if kind == "draft":
         summary = train_draft(target, records, output, settings,
-                              progress=lambda s, n, loss: bar("train", s, n, f"loss {loss:.3f}"))
+                              progress=lambda s, n, loss: bar("train", s, n, f"loss {loss:.3f}"), teacher=teacher)
         model = summary.pop("draft")
         finish_draft(model, output, target_name, target.vocab_size)
         proposer, options = "draft-model", {"model": str(output)}
     else:
         summary = train_medusa(target, records, output, settings,
-                               progress=lambda ph, s, n, loss: bar(ph, s, n, f"loss {loss:.3f}" if ph == "train" else ""))
+                               progress=lambda ph, s, n, loss: bar(ph, s, n, f"loss {loss:.3f}" if ph == "train" else ""),
+                               teacher=teacher)
         model = summary.pop("heads")
         finish_medusa(model, output, target_name)
         proposer, options = "medusa", {"heads": str(output)}
