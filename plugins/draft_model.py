@@ -150,6 +150,8 @@ class DraftModelProposer(ProposerBase):
         else:
             self.draft = _HFDraft(folder, target)
         self.max_context = int(getattr(self.draft.config, "max_position_embeddings", 0) or 1 << 30)
+        tm = self.draft.token_map
+        self._token_map_list = None if tm is None else tm.tolist()
         self.k = config.k
         self.speculating = True
         self._cache: Any = None
@@ -198,13 +200,11 @@ class DraftModelProposer(ProposerBase):
         probs: list[Tensor] = []
         for i in range(k):
             logits = self.draft(feed, self._cache)
-            if greedy:
-                if self.draft.token_map is not None or self.draft.vocab != self.target.vocab_size:
-                    full = self._to_target_logits(logits)
-                else:
-                    full = logits.float()
-                top = int(full.argmax())
-                conf = float(torch.softmax(full, -1)[top]) if self.config.min_confidence > 0 and i > 0 else 1.0
+            if greedy:  # argmax in the draft's own vocabulary, then mapped to a target id
+                own = logits[: self.target.vocab_size].float()  # (drops padding rows)
+                best = int(own.argmax())
+                top = best if self.draft.token_map is None else int(self._token_map_list[best])
+                conf = float(torch.softmax(own, -1)[best]) if self.config.min_confidence > 0 and i > 0 else 1.0
             else:
                 q = probs_from_logits(self._to_target_logits(logits), state.sampling)
                 top = int(torch.multinomial(q.to(state.generator.device), 1, generator=state.generator))
