@@ -186,6 +186,10 @@ from .training.command import train_app  # noqa: E402
 
 app.add_typer(train_app, name="train")
 
+from .datastore.command import datastore_app  # noqa: E402
+
+app.add_typer(datastore_app, name="datastore")
+
 
 def main() -> None:
     app()
