@@ -3,6 +3,8 @@
     sf = specframe.load(model="smollm2-135m-instruct", dtype="float32", proposers=[{"name": "ngram", "k": 8}])
     rec = sf.generate("Summarize ...", max_new_tokens=64)        # dict, the same record as `--json`
     rec = sf.generate("...", proposers=[{"name": "none"}])        # per-request proposer override
+    rec = sf.generate("...", proposers=[{"name": "ngram"}, {"name": "draft-model"}],      # combined proposers
+                      merge={"policy": "priority", "max_nodes": 24}, router="adaptive")
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .config import SpecframeConfig, load_config, resolve_proposers
+from pydantic import ValidationError
+
+from .config import SpecframeConfig, _one_line, load_config, resolve_merge, resolve_proposers, resolve_router
 from .errors import ConfigError
-from .engine import Engine, GenerationResult
+from .engine import Engine, GenerationResult, proposer_labels
 from .isolation import IsolationPolicy
 from .registry import Registry, build_registry
 from .sampling import SamplingParams
@@ -27,14 +31,41 @@ class Specframe:
         self.registry = registry
         self._proposers: dict[str, Any] = {}
         self._verifiers: dict[str, Any] = {}
+        self._components: dict[tuple[str, str], Any] = {}
 
-    def _proposer(self, entry: dict[str, Any]) -> Any:
-        cfg = SpecframeConfig.model_validate({"proposers": [entry]})
-        ((cls, pcfg),) = resolve_proposers(cfg, self.registry)
-        key = pcfg.model_dump_json()
-        if key not in self._proposers:
-            self._proposers[key] = cls(pcfg, self.target.info)
-        return self._proposers[key]
+    def _active(self, entries: Sequence[dict[str, Any]]) -> list[Any]:
+        """Proposer instances for these entries (cached by name and options)."""
+        try:
+            cfg = SpecframeConfig.model_validate({"proposers": list(entries)})
+        except ValidationError as exc:
+            raise ConfigError(f"proposers: {exc.errors()[0]['msg']}") from None
+        out = []
+        for cls, pcfg in resolve_proposers(cfg, self.registry):
+            key = f"{cls.name}:{pcfg.model_dump_json()}"
+            if key not in self._proposers:
+                self._proposers[key] = cls(pcfg, self.target.info)
+            out.append(self._proposers[key])
+        return out
+
+    def _combining(self, merge: Any, router: Any) -> tuple[Any, Any]:
+        """The merge policy and router instances for a combined request (``None`` arguments: the config's)."""
+        base = self.config
+        settings = {"merge": base.merge if merge is None else merge, "router": base.router if router is None else router}
+        try:
+            cfg = SpecframeConfig.model_validate(settings)
+        except ValidationError as exc:
+            raise ConfigError(_one_line(exc, "merge/router")) from None
+        cls, mcfg = resolve_merge(cfg.merge, self.registry)
+        policy = self._component("merge", cls, mcfg)
+        resolved = resolve_router(cfg.router, self.registry)
+        routed = None if resolved is None else self._component("router", *resolved)
+        return policy, routed
+
+    def _component(self, kind: str, cls: type, cfg: Any) -> Any:
+        key = (kind, f"{cls.name}:{cfg.model_dump_json()}")
+        if key not in self._components:
+            self._components[key] = cls(cfg, self.target.info)
+        return self._components[key]
 
     def _verifier(self, sampling: SamplingParams) -> Any:
         name = self.config.verifier
@@ -50,9 +81,11 @@ class Specframe:
         return self._verifiers[name]
 
     def validate_proposers(self, proposers: Sequence[dict[str, Any]] | None = None) -> None:
-        """Build the proposers now so that a bad name or option fails before any generation."""
-        for entry in proposers or self.config.proposers:
-            self._proposer(entry)
+        """Build the proposers (and, when they are combined, the merge policy and router) now, so that a bad name
+        or option fails before any generation."""
+        active = self._active(proposers or self.config.proposers)
+        if len(active) > 1:
+            self._combining(None, None)
 
     def encode(self, prompt: str, chat: bool | None = None) -> list[int]:
         return self.target.encode_prompt(prompt, self.config.chat if chat is None else chat)
@@ -71,8 +104,13 @@ class Specframe:
         chat: bool | None = None,
         question_id: Any = None,
         on_text: Callable[[str], None] | None = None,
+        merge: dict[str, Any] | str | None = None,
+        router: dict[str, Any] | str | None = None,
     ) -> GenerationResult:
-        """Generate for one prompt (text, or token ids used as they are). Arguments override the config."""
+        """Generate for one prompt (text, or token ids used as they are). Arguments override the config.
+
+        ``merge`` and ``router`` (as in the config file) apply when two or more proposers are combined.
+        """
         c, s = self.config, self.config.sampling
         sampling = SamplingParams(
             temperature=s.temperature if temperature is None else temperature,
@@ -87,11 +125,13 @@ class Specframe:
             raise TypeError("prompt must be a str or a list of token ids (one prompt per call)")
         if isinstance(stop, str):
             stop = [stop]
-        active = [self._proposer(e) for e in (proposers or c.proposers)]
+        active = self._active(proposers or c.proposers)
+        policy, routed = self._combining(merge, router) if len(active) > 1 else (None, None)
+        labels = proposer_labels([p.name for p in active])
         engine = Engine(
-            self.target, active, self._verifier(sampling),
+            self.target, active, self._verifier(sampling), merge=policy, router=routed,
             isolation=IsolationPolicy(**c.isolation.model_dump()),
-            origins={p.name: self.registry.origin.get(("proposer", p.name), "") for p in active},
+            origins={lab: self.registry.origin.get(("proposer", p.name), "") for lab, p in zip(labels, active)},
         )
         observer = self.registry.observers()  # None when no plugin observes: the loop then skips events
         result = engine.generate(
@@ -104,7 +144,7 @@ class Specframe:
             observer=observer,
         )
         if observer is not None:
-            observer.request(tuple(p.name for p in active), len(ids), tuple(result.token_ids), result.finish_reason,
+            observer.request(tuple(labels), len(ids), tuple(result.token_ids), result.finish_reason,
                              result.metrics.to_dict())
         result.question_id = question_id
         return result
@@ -139,8 +179,9 @@ def load(
         cfg = load_config(config, **overrides)
     reg = registry or build_registry()
     resolve_proposers(cfg, reg)  # fail on an unknown proposer or bad option before loading a model
-    if len(cfg.proposers) != 1:
-        raise ConfigError(f"exactly one proposer is supported for now, got {len(cfg.proposers)}")
+    if len(cfg.proposers) > 1:  # merge and router only matter when proposers are combined
+        resolve_merge(cfg.merge, reg)
+        resolve_router(cfg.router, reg)
     if cfg.verifier != "auto":
         reg.verifier(cfg.verifier)
     if target is None:

@@ -13,6 +13,15 @@ Example ``specframe.yaml``::
 
 Each proposer's own options are validated by its plugin's config model once plugins are loaded
 (:func:`resolve_proposers`), so an unknown name lists the installed proposers.
+
+Several proposers are combined into one verification tree per step (see docs/combining.md)::
+
+    proposers: [{name: ngram}, {name: draft-model}]
+    merge: {policy: priority, max_nodes: 24}      # or policy: confidence; plus that policy's own options
+    router: adaptive                              # or {name: adaptive, ...options}, or none
+
+``merge`` and ``router`` are validated by their plugins' config models (:func:`resolve_merge`,
+:func:`resolve_router`); they only matter with two or more proposers.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .contracts import ProposerConfig
+from .contracts import MergePolicyConfig, ProposerConfig, RouterConfig
 from .errors import ConfigError
 
 
@@ -47,6 +56,25 @@ class IsolationConfig(BaseModel):
     max_faults: int = Field(3, ge=1, description="Faults in one request after which the proposer is disabled for its rest.")
 
 
+class MergeSettings(BaseModel):
+    """``merge:``: how combined proposers' drafts share one tree. Other keys are the policy's own options, checked
+    against its config model once plugins are loaded (:func:`resolve_merge`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    policy: str = Field("priority", description="Merge policy (see `specframe plugins`): priority | confidence | ...")
+    max_nodes: int = Field(24, ge=1, le=256, description="Most nodes of the merged tree (the verification width).")
+
+
+class RouterSettings(BaseModel):
+    """``router:``: which combined proposers run each step. ``none`` = every proposer, every step. Other keys
+    are the router's own options (:func:`resolve_router`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field("adaptive", description="Router (see `specframe plugins`), or none.")
+
+
 class SpecframeConfig(BaseModel):
     """Top-level configuration (file or Python API)."""
 
@@ -65,8 +93,24 @@ class SpecframeConfig(BaseModel):
     verifier: str = Field("auto", description="auto = greedy at temperature 0, else speculative-sampling.")
     proposers: list[dict[str, Any]] = Field(
         default_factory=lambda: [{"name": "ngram"}],
-        description="Proposer configs, each with `name` plus that proposer's own options.",
+        description="Proposer configs, each with `name` plus that proposer's own options; two or more are combined.",
     )
+    merge: MergeSettings = Field(default_factory=MergeSettings, description="Combining proposers: the merge policy.")
+    router: RouterSettings = Field(default_factory=RouterSettings, description="Combining proposers: the router.")
+
+    @field_validator("router", mode="before")
+    @classmethod
+    def _router_shorthand(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return {"name": v}
+        if v is None:
+            return {"name": "none"}
+        return v
+
+    @field_validator("merge", mode="before")
+    @classmethod
+    def _merge_shorthand(cls, v: Any) -> Any:
+        return {"policy": v} if isinstance(v, str) else v
 
     @field_validator("stop")
     @classmethod
@@ -81,6 +125,8 @@ class SpecframeConfig(BaseModel):
         for i, p in enumerate(v):
             if not isinstance(p, dict) or not isinstance(p.get("name"), str):
                 raise ValueError(f"proposers[{i}] must be a mapping with a `name`")
+        if not v:
+            raise ValueError("give at least one proposer (`none` decodes without drafts)")
         return v
 
 
@@ -139,13 +185,60 @@ def resolve_proposers(config: SpecframeConfig, registry: Any) -> list[tuple[type
 
     Raises:
         UnknownProposerError: no installed plugin has that name (the message lists the installed ones).
-        ConfigError: an option is unknown or out of range for that proposer.
+        ConfigError: an option is unknown or out of range for that proposer, or two entries are the same
+            proposer with the same options.
     """
-    out = []
-    for entry in config.proposers:
+    out: list[tuple[type, ProposerConfig]] = []
+    for i, entry in enumerate(config.proposers):
         cls = registry.proposer(entry["name"])
         try:
-            out.append((cls, cls.Config.model_validate(entry)))
+            pcfg = cls.Config.model_validate(entry)
         except ValidationError as exc:
             raise ConfigError(_one_line(exc, f"proposer {entry['name']!r}")) from None
+        same = next((k for k, (c, other) in enumerate(out) if c is cls and other == pcfg), None)
+        if same is not None:
+            raise ConfigError(
+                f"proposers[{i}] repeats proposers[{same}] ({entry['name']!r} with the same options): combining a "
+                "proposer with itself adds nothing; drop one or give them different options"
+            )
+        out.append((cls, pcfg))
     return out
+
+
+def resolve_merge(settings: MergeSettings | dict[str, Any], registry: Any) -> tuple[type, MergePolicyConfig]:
+    """Validate ``merge:`` against its policy's config model.
+
+    Raises:
+        UnknownProposerError: no installed plugin provides that policy (the message lists the installed ones).
+        ConfigError: an option is unknown or out of range for that policy.
+    """
+    data = settings.model_dump() if isinstance(settings, BaseModel) else dict(settings)
+    data.setdefault("policy", "priority")
+    cls = registry.merge_policy(data["policy"])
+    try:
+        return cls, cls.Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc, f"merge policy {data['policy']!r}")) from None
+
+
+def resolve_router(settings: RouterSettings | dict[str, Any] | str | None, registry: Any) -> tuple[type, RouterConfig] | None:
+    """Validate ``router:`` against its router's config model; None for ``router: none``.
+
+    Raises:
+        UnknownProposerError: no installed plugin provides that router.
+        ConfigError: an option is unknown or out of range for that router.
+    """
+    if settings is None or isinstance(settings, str):
+        data: dict[str, Any] = {"name": settings or "none"}
+    else:
+        data = settings.model_dump() if isinstance(settings, BaseModel) else dict(settings)
+    data.setdefault("name", "adaptive")
+    if data["name"] == "none":
+        if len(data) > 1:
+            raise ConfigError(f"router: none takes no options, got {sorted(k for k in data if k != 'name')}")
+        return None
+    cls = registry.router(data["name"])
+    try:
+        return cls, cls.Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc, f"router {data['name']!r}")) from None

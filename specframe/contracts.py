@@ -14,10 +14,10 @@ Every structure carries a batch dimension B; the engine runs B = 1 for now.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from .sampling import SamplingParams
@@ -105,9 +105,14 @@ class VerifyResult:
 
 @dataclass(frozen=True, slots=True)
 class VerifyOutcome:
-    """Feedback to a proposer after a step (``Proposer.on_verified``)."""
+    """Feedback to a proposer after a step (``Proposer.on_verified``).
 
-    draft: DraftTree  # what this proposer drafted (after truncation to the budget)
+    When several proposers are combined, each gets an outcome about its own draft: ``draft`` is the part of it
+    the target verified and ``accepted_nodes`` its own node indices on the accepted path of the merged tree.
+    """
+
+    draft: DraftTree  # what this proposer drafted and the target verified (after truncation to its budget and,
+    # when combined, to the merged tree's node budget: a prefix of what propose returned)
     accepted_nodes: tuple[tuple[int, ...], ...]  # [B][A_b] accepted node indices of that draft
     committed: tuple[tuple[int, ...], ...]  # [B][C_b] tokens committed this step, after stop checks
     finished: bool  # a stop condition ended the request in this step
@@ -219,3 +224,148 @@ class Verifier(Protocol):
         sampling: the warp to apply to the target logits.
         generator: per-request randomness.
         """
+
+
+# --- combining proposers: attribution, merge policies, routers ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProposerStep:
+    """One proposer's part in one verification step (attribution; see docs/combining.md).
+
+    Crediting rule: an accepted node credits every proposer that produced it, so with overlapping drafts the
+    proposers' ``accepted`` add up to more than the step's accepted tokens; ``accepted_alone`` counts the
+    accepted nodes no other proposer produced.
+    """
+
+    name: str  # the proposer's label (its name; ``name#2`` for a second instance of the same name)
+    asked: bool  # propose was called (False: the router left it out, it is disabled, or no budget was left)
+    budget: int  # node budget it was given (0 when not asked)
+    proposed: int  # nodes it returned (after truncation to its budget; 0 on a fault)
+    drafted: int  # of those, nodes in the verified tree (a node shared with another proposer counts for each)
+    drafted_by_depth: tuple[int, ...]  # [D] drafted nodes at depth d + 1
+    accepted: int  # credited: its nodes on the accepted path (a prefix of the path)
+    accepted_alone: int  # accepted nodes only it produced
+    draft_s: float  # seconds in its propose call
+    fault: bool  # it faulted in this step (see specframe.isolation)
+
+    @property
+    def wasted(self) -> int:
+        """Verified nodes of this proposer that were not accepted."""
+        return self.drafted - self.accepted
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """What merge policies, routers and observers learn after each step."""
+
+    proposers: tuple[ProposerStep, ...]  # one per proposer, in the engine's order
+    verified: int  # N, nodes of the merged tree the target scored (plus the newest token: N + 1 positions)
+    accepted: int  # accepted path length
+    forward_s: float  # seconds of the target's verification forward
+
+
+class MergePolicyConfig(BaseModel):
+    """Base of every merge policy's config (``merge:`` in the top-level config); ``policy`` selects it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: str
+    max_nodes: int = Field(24, ge=1, le=256, description="Most nodes of the merged tree (the verification width).")
+
+
+@runtime_checkable
+class MergePolicy(Protocol):
+    """Decides how several proposers' drafts share the merged tree's node budget.
+
+    Construction: ``cls(config, target_info)``; ``max_nodes`` is the merged tree's node budget. The merge itself
+    (dedup, provenance, exactness rules) is :func:`specframe.merge.merge_drafts`; a policy only plans it.
+    """
+
+    name: ClassVar[str]
+    Config: ClassVar[type[MergePolicyConfig]]
+    max_nodes: int
+
+    def start(self, proposers: Sequence[str]) -> None:
+        """A new request with these proposer labels (engine order)."""
+
+    def plan(self, drafts: Sequence[DraftTree], max_nodes: int) -> Sequence[tuple[int, int]]:
+        """``(proposer index, quota)`` in insertion order: the first ``quota`` nodes of that proposer's draft go
+        in, earlier entries first; ``drafts[j]`` is empty for a proposer that did not draft this step."""
+
+    def on_step(self, report: StepReport) -> None:
+        """Feedback after each step (live acceptance per proposer)."""
+
+
+class MergePolicyBase:
+    """Convenience base: stores the config and ``max_nodes``; no-op ``start``/``on_step``."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type[MergePolicyConfig]] = MergePolicyConfig
+
+    def __init__(self, config: MergePolicyConfig, target: TargetInfo | None = None) -> None:
+        self.config = config
+        self.target = target
+        self.max_nodes = config.max_nodes
+
+    def start(self, proposers: Sequence[str]) -> None:
+        self.proposers = tuple(proposers)
+
+    def plan(self, drafts: Sequence[DraftTree], max_nodes: int) -> Sequence[tuple[int, int]]:  # pragma: no cover
+        raise NotImplementedError
+
+    def on_step(self, report: StepReport) -> None:
+        return None
+
+
+class RouterConfig(BaseModel):
+    """Base of every router's config (``router:`` in the top-level config); ``name`` selects it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+
+
+@runtime_checkable
+class Router(Protocol):
+    """Decides, each step, which of several combined proposers run and with what node budget.
+
+    Construction: ``cls(config, target_info)``. Routing never changes what greedy decoding emits, nor the
+    distribution of what sampling emits; but under sampling it decides which proposers draw from the request's
+    generator, so to keep a seed reproducing the same tokens a router must decide deterministically from the seed
+    and the feedback's counts (no global RNG, no draws from the request's generator, and no wall-clock timings
+    unless ``greedy``).
+    """
+
+    name: ClassVar[str]
+    Config: ClassVar[type[RouterConfig]]
+
+    def start(self, proposers: Sequence[str], seed: int, greedy: bool) -> None:
+        """A new request with these proposer labels (engine order), its seed, and whether it decodes greedily."""
+
+    def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> Sequence[int]:
+        """Node budget per proposer for this step (``0`` = skip it); ``budget`` is the step's draft budget,
+        ``max_nodes`` the merged tree's, ``available[j]`` False for a proposer disabled by faults."""
+
+    def on_step(self, report: StepReport) -> None:
+        """Feedback after each step (who drafted what, what was accepted, the forward's time)."""
+
+
+class RouterBase:
+    """Convenience base: stores the config; runs every proposer with the full budget."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type[RouterConfig]] = RouterConfig
+
+    def __init__(self, config: RouterConfig, target: TargetInfo | None = None) -> None:
+        self.config = config
+        self.target = target
+
+    def start(self, proposers: Sequence[str], seed: int, greedy: bool) -> None:
+        self.proposers = tuple(proposers)
+
+    def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> Sequence[int]:
+        return [budget if ok else 0 for ok in available]
+
+    def on_step(self, report: StepReport) -> None:
+        return None

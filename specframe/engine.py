@@ -1,8 +1,10 @@
 """The decode loop: propose -> one target forward -> verify -> commit + KV rollback -> feedback -> stop checks.
 
-The engine receives a ready target, proposer(s) and a verifier; it never names a proposer and never calls a
-pluggy hook (observers arrive as a plain :class:`~specframe.observe.Observers` object, or None when no plugin
-observes, and then no event is built). A faulty proposer is isolated (:mod:`specframe.isolation`).
+The engine receives a ready target, proposer(s), a verifier and, to combine several proposers, a merge policy
+and optionally a router; it never names a proposer and never calls a pluggy hook (observers arrive as a plain
+:class:`~specframe.observe.Observers` object, or None when no plugin observes, and then no event is built).
+Drafting (routing, each proposer's draft, merging, attribution, feedback) lives in :mod:`specframe.drafting`;
+a faulty proposer is isolated (:mod:`specframe.isolation`).
 
 KV invariant between steps: the cache holds every committed token except the newest one, which is fed first in
 the next verification forward (so row 0 of the logits is the target's distribution for the next position and
@@ -18,16 +20,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .contracts import DecodeState, DraftTree, Proposer, VerifyOutcome, Verifier
-from .errors import ConfigError, PromptTooLongError, ProposerTimeoutError
-from .isolation import FaultGuard, IsolationPolicy
+from .contracts import DecodeState, MergePolicy, Proposer, Router, StepReport, Verifier
+from .drafting import Drafting
+from .errors import ConfigError, PromptTooLongError
+from .isolation import IsolationPolicy
 from .kv_cache import cache_length, compact, rollback
 from .metrics import RequestMetrics
 from .observe import Observers
 from .sampling import SamplingParams
 from .stopping import StopChecker, TextStream
 from .tree import node_depths, tree_attention_mask, tree_position_ids
-from .validate import check_draft
 
 log = logging.getLogger("specframe")
 
@@ -58,13 +60,17 @@ class Engine:
     Args:
         target: a :class:`specframe.target.Target` (or an object with the same ``forward``/``new_cache``/
             ``decode`` and ``info``/``eos_token_ids``/``max_context``/``device`` attributes).
-        proposers: the active proposers; one for now (combining several arrives with draft-tree merging).
+        proposers: the active proposers, one or more; several are combined into one verification tree per step
+            (see docs/combining.md). Their order is the provenance order (bit ``j`` = ``proposers[j]``).
         verifier: the acceptance rule for this request's sampling mode.
+        merge: a :class:`~specframe.contracts.MergePolicy`, required with two or more proposers.
+        router: an optional :class:`~specframe.contracts.Router` (used with two or more proposers).
         isolation: how faulty proposers are treated (time budget, faults before disabling).
-        origins: proposer name -> the plugin it comes from, for warnings (e.g. ``"recall (specframe-recall 0.1)"``).
+        origins: proposer label -> the plugin it comes from, for warnings (e.g. ``"recall (specframe-recall 0.1)"``).
 
     Raises:
-        ConfigError: more than one proposer, or a proposer that drafts trees with a chain-only verifier.
+        ConfigError: no proposer, the same proposer object twice, two or more proposers without a merge policy,
+            or a proposer that drafts trees with a chain-only verifier.
     """
 
     def __init__(
@@ -73,28 +79,41 @@ class Engine:
         proposers: Sequence[Proposer],
         verifier: Verifier,
         *,
+        merge: MergePolicy | None = None,
+        router: Router | None = None,
         isolation: IsolationPolicy | None = None,
         origins: Mapping[str, str] | None = None,
     ) -> None:
-        if len(proposers) != 1:
-            raise ConfigError(f"exactly one proposer is supported for now, got {len(proposers)}")
+        if not proposers:
+            raise ConfigError("at least one proposer is needed (the `none` proposer decodes without drafts)")
+        if len({id(p) for p in proposers}) != len(proposers):
+            raise ConfigError("the same proposer object is listed twice: each combined proposer needs its own instance")
+        if len(proposers) > 1 and merge is None:
+            raise ConfigError(f"{len(proposers)} proposers are combined, which needs a merge policy (merge=...)")
         self.target = target
-        self.proposer = proposers[0]
+        self.proposers = list(proposers)
+        self.labels = proposer_labels([p.name for p in proposers])
         self.verifier = verifier
-        if getattr(self.proposer, "produces_trees", False) and not getattr(verifier, "supports_trees", False):
-            raise ConfigError(
-                f"proposer {self.proposer.name!r} drafts token trees but verifier {verifier.name!r} verifies chains only"
-            )
-        self._want_hidden = bool(getattr(self.proposer, "needs_hidden_states", False))
+        self.merge, self.router = merge, router
+        tree_verifier = bool(getattr(verifier, "supports_trees", False))
+        for p in proposers:
+            if getattr(p, "produces_trees", False) and not tree_verifier:
+                raise ConfigError(
+                    f"proposer {p.name!r} drafts token trees but verifier {verifier.name!r} verifies chains only"
+                )
+        self._want_hidden = any(getattr(p, "needs_hidden_states", False) for p in proposers)
         # branching drafts need a proposer that declares them, a tree-capable verifier and a target whose layers
-        # all take one tree mask; otherwise a branching draft breaks the contract (a target-only step)
-        self.trees_ok = bool(
-            getattr(self.proposer, "produces_trees", False)
-            and getattr(verifier, "supports_trees", False)
-            and getattr(target, "supports_trees", False)
-        )
+        # all take one tree mask; otherwise a branching draft breaks the contract (that proposer's draft is left
+        # out). A merged tree may branch when the verifier and target take trees; otherwise it becomes one chain.
+        self.merged_trees_ok = tree_verifier and bool(getattr(target, "supports_trees", False))
+        self.trees_ok = [bool(getattr(p, "produces_trees", False)) and self.merged_trees_ok for p in proposers]
         self.isolation = isolation or IsolationPolicy()
         self.origins = dict(origins or {})
+
+    @property
+    def proposer(self) -> Proposer:
+        """The first proposer (the only one unless several are combined)."""
+        return self.proposers[0]
 
     @torch.inference_mode()
     def generate(
@@ -127,6 +146,16 @@ class Engine:
         return _Request(self, prompt_ids, max_new_tokens, sampling, seed, tuple(stop_strings), on_text, observer).run()
 
 
+def proposer_labels(names: Sequence[str]) -> list[str]:
+    """Unique labels for proposers: the name, then ``name#2``, ``name#3`` for repeats of a name."""
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n}#{seen[n]}")
+    return out
+
+
 class _Request:
     """One request's state and loop (kept apart from ``Engine`` so the engine stays reusable)."""
 
@@ -150,8 +179,11 @@ class _Request:
             TextStream(target.decode, on_text, max((len(s) for s in stop_strings), default=1) - 1) if on_text else None
         )
         self.metrics = RequestMetrics(prompt_tokens=len(prompt_ids))
-        name = engine.proposer.name
-        self.guard = FaultGuard(name, engine.origins.get(name, ""), engine.isolation, self.metrics)
+        self.seed = seed
+        self.drafting = Drafting(
+            engine.proposers, engine.labels, engine.origins, engine.trees_ok, engine.merged_trees_ok, engine.merge,
+            engine.router, engine.isolation, self.metrics, target.vocab_size, sampling.is_greedy,
+        )
         self.observer = observer
         self._faults_seen = 0  # proposer faults already reported to the observer
         self.cache = target.new_cache()
@@ -165,7 +197,7 @@ class _Request:
             _, hidden = e.target.forward(ids, self.cache, want_hidden=e._want_hidden, logits_to_keep=1)
             self.state.hidden = None if hidden is None else hidden[:, -1]
         m.prefill_s = time.perf_counter() - t_start
-        self._safe_call("start", self.state)
+        self.drafting.start(self.state, self.seed)
         while self.stops.finish_reason is None:
             self.step()
         m.wall_s = time.perf_counter() - t_start
@@ -181,10 +213,11 @@ class _Request:
     def step(self) -> None:
         e, m, state = self.e, self.metrics, self.state
         remaining = self.stops.max_new_tokens - len(self.stops.generated)
-        budget = remaining - 1  # each step also commits one recovered or bonus token
-        # 1. propose
+        # 1. propose: each proposer drafts, the drafts merge into one tree (each step also commits one
+        # recovered or bonus token, so the drafts may hold remaining - 1 tokens)
         t0 = time.perf_counter()
-        draft = self._propose(budget) if budget > 0 else DraftTree.empty()
+        merged = self.drafting.propose(state, remaining - 1)
+        draft = merged.tree
         n = draft.num_nodes
         # 2-3. one target forward over [newest committed token] + draft nodes
         t1 = time.perf_counter()
@@ -213,13 +246,13 @@ class _Request:
         if hidden is not None:
             state.hidden = hidden[:, accepted[-1] + 1 if accepted else 0]
         m.record_step(n, len(accepted), node_depths(parent) if tree else None)
-        # 6. feedback
+        # 6. feedback: each proposer about its own draft, attribution, the policy and router
         finished = self.stops.finish_reason is not None
-        self._safe_call("on_verified", VerifyOutcome(draft, result.accepted_nodes, (tuple(committed),), finished))
+        report = self.drafting.feedback(merged, accepted, committed, finished, t2 - t1)
         if self.stream and committed and not finished:  # the last piece comes from run(), cut at a stop string
             self.stream.update(self.stops.generated)
         if self.observer is not None:
-            self._observe(n, len(accepted), committed, finished)
+            self._observe(n, len(accepted), committed, finished, report)
         t3 = time.perf_counter()
         m.propose_s += t1 - t0
         m.forward_s += t2 - t1
@@ -232,36 +265,10 @@ class _Request:
             self.length = end
             self.state.tokens = self.buf[:, :end].clone()
 
-    # --- fault isolation (see specframe.isolation) ---------------------------------------------------------
-    def _propose(self, budget: int) -> DraftTree:
-        """Ask the proposer for a draft; a fault becomes a target-only step (output is unaffected)."""
-        if self.guard.disabled:
-            return DraftTree.empty()
-        p, timeout = self.e.proposer, self.e.isolation.propose_timeout_s
-        try:
-            t0 = time.perf_counter()
-            draft = p.propose(self.state, budget)
-            elapsed = time.perf_counter() - t0
-            if timeout is not None and elapsed > timeout:
-                raise ProposerTimeoutError(f"propose took {elapsed:.3f} s, over the {timeout:g} s budget")
-            draft = draft.truncate(budget) if isinstance(draft, DraftTree) else draft
-            check_draft(draft, self.e.target.vocab_size, self.e.trees_ok, 1)
-            return draft
-        except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
-            self.guard.fault("propose", exc)
-            return DraftTree.empty()
-
-    def _safe_call(self, method: str, arg: Any) -> None:
-        if self.guard.disabled:
-            return
-        try:
-            getattr(self.e.proposer, method)(arg)
-        except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
-            self.guard.fault(method, exc)
-
-    def _observe(self, drafted: int, accepted: int, committed: list[int], finished: bool) -> None:
+    def _observe(self, drafted: int, accepted: int, committed: list[int], finished: bool, report: StepReport) -> None:
         m = self.metrics
         faults, self._faults_seen = m.proposer_faults - self._faults_seen, m.proposer_faults
         self.observer.step(
-            m.target_forwards - 1, self.e.proposer.name, drafted, accepted, tuple(committed), faults, finished
+            m.target_forwards - 1, "+".join(self.e.labels), drafted, accepted, tuple(committed), faults, finished,
+            report.proposers,
         )

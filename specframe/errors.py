@@ -27,7 +27,7 @@ class ModelNotInstalledError(SpecframeError):
 
 
 class UnknownProposerError(SpecframeError, KeyError):
-    """No installed plugin provides a proposer (or verifier) of that name."""
+    """No installed plugin provides a proposer (or verifier, merge policy, router) of that name."""
 
     def __str__(self) -> str:
         return str(self.args[0])

@@ -2,7 +2,8 @@
 
 Two kinds of hooks:
 
-- **registration** (``specframe_register_proposers``, ``specframe_register_verifiers``): called once when a
+- **registration** (``specframe_register_proposers``, ``specframe_register_verifiers``,
+  ``specframe_register_merge_policies``, ``specframe_register_routers``): called once when a
   :class:`specframe.registry.Registry` is built; the decode loop then calls the registered classes' methods
   directly, never a hook.
 - **observation** (``specframe_observe_step``, ``specframe_observe_request``): events for metrics or logging
@@ -58,12 +59,52 @@ def specframe_register_verifiers(register: Callable[[type], None]) -> None:
 
 
 @hookspec
+def specframe_register_merge_policies(register: Callable[[type], None]) -> None:
+    """Register merge policy classes: how several combined proposers' drafts share one verification tree.
+
+    :param register: call ``register(cls)`` once per class. ``cls.name`` selects it (``merge: {policy: NAME}`` in
+        config), ``cls.Config`` is its pydantic config model (a subclass of
+        :class:`specframe.contracts.MergePolicyConfig`, which holds ``policy`` and ``max_nodes``;
+        ``extra="forbid"``); ``cls(config, target_info)`` follows :class:`specframe.contracts.MergePolicy`:
+        ``plan(drafts, max_nodes)`` returns ``(proposer index, quota)`` pairs in insertion order, and
+        ``start``/``on_step`` receive the proposer labels and each step's
+        :class:`specframe.contracts.StepReport`. The merge itself, with its exactness rules, is core
+        (:func:`specframe.merge.merge_drafts`): a policy cannot break exactness, only spend the budget well or
+        badly.
+
+    Dispatch: every implementation is called; return values are ignored.
+    When called: once, when a registry is built. Duplicate names raise ``DuplicateRegistrationError``; a class
+    that breaks the contract raises ``PluginContractError``.
+    """
+
+
+@hookspec
+def specframe_register_routers(register: Callable[[type], None]) -> None:
+    """Register router classes: which combined proposers run each step, and with what node budget.
+
+    :param register: call ``register(cls)`` once per class. ``cls.name`` selects it (``router: NAME`` or
+        ``router: {name: NAME, ...}`` in config; ``none`` is reserved for "no router"), ``cls.Config`` is its
+        pydantic config model (a subclass of :class:`specframe.contracts.RouterConfig`, ``extra="forbid"``);
+        ``cls(config, target_info)`` follows :class:`specframe.contracts.Router`: ``start(labels, seed, greedy)``,
+        ``route(budget, max_nodes, available)`` -> node budget per proposer (0 = skip), ``on_step(report)``.
+        Routing cannot change the output's distribution; to keep sampled output reproducible under a seed, a
+        router decides from the seed and feedback counts only (no global RNG, not the request's generator, no
+        wall-clock timings unless ``greedy``).
+
+    Dispatch: every implementation is called; return values are ignored.
+    When called: once, when a registry is built. Duplicate names raise ``DuplicateRegistrationError``; a class
+    that breaks the contract raises ``PluginContractError``.
+    """
+
+
+@hookspec
 def specframe_observe_step(event: "StepEvent") -> None:
     """Observe one verification step (drafted, accepted and committed counts, per proposer).
 
     :param event: a frozen :class:`specframe.observe.StepEvent` — ``request_id``, ``step``, ``proposer``,
         ``drafted`` (nodes the target verified), ``accepted``, ``committed`` (token ids), ``faults``,
-        ``finished``.
+        ``finished``, ``attribution`` (one :class:`specframe.contracts.ProposerStep` per proposer: drafted,
+        accepted (credited), wasted nodes, draft time).
 
     Dispatch: every implementation is called as a plain function, newest registration last; return values are
     ignored. An implementation that raises is dropped for the rest of the request with one warning.

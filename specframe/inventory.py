@@ -1,5 +1,5 @@
-"""What is installed: every plugin with its distribution, version, and the proposers / verifiers it provides
-(capabilities and a config summary). ``specframe plugins [--json]`` prints this.
+"""What is installed: every plugin with its distribution, version, and the proposers / verifiers / merge policies /
+routers it provides (capabilities and a config summary). ``specframe plugins [--json]`` prints this.
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ def _default(info: FieldInfo) -> Any:
         return repr(info.default)
 
 
-def config_summary(config: type) -> list[dict[str, Any]]:
-    """One entry per option of a proposer config model (``name`` itself left out)."""
+def config_summary(config: type, skip: tuple[str, ...] = ("name",)) -> list[dict[str, Any]]:
+    """One entry per option of a config model (the selecting field, ``name`` or ``policy``, left out)."""
     out = []
     for field_name, info in config.model_fields.items():
-        if field_name == "name":
+        if field_name in skip:
             continue
         out.append({
             "option": field_name,
@@ -85,6 +85,16 @@ def verifier_summary(cls: type) -> dict[str, Any]:
     }
 
 
+def component_summary(cls: type, skip: str) -> dict[str, Any]:
+    """A merge policy (``skip="policy"``) or router (``skip="name"``)."""
+    return {
+        "name": cls.name,
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "summary": _doc(cls),
+        "config": config_summary(cls.Config, (skip,)),
+    }
+
+
 def plugin_summary(info: PluginInfo) -> dict[str, Any]:
     return {
         "plugin": info.name,
@@ -93,6 +103,8 @@ def plugin_summary(info: PluginInfo) -> dict[str, Any]:
         "module": info.module,
         "proposers": [proposer_summary(c) for c in info.proposers],
         "verifiers": [verifier_summary(c) for c in info.verifiers],
+        "merge_policies": [component_summary(c, "policy") for c in info.merge_policies],
+        "routers": [component_summary(c, "name") for c in info.routers],
         "observes": list(info.observes),
     }
 
@@ -100,6 +112,15 @@ def plugin_summary(info: PluginInfo) -> dict[str, Any]:
 def inventory(registry: Registry) -> dict[str, Any]:
     """The ``specframe plugins --json`` document: ``{"plugins": [...]}``."""
     return {"plugins": [plugin_summary(p) for p in registry.plugins]}
+
+
+def _options(config: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for o in config:
+        value = "required" if o["required"] else f"= {json.dumps(o['default'])}"
+        limits = f" ({o['constraints']})" if o["constraints"] else ""
+        lines.append(f"    {o['option']}: {o['type']} {value}{limits}  {o['description']}".rstrip())
+    return lines
 
 
 def render_text(doc: dict[str, Any]) -> str:
@@ -119,10 +140,11 @@ def render_text(doc: dict[str, Any]) -> str:
             ] + (["needs the target's hidden states"] if caps["needs_hidden_states"] else [])
             lines.append(f"  proposer {pr['name']}: {pr['summary']}")
             lines.append(f"    capabilities: {', '.join(flags)}")
-            for o in pr["config"]:
-                value = "required" if o["required"] else f"= {json.dumps(o['default'])}"
-                limits = f" ({o['constraints']})" if o["constraints"] else ""
-                lines.append(f"    {o['option']}: {o['type']} {value}{limits}  {o['description']}".rstrip())
+            lines += _options(pr["config"])
+        for kind, key in (("merge policy", "merge_policies"), ("router", "routers")):
+            for c in p.get(key, []):
+                lines.append(f"  {kind} {c['name']}: {c['summary']}")
+                lines += _options(c["config"])
         if p["observes"]:
             lines.append(f"  observes: {', '.join(p['observes'])}")
     return "\n".join(lines)

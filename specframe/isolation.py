@@ -2,10 +2,11 @@
 
 A proposer *faults* when ``start``/``propose``/``on_verified`` raises, when ``propose`` returns a draft that breaks
 the :class:`~specframe.contracts.DraftTree` contract (see :func:`specframe.validate.check_draft`), or when one
-``propose`` call takes longer than the policy's time budget. The engine then runs a target-only step (an empty
-draft), so the committed tokens are exactly those of plain decoding. Per request and proposer, a
-:class:`FaultGuard` counts faults in the request's metrics, logs **one** warning naming the plugin, and after
-``max_faults`` faults disables the proposer for the rest of the request (no more calls into it).
+``propose`` call takes longer than the policy's time budget. Its draft is then left out of the step (a
+target-only step when it drafts alone; combined, the other proposers' drafts are still verified), so the committed
+tokens are exactly those of plain decoding. Per request and proposer, a :class:`FaultGuard` counts faults in the
+request's metrics (and the proposer's own attribution), logs **one** warning naming the plugin, and after
+``max_faults`` faults disables that proposer — and only it — for the rest of the request (no more calls into it).
 
 The time budget is checked after ``propose`` returns (a Python call cannot be interrupted safely); the late
 draft is dropped, and repeated overruns disable the proposer, which bounds the damage of a slow plugin.
@@ -17,7 +18,7 @@ import logging
 from dataclasses import dataclass
 
 from .errors import ConfigError, DraftError, ProposerTimeoutError
-from .metrics import RequestMetrics
+from .metrics import ProposerMetrics, RequestMetrics
 
 log = logging.getLogger("specframe")
 
@@ -58,29 +59,41 @@ class FaultGuard:
         name: the proposer's name.
         plugin: where it comes from, e.g. ``"specframe-recall 0.1.0"`` ("" when unknown).
         policy: the isolation policy.
-        metrics: the request's metrics (``proposer_faults``, ``proposer_fault_kinds``, ``proposer_disabled``).
+        metrics: the request's metrics (``proposer_faults`` and ``proposer_fault_kinds`` count every proposer's
+            faults; ``proposer_disabled`` is set by the caller once every proposer is disabled).
+        own: this proposer's attribution entry (``faults``, ``disabled``), when it has one.
+
+    With several proposers combined, each has its own guard: one proposer's faults never disable another.
     """
 
-    __slots__ = ("name", "plugin", "policy", "metrics", "disabled")
+    __slots__ = ("name", "plugin", "policy", "metrics", "own", "faults", "disabled")
 
-    def __init__(self, name: str, plugin: str, policy: IsolationPolicy, metrics: RequestMetrics) -> None:
-        self.name, self.plugin, self.policy, self.metrics = name, plugin, policy, metrics
+    def __init__(
+        self, name: str, plugin: str, policy: IsolationPolicy, metrics: RequestMetrics, own: ProposerMetrics | None = None
+    ) -> None:
+        self.name, self.plugin, self.policy, self.metrics, self.own = name, plugin, policy, metrics, own
+        self.faults = 0
         self.disabled = False
 
     def fault(self, where: str, exc: BaseException) -> None:
         """Record a fault in ``where`` (``start`` | ``propose`` | ``on_verified``); warn on the first one."""
         m, kind = self.metrics, fault_kind(exc)
+        self.faults += 1
         m.proposer_faults += 1
         m.proposer_fault_kinds[kind] = m.proposer_fault_kinds.get(kind, 0) + 1
-        if m.proposer_faults >= self.policy.max_faults:
-            self.disabled = m.proposer_disabled = True
-        if m.proposer_faults == 1:
+        if self.own is not None:
+            self.own.faults += 1
+        if self.faults >= self.policy.max_faults:
+            self.disabled = True
+            if self.own is not None:
+                self.own.disabled = True
+        if self.faults == 1:
             what = {MALFORMED: "broke the draft contract", TIMEOUT: "ran over its time budget"}.get(
                 kind, f"raised {type(exc).__name__}"
             )
             source = f" (plugin {self.plugin})" if self.plugin else ""
             log.warning(
-                "proposer %r%s %s in %s: %s; that step decodes from the target alone, output is unaffected; "
-                "after %d fault(s) it is disabled for the rest of the request",
+                "proposer %r%s %s in %s: %s; that step goes on without its draft (a target-only step when it drafts "
+                "alone), output is unaffected; after %d fault(s) it is disabled for the rest of the request",
                 self.name, source, what, where, exc, self.policy.max_faults,
             )

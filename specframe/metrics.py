@@ -1,9 +1,61 @@
 """Per-request counters and timings. Terms: τ (mean accepted length) = tokens committed per target forward,
-bonus included (1.0 for plain decoding); α (acceptance rate) = accepted draft tokens / drafted tokens."""
+bonus included (1.0 for plain decoding); α (acceptance rate) = accepted draft tokens / drafted tokens.
+
+Per proposer (``proposers``, keyed by the proposer's label), the attribution of a request's drafting: see
+:class:`ProposerMetrics`. The request-level fields keep their meaning whatever the number of proposers:
+``drafted_tokens`` counts nodes of the verified (merged) tree, each once.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+from .contracts import ProposerStep
+
+
+@dataclass
+class ProposerMetrics:
+    """One proposer's attribution over a request.
+
+    Crediting rule: an accepted node produced by several proposers (the same token at the same path,
+    deduplicated in the merged tree) credits each of them, so the proposers' ``accepted_tokens`` can add up to
+    more than the request's; ``accepted_alone`` counts accepted nodes no other proposer produced.
+    """
+
+    steps: int = 0  # steps in which propose was called
+    skipped_steps: int = 0  # steps the router left it out (no propose call)
+    proposed_nodes: int = 0  # nodes its propose calls returned (after truncation to its budget)
+    drafted_nodes: int = 0  # of those, nodes the target verified (shared nodes count for every producer)
+    accepted_tokens: int = 0  # credited accepted nodes (see the crediting rule)
+    accepted_alone: int = 0  # accepted nodes only this proposer produced
+    wasted_nodes: int = 0  # verified nodes of this proposer that were not accepted (drafted - accepted)
+    draft_s: float = 0.0  # seconds in its propose calls
+    faults: int = 0  # its faults (see specframe.isolation)
+    disabled: bool = False  # too many faults: not called for the rest of the request
+    drafted_by_position: list[int] = field(default_factory=list)  # [k] verified nodes at depth i+1
+    accepted_by_position: list[int] = field(default_factory=list)  # [k] credited accepted nodes at depth i+1
+
+    def record(self, step: ProposerStep) -> None:
+        if step.asked:
+            self.steps += 1
+        self.proposed_nodes += step.proposed
+        self.drafted_nodes += step.drafted
+        self.accepted_tokens += step.accepted
+        self.accepted_alone += step.accepted_alone
+        self.wasted_nodes += step.wasted
+        self.draft_s += step.draft_s
+        grow = max(len(step.drafted_by_depth), step.accepted) - len(self.drafted_by_position)
+        if grow > 0:
+            self.drafted_by_position.extend([0] * grow)
+            self.accepted_by_position.extend([0] * grow)
+        for d, n in enumerate(step.drafted_by_depth):
+            self.drafted_by_position[d] += n
+        for d in range(step.accepted):  # its accepted nodes are the path's first `accepted` nodes
+            self.accepted_by_position[d] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_nodes if self.drafted_nodes else 0.0
 
 
 @dataclass
@@ -23,6 +75,7 @@ class RequestMetrics:
     verify_s: float = 0.0  # verify + commit + rollback + stop checks + feedback
     drafted_by_position: list[int] = field(default_factory=list)  # [k] nodes drafted at depth i+1
     accepted_by_position: list[int] = field(default_factory=list)  # [k] nodes accepted at depth i+1
+    proposers: dict[str, ProposerMetrics] = field(default_factory=dict)  # label -> attribution (see above)
 
     def record_step(self, drafted: int, accepted: int, depths: list[int] | None = None) -> None:
         """One verification step: ``drafted`` nodes (at ``depths``, 1-based; a chain when None), ``accepted``
@@ -60,4 +113,8 @@ class RequestMetrics:
         for key in ("wall_s", "prefill_s", "propose_s", "forward_s", "verify_s"):
             d[key] = round(d[key], 6)
         d["other_s"] = round(max(0.0, self.wall_s - self.prefill_s - self.propose_s - self.forward_s - self.verify_s), 6)
+        for label, pm in self.proposers.items():
+            entry = d["proposers"][label]
+            entry["acceptance_rate"] = round(pm.acceptance_rate, 4)
+            entry["draft_s"] = round(pm.draft_s, 6)
         return d

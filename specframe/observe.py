@@ -16,6 +16,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .contracts import ProposerStep
+
 log = logging.getLogger("specframe")
 
 
@@ -25,12 +27,13 @@ class StepEvent:
 
     request_id: int  # counts requests of one registry's observers, from 0
     step: int  # verification step within the request, from 0
-    proposer: str  # name of the proposer that drafted this step
+    proposer: str  # label of the proposer that drafted this step; combined proposers joined by "+"
     drafted: int  # draft nodes the target verified (after truncation to the budget; 0 on a fault)
     accepted: int  # of those, accepted
     committed: tuple[int, ...]  # tokens committed: accepted + the recovered/bonus token, cut at a stop
     faults: int  # proposer faults in this step (see specframe.isolation); 0 normally
     finished: bool  # a stop condition ended the request in this step
+    attribution: tuple[ProposerStep, ...] = ()  # per proposer: drafted, accepted (credited), wasted, draft time
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,11 +68,12 @@ class Observers:
 
     def step(
         self, step: int, proposer: str, drafted: int, accepted: int, committed: tuple[int, ...], faults: int,
-        finished: bool,
+        finished: bool, attribution: tuple[ProposerStep, ...] = (),
     ) -> None:
         """Called by the engine after each verification step (only when observers exist)."""
         if self._step:
-            event = StepEvent(self.request_id, step, proposer, drafted, accepted, committed, faults, finished)
+            event = StepEvent(self.request_id, step, proposer, drafted, accepted, committed, faults, finished,
+                              attribution)
             self._step = _call_all(self._step, "specframe_observe_step", event)
 
     def request(

@@ -1,5 +1,5 @@
-"""The plugin registry: a pluggy manager that finds plugins through entry points and collects the proposer and
-verifier classes they register, with the distribution each came from.
+"""The plugin registry: a pluggy manager that finds plugins through entry points and collects the proposer,
+verifier, merge policy and router classes they register, with the distribution each came from.
 
 Plugins are found in the entry-point group ``specframe``; built-in plugins (``specframe_plugins.*``) are declared
 there too. ``SPECFRAME_PLUGINS=ngram,specframe-recall`` loads only the named entry points or distributions (the
@@ -20,7 +20,7 @@ from typing import Any, Literal, get_args, get_origin
 import pluggy
 
 from . import __version__, hookspecs, verifiers
-from .contracts import ProposerConfig
+from .contracts import MergePolicyConfig, ProposerConfig, RouterConfig
 from .errors import (
     DuplicateRegistrationError,
     PluginContractError,
@@ -43,6 +43,8 @@ class PluginInfo:
     module: str  # the plugin module or object's type
     proposers: list[type] = field(default_factory=list)
     verifiers: list[type] = field(default_factory=list)
+    merge_policies: list[type] = field(default_factory=list)
+    routers: list[type] = field(default_factory=list)
     observes: list[str] = field(default_factory=list)  # observer hooks it implements
 
     def describe(self) -> str:
@@ -52,11 +54,14 @@ class PluginInfo:
 
 @dataclass
 class Registry:
-    """Proposer and verifier classes by name, the plugins they came from, and the observer implementations."""
+    """Proposer, verifier, merge policy and router classes by name, the plugins they came from, and the observer
+    implementations."""
 
     plugin_manager: pluggy.PluginManager
     proposers: dict[str, type] = field(default_factory=dict)
     verifiers: dict[str, type] = field(default_factory=dict)
+    merge_policies: dict[str, type] = field(default_factory=dict)
+    routers: dict[str, type] = field(default_factory=dict)
     origin: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, name) -> plugin description
     plugins: list[PluginInfo] = field(default_factory=list)
     _requests: Any = field(default_factory=count, repr=False)
@@ -75,6 +80,23 @@ class Registry:
         except KeyError:
             raise UnknownProposerError(
                 f"unknown verifier {name!r}; installed: {', '.join(sorted(self.verifiers)) or '(none)'}"
+            ) from None
+
+    def merge_policy(self, name: str) -> type:
+        try:
+            return self.merge_policies[name]
+        except KeyError:
+            raise UnknownProposerError(
+                f"unknown merge policy {name!r}; installed: {', '.join(sorted(self.merge_policies)) or '(none)'}"
+            ) from None
+
+    def router(self, name: str) -> type:
+        try:
+            return self.routers[name]
+        except KeyError:
+            raise UnknownProposerError(
+                f"unknown router {name!r}; installed: {', '.join(sorted(self.routers)) or '(none)'} "
+                "(or `router: none` for no router)"
             ) from None
 
     def observers(self) -> Observers | None:
@@ -217,12 +239,41 @@ def _check_verifier(cls: type, where: str) -> None:
         raise PluginContractError(f"verifier {name!r} from {where}: method `verify` is missing")
 
 
+def _check_component(cls: type, kind: str, base: type, methods: tuple[str, ...], where: str) -> None:
+    """Merge policies and routers: a config model deriving from ``base`` that forbids unknown options, methods."""
+    name = getattr(cls, "name", None)
+    config = getattr(cls, "Config", None)
+    if not (isinstance(config, type) and issubclass(config, base)):
+        raise PluginContractError(
+            f"{kind} {name!r} from {where}: `Config` must be a subclass of specframe.contracts.{base.__name__}, "
+            f"got {config!r}"
+        )
+    if config.model_config.get("extra") != "forbid":
+        raise PluginContractError(f"{kind} {name!r} from {where}: {config.__name__} must forbid unknown options")
+    for method in methods:
+        if not callable(getattr(cls, method, None)):
+            raise PluginContractError(f"{kind} {name!r} from {where}: method `{method}` is missing")
+
+
+def _check_merge_policy(cls: type, where: str) -> None:
+    _check_component(cls, "merge policy", MergePolicyConfig, ("start", "plan", "on_step"), where)
+
+
+def _check_router(cls: type, where: str) -> None:
+    if cls.name == "none":
+        raise PluginContractError(f"router from {where}: the name 'none' is reserved (it means no router)")
+    _check_component(cls, "router", RouterConfig, ("start", "route", "on_step"), where)
+
+
 def _collect(reg: Registry, info: PluginInfo, plugin: object) -> None:
     hook = reg.plugin_manager.hook
     where = info.describe()
     for kind, hook_name, table, found, check in (
         ("proposer", "specframe_register_proposers", reg.proposers, info.proposers, check_proposer_class),
         ("verifier", "specframe_register_verifiers", reg.verifiers, info.verifiers, _check_verifier),
+        ("merge policy", "specframe_register_merge_policies", reg.merge_policies, info.merge_policies,
+         _check_merge_policy),
+        ("router", "specframe_register_routers", reg.routers, info.routers, _check_router),
     ):
         for impl in getattr(hook, hook_name).get_hookimpls():
             if impl.plugin is not plugin:
@@ -258,7 +309,7 @@ def build_registry(*, entry_points: bool = True, extra_plugins: tuple[object, ..
     Raises:
         PluginLoadError: an entry point fails to import, or ``SPECFRAME_PLUGINS`` names a missing plugin.
         PluginContractError: a hook implementation matches no hook spec (a misspelt hook or argument), or a
-            registered class breaks the proposer/verifier contract.
+            registered class breaks the proposer/verifier/merge policy/router contract.
         DuplicateRegistrationError: two plugins register the same name (both distributions are named).
     """
     pm = pluggy.PluginManager(hookspecs.PROJECT)

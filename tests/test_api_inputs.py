@@ -45,9 +45,13 @@ def test_token_id_prompt_is_accepted(sf):
     assert sf.generate(ids, max_new_tokens=4)["token_ids"] == sf.generate("aa ab ac", max_new_tokens=4)["token_ids"]
 
 
-def test_unknown_verifier_and_several_proposers_fail_at_load():
+def test_unknown_verifier_and_bad_combinations_fail_at_load():
     target = Target(build_model("llama"), build_tokenizer())
     with pytest.raises(KeyError, match="unknown verifier"):
         specframe.load(target=target, registry=build_registry(), verifier="nope")
-    with pytest.raises(ConfigError, match="exactly one proposer"):
-        specframe.load(target=target, registry=build_registry(), proposers=[{"name": "ngram"}, {"name": "none"}])
+    # several proposers are combined (docs/combining.md); a proposer repeated with the same options is refused
+    with pytest.raises(ConfigError, match=r"proposers\[1\] repeats proposers\[0\]"):
+        specframe.load(target=target, registry=build_registry(), proposers=[{"name": "ngram"}, {"name": "ngram", "k": 8}])
+    with pytest.raises(KeyError, match="unknown merge policy 'nope'; installed: confidence, priority"):
+        specframe.load(target=target, registry=build_registry(), proposers=[{"name": "ngram"}, {"name": "none"}],
+                       merge={"policy": "nope"})

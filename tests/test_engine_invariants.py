@@ -507,8 +507,13 @@ def test_generate_rejects_bad_requests(target):
         engine.generate([], max_new_tokens=4)
     with pytest.raises(PromptTooLongError):
         engine.generate([1] * target.max_context, max_new_tokens=4)
-    with pytest.raises(ConfigError, match="exactly one proposer"):
+    with pytest.raises(ConfigError, match="at least one proposer"):
         Engine(target, [], GreedyVerifier())
+    ngram = NgramProposer(NgramConfig(), target.info)
+    with pytest.raises(ConfigError, match="needs a merge policy"):  # combining: see tests/test_combining.py
+        Engine(target, [ngram, NoProposer(NoneConfig(), target.info)], GreedyVerifier())
+    with pytest.raises(ConfigError, match="listed twice"):
+        Engine(target, [ngram, ngram], GreedyVerifier(), merge=object())
 
 
 def test_tree_proposer_needs_a_tree_verifier(target):

@@ -1,0 +1,261 @@
+"""One request's drafting: route -> each proposer proposes (isolated, timed) -> merge -> attribution + feedback.
+
+With one proposer its draft is verified as it is (the identity merge). With several, an optional
+:class:`~specframe.contracts.Router` picks which proposers run this step and their node budgets, each proposer
+drafts with its own budget, a :class:`~specframe.contracts.MergePolicy` plans how their drafts share the merged
+tree's node budget, and :func:`specframe.merge.merge_drafts` builds the one tree the target verifies. Afterwards
+each proposer gets a :class:`~specframe.contracts.VerifyOutcome` about its own draft, and its attribution
+(:class:`~specframe.contracts.ProposerStep`) is recorded and reported to the policy, the router and observers.
+
+Everything here works through the contracts: no proposer, policy or router is named. Faults are isolated per
+proposer (:class:`~specframe.isolation.FaultGuard`): a faulty proposer's draft is left out of the step, the
+others keep drafting. A merge policy or router that raises or returns a malformed plan is replaced for the rest
+of the request by the plain fallback (proposers in order, every proposer with the full budget), with one
+warning; none of this can change the output, only the speed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Sequence
+
+from .contracts import DecodeState, DraftTree, ProposerStep, StepReport, VerifyOutcome
+from .errors import ProposerTimeoutError
+from .isolation import FaultGuard, IsolationPolicy
+from .merge import MergedDraft, check_plan, merge_drafts
+from .metrics import ProposerMetrics, RequestMetrics
+from .tree import node_depths
+from .validate import check_draft
+
+log = logging.getLogger("specframe")
+
+_EMPTY = DraftTree.empty()  # shared: a no-node draft (zero-size tensors cannot be written into)
+
+
+class _Slot:
+    """One proposer in one request: its guard, attribution and this step's draft."""
+
+    __slots__ = ("proposer", "label", "guard", "metrics", "trees_ok", "draft", "asked", "budget", "draft_s", "fault",
+                 "proposed")
+
+    def __init__(self, proposer: Any, label: str, guard: FaultGuard, metrics: ProposerMetrics, trees_ok: bool) -> None:
+        self.proposer, self.label, self.guard, self.metrics, self.trees_ok = proposer, label, guard, metrics, trees_ok
+        self.clear()
+
+    def clear(self) -> None:
+        self.draft, self.asked, self.budget, self.draft_s, self.fault, self.proposed = _EMPTY, False, 0, 0.0, False, 0
+
+
+class Drafting:
+    """The drafting side of one request.
+
+    Args:
+        proposers: the proposers, in the configured order (index ``j`` = provenance bit ``j``).
+        labels: one unique label per proposer (metrics keys).
+        origins: label -> plugin description, for warnings.
+        trees_ok: per proposer, may its own draft branch (declares trees, and verifier and target take trees).
+        merged_trees_ok: may the merged tree branch (verifier and target take trees); otherwise a merge that
+            branches falls back to the chain of the first proposer in the policy's plan that drafted.
+        policy: merge policy (needed with 2+ proposers); router: optional.
+        isolation, metrics, vocab_size, greedy: the request's isolation policy, metrics, target vocabulary and
+            whether it decodes greedily (greedy: every duplicate node is merged; sampling: only deterministic ones).
+    """
+
+    def __init__(
+        self,
+        proposers: Sequence[Any],
+        labels: Sequence[str],
+        origins: dict[str, str],
+        trees_ok: Sequence[bool],
+        merged_trees_ok: bool,
+        policy: Any,
+        router: Any,
+        isolation: IsolationPolicy,
+        metrics: RequestMetrics,
+        vocab_size: int,
+        greedy: bool,
+    ) -> None:
+        self.metrics, self.isolation, self.vocab_size, self.greedy = metrics, isolation, vocab_size, greedy
+        self.slots: list[_Slot] = []
+        for p, label, ok in zip(proposers, labels, trees_ok):
+            own = metrics.proposers.setdefault(label, ProposerMetrics())
+            guard = FaultGuard(p.name, origins.get(label, ""), isolation, metrics, own)
+            self.slots.append(_Slot(p, label, guard, own, ok))
+        self.merged_trees_ok = merged_trees_ok
+        self.policy = policy if len(self.slots) > 1 else None
+        self.router = router if len(self.slots) > 1 else None
+        self.max_nodes = int(getattr(self.policy, "max_nodes", 0) or 0)
+
+    # --- per request ---------------------------------------------------------------------------------------
+    def start(self, state: DecodeState, seed: int) -> None:
+        labels = [s.label for s in self.slots]
+        for s in self.slots:
+            self._call(s, "start", state)
+        if self.policy is not None:
+            self.policy = self._plugin("merge policy", self.policy, "start", labels)
+        if self.router is not None:
+            self.router = self._plugin("router", self.router, "start", labels, seed, self.greedy)
+
+    # --- 1. propose ----------------------------------------------------------------------------------------
+    def propose(self, state: DecodeState, budget: int) -> MergedDraft:
+        """Every proposer the router picks drafts; their drafts merge into one tree. With ``budget < 1`` (the
+        step can only commit the target's own token) nobody is asked and the tree is empty."""
+        for s in self.slots:
+            s.clear()
+        if budget < 1:
+            return MergedDraft.single(_EMPTY, len(self.slots))
+        budgets = self._route(budget)
+        for s, b in zip(self.slots, budgets):
+            if s.guard.disabled:
+                continue
+            if b <= 0:
+                s.metrics.skipped_steps += 1
+                continue
+            s.asked, s.budget = True, min(budget, b)
+            s.draft = self._propose_one(s, state, s.budget)
+            s.proposed = s.draft.num_nodes
+        drafts = [s.draft for s in self.slots]
+        if self.policy is None:
+            return MergedDraft.single(drafts[0])
+        plan = self._plan(drafts)
+        merged = merge_drafts(drafts, plan, self.max_nodes, greedy=self.greedy)
+        if not self.merged_trees_ok and not merged.tree.is_chain():
+            first = next((j, q) for j, q in plan if q > 0 and drafts[j].num_nodes)  # (a branch needs two drafts)
+            merged = merge_drafts(drafts, [first], self.max_nodes, greedy=self.greedy)
+        return merged
+
+    def _propose_one(self, s: _Slot, state: DecodeState, budget: int) -> DraftTree:
+        """One proposer's draft; a fault leaves it out of this step (output is unaffected)."""
+        timeout = self.isolation.propose_timeout_s
+        t0 = time.perf_counter()
+        try:
+            draft = s.proposer.propose(state, budget)
+            elapsed = time.perf_counter() - t0
+            if timeout is not None and elapsed > timeout:
+                raise ProposerTimeoutError(f"propose took {elapsed:.3f} s, over the {timeout:g} s budget")
+            draft = draft.truncate(budget) if isinstance(draft, DraftTree) else draft
+            check_draft(draft, self.vocab_size, s.trees_ok, 1)
+            return draft
+        except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
+            s.guard.fault("propose", exc)
+            s.fault = True
+            self._update_disabled()
+            return _EMPTY
+        finally:
+            s.draft_s = time.perf_counter() - t0
+
+    # --- 6. feedback ---------------------------------------------------------------------------------------
+    def feedback(self, merged: MergedDraft, path: Sequence[int], committed: Sequence[int], finished: bool,
+                 forward_s: float) -> StepReport:
+        """Attribution, then each enabled proposer's ``on_verified`` about its own draft, then the policy's and
+        router's feedback. Returns the step's report (for observers)."""
+        depths = node_depths(merged.tree.parent[0].tolist()) if len(self.slots) > 1 else None
+        steps = []
+        for j, s in enumerate(self.slots):
+            kept = merged.kept(j)
+            if depths is None:  # the identity merge
+                own, alone, by_depth = tuple(path), len(path), _chain_or_tree_depths(s.draft)
+            else:
+                own = merged.own_accepted(j, path, s.draft.parent[0, :kept].tolist()) if kept else ()
+                alone = merged.alone(j, path)
+                by_depth = _count_depths(depths[m] for m in merged.node_of[j])
+            step = ProposerStep(s.label, s.asked, s.budget, s.proposed, kept, by_depth, len(own), alone, s.draft_s,
+                                s.fault)
+            s.metrics.record(step)
+            steps.append(step)
+            draft = s.draft.truncate(kept)
+            self._call(s, "on_verified", VerifyOutcome(draft, (own,), (tuple(committed),), finished))
+        report = StepReport(tuple(steps), merged.tree.num_nodes, len(path), forward_s)
+        if self.policy is not None:
+            self.policy = self._plugin("merge policy", self.policy, "on_step", report)
+        if self.router is not None:
+            self.router = self._plugin("router", self.router, "on_step", report)
+        return report
+
+    # --- plumbing ------------------------------------------------------------------------------------------
+    def _call(self, s: _Slot, method: str, arg: Any) -> None:
+        if s.guard.disabled:
+            return
+        try:
+            getattr(s.proposer, method)(arg)
+        except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
+            s.guard.fault(method, exc)
+            s.fault = True
+            self._update_disabled()
+
+    def _update_disabled(self) -> None:
+        self.metrics.proposer_disabled = all(s.guard.disabled for s in self.slots)
+
+    def _route(self, budget: int) -> list[int]:
+        available = [not s.guard.disabled for s in self.slots]
+        if self.router is not None:
+            try:
+                out = [int(b) for b in self.router.route(budget, self.max_nodes, available)]
+                if len(out) != len(self.slots) or any(b < 0 for b in out):
+                    raise ValueError(f"route must return {len(self.slots)} node budgets >= 0, got {out}")
+                return out
+            except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
+                self._plugin_fault("router", self.router, "route", exc)
+                self.router = None
+        return [budget] * len(self.slots)
+
+    def _plan(self, drafts: list[DraftTree]) -> list[tuple[int, int]]:
+        if self.policy is not None:
+            try:
+                return check_plan(self.policy.plan(drafts, self.max_nodes), len(drafts))
+            except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
+                self._plugin_fault("merge policy", self.policy, "plan", exc)
+                self.policy = _FallbackPolicy(self.max_nodes)
+        return [(j, d.num_nodes) for j, d in enumerate(drafts)]
+
+    def _plugin(self, kind: str, obj: Any, method: str, *args: Any) -> Any:
+        """Call a policy/router method; on a fault warn and return its replacement (None: no router)."""
+        try:
+            getattr(obj, method)(*args)
+            return obj
+        except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
+            self._plugin_fault(kind, obj, method, exc)
+            return _FallbackPolicy(self.max_nodes) if kind == "merge policy" else None
+
+    @staticmethod
+    def _plugin_fault(kind: str, obj: Any, method: str, exc: BaseException) -> None:
+        log.warning("%s %r raised %s in %s: %s; the rest of the request uses %s, output is unaffected", kind,
+                    getattr(obj, "name", type(obj).__name__), type(exc).__name__, method, exc,
+                    "the proposers' order" if kind == "merge policy" else "no router (every proposer, full budget)")
+
+
+class _FallbackPolicy:
+    """Stands in for a faulty merge policy: proposers in the configured order, each draft whole."""
+
+    name = "fallback"
+
+    def __init__(self, max_nodes: int) -> None:
+        self.max_nodes = max_nodes
+
+    def plan(self, drafts: Sequence[DraftTree], max_nodes: int) -> list[tuple[int, int]]:
+        return [(j, d.num_nodes) for j, d in enumerate(drafts)]
+
+    def start(self, proposers: Sequence[str]) -> None:
+        return None
+
+    def on_step(self, report: StepReport) -> None:
+        return None
+
+
+def _count_depths(depths: Any) -> tuple[int, ...]:
+    out: list[int] = []
+    for d in depths:
+        if d > len(out):
+            out.extend([0] * (d - len(out)))
+        out[d - 1] += 1
+    return tuple(out)
+
+
+def _chain_or_tree_depths(draft: DraftTree) -> tuple[int, ...]:
+    n = draft.num_nodes
+    if n == 0:
+        return ()
+    if draft.is_chain():
+        return (1,) * n
+    return _count_depths(node_depths(draft.parent[0].tolist()))
