@@ -63,7 +63,12 @@ def generate(
     category: Optional[str] = typer.Option(None, "--category", help="Use only prompts of this Spec-Bench category."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML config; flags override it."),
     model: Optional[str] = typer.Option(None, "--model", help="Built-in name, model directory or .gguf file."),
-    proposer: Optional[List[str]] = typer.Option(None, "--proposer", help="Proposer name (see `specframe plugins`)."),
+    proposer: Optional[List[str]] = typer.Option(
+        None, "--proposer", help="Proposer name (see `specframe plugins`); repeat it to combine proposers."
+    ),
+    merge: Optional[str] = typer.Option(None, "--merge", help="Merge policy for combined proposers (default priority)."),
+    max_nodes: Optional[int] = typer.Option(None, "--max-nodes", help="Node budget of the merged tree (default 24)."),
+    router: Optional[str] = typer.Option(None, "--router", help="Router for combined proposers: adaptive (default) | none."),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Most tokens to generate (default 128)."),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy (default 0)."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus filter in (0, 1] (default 1)."),
@@ -83,9 +88,9 @@ def generate(
         _fail(str(exc))
 
 
-def _generate(prompt, prompts_file, limit, category, config, model, proposer, max_new_tokens, temperature, top_p, top_k, seed,
-              dtype, device, stop, no_chat, stream, as_json) -> None:
-    from .config import load_config, resolve_proposers
+def _generate(prompt, prompts_file, limit, category, config, model, proposer, merge, max_nodes, router, max_new_tokens,
+              temperature, top_p, top_k, seed, dtype, device, stop, no_chat, stream, as_json) -> None:
+    from .config import load_config, resolve_merge, resolve_proposers, resolve_router
     from .models import check_device, resolve_dtype, resolve_model
     from .prompts import Prompt, read_prompts
 
@@ -100,6 +105,14 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, ma
     )
     if proposer:
         cfg = load_config(None, base=cfg.model_dump(), proposers=_proposer_entries(proposer, cfg.proposers))
+    if merge is not None or max_nodes is not None:
+        settings = {**cfg.merge.model_dump(), **({"policy": merge} if merge else {}),
+                    **({"max_nodes": max_nodes} if max_nodes is not None else {})}
+        if merge and merge != cfg.merge.policy:  # another policy: the file's options were for the old one
+            settings = {k: v for k, v in settings.items() if k in ("policy", "max_nodes")}
+        cfg = load_config(None, base=cfg.model_dump(), merge=settings)
+    if router is not None:
+        cfg = load_config(None, base=cfg.model_dump(), router=router if router != cfg.router.name else None)
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {limit}")
     prompts = read_prompts(prompts_file) if prompts_file is not None else [Prompt(prompt)]
@@ -114,6 +127,9 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, ma
 
     registry = build_registry()
     resolve_proposers(cfg, registry)
+    if len(cfg.proposers) > 1:
+        resolve_merge(cfg.merge, registry)
+        resolve_router(cfg.router, registry)
     check_device(cfg.device)
     resolve_dtype(cfg.dtype, cfg.device)
     resolve_model(cfg.model)  # unknown name / missing package fails here, before loading
@@ -160,6 +176,10 @@ def _run(sf, prompts, encoded, stream: bool, as_json: bool) -> None:
                     f"[dim]{m.new_tokens} tokens, {m.tokens_per_s:.1f} tok/s, τ={m.mean_accepted_length:.2f}, "
                     f"α={m.acceptance_rate:.2f}, finish={result.finish_reason}[/dim]"
                 )
+                if len(m.proposers) > 1:  # attribution (credited: a node two proposers drafted counts for both)
+                    err.print("[dim]" + ", ".join(
+                        f"{label}: {pm.accepted_tokens}/{pm.drafted_nodes} accepted, {pm.steps} steps"
+                        for label, pm in m.proposers.items()) + "[/dim]", markup=True)
             progress.advance(task)
 
 

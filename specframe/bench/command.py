@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
+from pydantic import ValidationError
 
 from ..errors import ConfigError
 
@@ -35,7 +36,7 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from rich.table import Table
 
-    from ..config import SpecframeConfig, resolve_proposers
+    from ..config import SpecframeConfig, resolve_merge, resolve_proposers, resolve_router
     from ..models import check_device, resolve_model
     from ..prompts import read_prompts
     from ..registry import build_registry
@@ -67,7 +68,15 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
     registry = build_registry()
     for s in cfg.strategies:
         if s.proposers is not None:
-            resolve_proposers(SpecframeConfig.model_validate({"proposers": s.proposers}), registry)
+            combo = {k: v for k, v in (("merge", s.merge), ("router", s.router)) if v is not None}
+            try:
+                scfg = SpecframeConfig.model_validate({"proposers": s.proposers, **combo})
+            except ValidationError as exc:
+                raise ConfigError(f"strategy {s.name!r}: {exc.errors()[0]['msg']}") from None
+            resolve_proposers(scfg, registry)
+            if len(s.proposers) > 1 or combo:
+                resolve_merge(scfg.merge, registry)
+                resolve_router(scfg.router, registry)
     check_device(cfg.device)
     resolve_model(cfg.model)
     try:  # an unwritable output fails now, not after the run

@@ -1,8 +1,9 @@
 """The bench config (YAML). Example: ``docs/bench.example.yaml``.
 
-A *strategy* is either a specframe proposer configuration (``proposers: [...]``) or a *peer* run by HF
-transformers on the same loaded model (``peer: hf-greedy | hf-prompt-lookup | hf-assisted``). The
-autoregressive baseline ``none`` is always part of the run.
+A *strategy* is either a specframe proposer configuration (``proposers: [...]``; two or more are combined into
+one verification tree per step, with optional ``merge:`` and ``router:`` as in the top-level config) or a
+*peer* run by HF transformers on the same loaded model (``peer: hf-greedy | hf-prompt-lookup | hf-assisted``).
+The autoregressive baseline ``none`` is always part of the run.
 """
 
 from __future__ import annotations
@@ -23,7 +24,15 @@ class Strategy(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(description="Row label in the report.")
-    proposers: list[dict[str, Any]] | None = Field(None, description="specframe proposer configs.")
+    proposers: list[dict[str, Any]] | None = Field(
+        None, description="specframe proposer configs; two or more are combined (see docs/combining.md)."
+    )
+    merge: dict[str, Any] | str | None = Field(
+        None, description="Combined proposers: merge policy, e.g. {policy: priority, max_nodes: 24} (default: that)."
+    )
+    router: dict[str, Any] | str | None = Field(
+        None, description="Combined proposers: router, e.g. adaptive (the default) or none."
+    )
     peer: Literal["hf-greedy", "hf-prompt-lookup", "hf-assisted"] | None = Field(
         None, description="An HF transformers generate() mode instead of specframe."
     )
@@ -37,6 +46,8 @@ class Strategy(BaseModel):
     def _one_kind(self) -> "Strategy":
         if (self.proposers is None) == (self.peer is None):
             raise ValueError(f"strategy {self.name!r}: give exactly one of `proposers` or `peer`")
+        if self.peer is not None and (self.merge is not None or self.router is not None):
+            raise ValueError(f"strategy {self.name!r}: `merge` and `router` apply to specframe proposers, not peers")
         if self.peer == "hf-assisted" and not self.options.get("assistant_model"):
             raise ValueError(f"strategy {self.name!r}: hf-assisted needs options.assistant_model (a draft model)")
         return self

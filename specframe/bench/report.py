@@ -59,6 +59,9 @@ def aggregate(records: list[dict[str, Any]], strategies: list[str], profile: dic
             "acceptance_by_position": [a / d if d else 0.0 for a, d in zip(accepted_pos, drafted_pos)],
             "drafted_by_position": drafted_pos,
         }
+        attribution = _attribution(rs, steps)
+        if attribution:
+            entry["attribution"] = attribution
         out["strategies"][s] = entry
     base = out["strategies"].get(BASELINE, {}).get("by_column", {})
     for s, entry in out["strategies"].items():
@@ -77,6 +80,45 @@ def aggregate(records: list[dict[str, Any]], strategies: list[str], profile: dic
             draft_s = _sum(rs, "propose_s") / steps
             entry["predicted_speedup"] = predicted_speedup(tau, verified, draft_s, t1, profile["v"])
     return out
+
+
+ATTRIBUTION_SUMS = ("steps", "skipped_steps", "proposed_nodes", "drafted_nodes", "accepted_tokens", "accepted_alone",
+                    "wasted_nodes", "draft_s", "faults")
+
+
+def _attribution(rs: list[dict[str, Any]], steps: float) -> dict[str, dict[str, float]]:
+    """Per proposer label, the strategy's attribution summed over its records, plus per-step rates.
+
+    ``accepted_tokens`` is credited (an accepted node produced by several proposers credits each), so the
+    proposers' shares can add up to more than the strategy's accepted tokens; ``accepted_alone`` does not."""
+    total: dict[str, dict[str, float]] = {}
+    for r in rs:
+        for label, pm in (r["metrics"].get("proposers") or {}).items():
+            t = total.setdefault(label, dict.fromkeys(ATTRIBUTION_SUMS, 0))
+            for key in ATTRIBUTION_SUMS:
+                t[key] += pm.get(key) or 0
+    accepted = _sum(rs, "accepted_tokens")
+    for t in total.values():
+        t["acceptance_rate"] = t["accepted_tokens"] / t["drafted_nodes"] if t["drafted_nodes"] else 0.0
+        t["run_share"] = t["steps"] / steps
+        t["drafted_per_step"] = t["drafted_nodes"] / steps
+        t["accepted_per_step"] = t["accepted_tokens"] / steps
+        t["wasted_per_step"] = t["wasted_nodes"] / steps
+        t["draft_ms_per_step"] = 1e3 * t["draft_s"] / steps
+        t["accepted_share"] = t["accepted_tokens"] / accepted if accepted else 0.0
+    return total
+
+
+def attribution_rows(entry: dict[str, Any]) -> list[list[str]]:
+    """One row per proposer of a strategy's attribution (see :func:`_attribution`)."""
+    return [[label, _f(100 * a["run_share"], "{:.0f} %"), _f(a["drafted_per_step"]), _f(a["accepted_per_step"]),
+             _f(a["acceptance_rate"]), _f(100 * a["accepted_share"], "{:.0f} %"), str(int(a["accepted_alone"])),
+             _f(a["wasted_per_step"]), _f(a["draft_ms_per_step"]), str(int(a["faults"]))]
+            for label, a in entry.get("attribution", {}).items()]
+
+
+ATTRIBUTION_HEADER = ["proposer", "run in", "verified nodes/step", "accepted/step (credited)", "α", "share of accepted",
+                      "accepted alone", "wasted nodes/step", "draft ms/step", "faults"]
 
 
 def _elementwise(rs: list[dict[str, Any]], key: str) -> list[int]:
@@ -179,6 +221,16 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
         parts += ["", "## Acceptance rate by draft position", "",
                   _md_table(["strategy"] + [f"pos {i}" for i in range(1, width)],
                             [r + [""] * (width - len(r)) for r in acc_rows])]
+    attributed = [(s, e) for s, e in summary["strategies"].items() if s != BASELINE and e.get("attribution")]
+    if attributed:
+        parts += ["", "## Attribution by proposer", "",
+                  "Per verification step of the strategy. \"run in\": share of steps the proposer was asked to draft "
+                  "(the router may leave it out). An accepted node produced by several proposers (the same token at the "
+                  "same place in the merged tree) is credited to each of them, so credited shares can add up to more "
+                  "than 100 %; \"accepted alone\" counts accepted nodes no other proposer produced. Wasted = verified "
+                  "nodes of that proposer that were not accepted."]
+        for s, e in attributed:
+            parts += ["", f"### {s}", "", _md_table(ATTRIBUTION_HEADER, attribution_rows(e))]
     loss = results["lossless"]
     parts += ["", "## Lossless check", ""]
     if loss is None:

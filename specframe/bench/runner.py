@@ -77,7 +77,7 @@ class BenchRunner:
             )
         res = self.sf.generate_result(
             ids, proposers=strategy.proposers, max_new_tokens=max_new_tokens, temperature=c.temperature,
-            top_p=c.top_p, top_k=c.top_k, seed=seed,
+            top_p=c.top_p, top_k=c.top_k, seed=seed, merge=strategy.merge, router=strategy.router,
         )
         return {"token_ids": res.token_ids, "finish_reason": res.finish_reason, "metrics": res.metrics.to_dict()}
 
