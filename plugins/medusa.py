@@ -32,8 +32,8 @@ class MedusaConfig(ProposerConfig):
     name: Literal["medusa"] = "medusa"
     heads: Optional[str] = Field(None, description="Folder of trained heads; default: the heads shipped for the target.")
     num_heads: Optional[int] = Field(None, ge=1, description="Use only the first N heads (default: all).")
-    top_k: int = Field(4, ge=1, le=32, description="Candidates per head.")
-    max_nodes: int = Field(16, ge=1, le=256, description="Most tree nodes per step (the verification width).")
+    top_k: int = Field(3, ge=1, le=32, description="Candidates per head.")
+    max_nodes: int = Field(6, ge=1, le=256, description="Most tree nodes per step (the verification width).")
 
 
 def grow_tree(top_ids: list[list[int]], top_probs: list[list[float]], max_nodes: int) -> tuple[list[int], list[int]]:

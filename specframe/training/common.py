@@ -94,6 +94,14 @@ class LossLog:
         self._f.close()
 
 
+def final_means(out: Path, last: int = 20) -> tuple[float, float]:
+    """Mean loss and accuracy of the last ``last`` steps in ``train-log.jsonl`` (also after a resumed run)."""
+    rows = [json.loads(x) for x in (out / "train-log.jsonl").read_text().splitlines() if x.strip()][-last:]
+    if not rows:
+        return float("nan"), float("nan")
+    return sum(r["loss"] for r in rows) / len(rows), sum(r["acc"] for r in rows) / len(rows)
+
+
 def plot_loss(out: Path, title: str) -> Path:
     """``loss.png`` from ``train-log.jsonl`` (loss and top-1 accuracy, smoothed over 20 steps)."""
     import matplotlib

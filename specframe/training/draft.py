@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..learned.small_draft import build_from_target
-from .common import Checkpoint, LossLog, cosine_lr, length_batches, plot_loss, token_subset
+from .common import Checkpoint, LossLog, cosine_lr, final_means, length_batches, plot_loss, token_subset
 
 
 @dataclass(frozen=True)
@@ -139,8 +139,8 @@ def train_draft(
     draft.eval()
     return {
         "steps": step,
-        "final_loss": sum(x for x, _ in tail) / max(1, len(tail)),
-        "final_acc": sum(a for _, a in tail) / max(1, len(tail)),
+        "final_loss": final_means(out)[0],
+        "final_acc": final_means(out)[1],
         "subset_coverage": coverage,
         "train_s": time.perf_counter() - t0,
         "trainable_params": sum(p.numel() for p in params),

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..learned.medusa_heads import MedusaHeads
-from .common import Checkpoint, LossLog, cosine_lr, length_batches, plot_loss, token_subset
+from .common import Checkpoint, LossLog, cosine_lr, final_means, length_batches, plot_loss, token_subset
 
 
 @dataclass(frozen=True)
@@ -187,8 +187,8 @@ def train_medusa(
     logger.close()
     heads.eval()
     return {
-        "steps": step, "positions": m, "final_loss_head0": sum(x for x, _ in tail) / max(1, len(tail)),
-        "final_acc_head0": sum(a for _, a in tail) / max(1, len(tail)), "subset_coverage": coverage,
+        "steps": step, "positions": m, "final_loss_head0": final_means(out)[0],
+        "final_acc_head0": final_means(out)[1], "subset_coverage": coverage,
         "hidden_s": t_hidden, "train_s": time.perf_counter() - t1, "heads": heads,
     }
 

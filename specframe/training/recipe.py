@@ -83,7 +83,6 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
         model = summary.pop("heads")
         finish_medusa(model, output, target_name)
         proposer, options = "medusa", {"heads": str(output)}
-    (output / "ckpt.pt").unlink(missing_ok=True)  # the weights are saved; the optimizer state is not shipped
     ev = evaluate_tau(target, proposer, options, eval_prompts, progress=lambda d, n: bar("eval", d, n, ""))
     record = {
         "recipe": kind, "target": target_name, "target_dtype": str(target.dtype).replace("torch.", ""),
@@ -95,6 +94,7 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
     }
     (output / "recipe.json").write_text(json.dumps(record, indent=1) + "\n")
     (output / "README.md").write_text(model_card(record))
+    (output / "ckpt.pt").unlink(missing_ok=True)  # done: the optimizer state is not shipped
     return record
 
 
