@@ -1,6 +1,7 @@
 """Greedy exactness check: specframe's proposers vs transformers ``model.generate(do_sample=False)``.
 
     python scripts/check_exactness.py --limit 20 --max-new-tokens 128 --dtype float32 --proposer ngram --proposer none
+    python scripts/check_exactness.py --proposer ngram+medusa      # "+": proposers combined in one verification pass
 
 For each question (first turn, chat template applied) the generated token ids of every proposer must equal
 transformers' greedy output. A mismatch is listed with the first divergent position and the target's top-2
@@ -53,10 +54,16 @@ def main() -> int:
             )[0, len(ids):].tolist()
         row = {"question_id": p.question_id, "hf_tokens": len(ref)}
         for name in proposers:
-            rec = sf.generate(ids, proposers=[{"name": name}], max_new_tokens=args.max_new_tokens, temperature=0.0)
+            entries = [{"name": n} for n in name.split("+")]  # "a+b": a and b combined in one verification pass
+            rec = sf.generate(ids, proposers=entries, max_new_tokens=args.max_new_tokens, temperature=0.0)
             got = rec["token_ids"]
             ok = got == ref
             entry = {"equal": ok, "tau": rec["metrics"]["mean_accepted_length"]}
+            if len(entries) > 1:  # per-proposer attribution of the combination
+                entry["proposers"] = {
+                    k: {f: v[f] for f in ("drafted_nodes", "accepted_tokens", "accepted_alone", "skipped_steps") if f in v}
+                    for k, v in rec["metrics"].get("proposers", {}).items()
+                }
             if not ok:
                 mismatches += 1
                 first = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
