@@ -42,7 +42,7 @@ from specframe.kv_cache import cache_length, new_cache, rollback
 from specframe.learned.small_draft import is_small_draft, load_small_draft
 from specframe.sampling import probs_from_logits
 
-from .weights import available, shipped
+from .weights import weights_folder
 
 log = logging.getLogger("specframe")
 
@@ -136,13 +136,11 @@ class DraftModelProposer(ProposerBase):
 
     def __init__(self, config: DraftModelConfig, target: TargetInfo) -> None:
         super().__init__(config, target)
-        folder = Path(config.model).expanduser() if config.model else shipped(target.name, "draft-model")
-        if folder is None:
-            have = ", ".join(available("draft-model")) or "none"
-            raise ConfigError(
-                f"no draft model is shipped for target {target.name!r} (shipped for: {have}): set `model: DIR` "
-                "(a transformers model folder sharing the target's tokenizer, or `specframe train draft` output)"
-            )
+        folder = weights_folder(
+            config.model, target.name, "draft-model", "draft model is",
+            "set `model: DIR` (a transformers model folder sharing the target's tokenizer, or "
+            "`specframe train draft` output)",
+        )
         if not (folder / "config.json").is_file():
             raise ConfigError(f"draft model folder {folder} has no config.json")
         if is_small_draft(folder):

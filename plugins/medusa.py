@@ -15,7 +15,6 @@ target (see ``specframe_plugins/weights/<target>/medusa/README.md``).
 from __future__ import annotations
 
 import heapq
-from pathlib import Path
 from typing import Literal, Optional
 
 import torch
@@ -25,7 +24,7 @@ from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, Targ
 from specframe.errors import ConfigError
 from specframe.learned.medusa_heads import MedusaHeads
 
-from .weights import available, shipped
+from .weights import weights_folder
 
 
 class MedusaConfig(ProposerConfig):
@@ -79,13 +78,10 @@ class MedusaProposer(ProposerBase):
             raise ConfigError("medusa needs the target model (its LM head): TargetInfo.model is None")
         lm_head = target.model.get_output_embeddings()
         hidden = int(lm_head.weight.shape[1])
-        folder = Path(config.heads).expanduser() if config.heads else shipped(target.name, "medusa")
-        if folder is None:
-            have = ", ".join(available("medusa")) or "none"
-            raise ConfigError(
-                f"no Medusa heads are shipped for target {target.name!r} (shipped for: {have}): "
-                "train them with `specframe train medusa` and set `heads: DIR` in the proposer config"
-            )
+        folder = weights_folder(
+            config.heads, target.name, "medusa", "Medusa heads are",
+            "train them with `specframe train medusa` and set `heads: DIR` in the proposer config",
+        )
         heads = MedusaHeads.load(folder, hidden)
         self.num_heads = min(config.num_heads or heads.num_heads, heads.num_heads)
         self.heads = heads.to(device=target.device, dtype=target.dtype)

@@ -619,3 +619,26 @@ def test_small_draft_round_trip(envs, tmp_path):
 
     saved = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
     assert not any(k.endswith("embed_tokens.weight") or k.endswith("lm_head.weight") for k in saved)
+
+
+# --- standalone export (transformers' assisted generation as a bench peer) ------------------------------------------
+
+
+def test_export_standalone_matches_the_subset_draft(envs, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from specframe.learned.small_draft import export_standalone
+
+    env = envs["llama"]
+    folder = env.drafts["small"]
+    out = export_standalone(folder, env.target.model, build_tokenizer(), tmp_path / "standalone")
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    small = load_small_draft(folder, env.target.model, torch.float32, "cpu")
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        full = hf(input_ids=ids).logits[0]  # [T, V] over the whole vocabulary
+        sub = small(ids)[0]  # [T, S] over the subset
+    assert full.shape[-1] == env.target.vocab_size
+    # on the subset's rows the standalone model computes exactly the subset draft's logits
+    torch.testing.assert_close(full[:, small.token_map], sub, rtol=1e-5, atol=1e-5)
+    assert not list(tmp_path.glob(".tmp-*"))  # written to a temporary folder, then renamed

@@ -151,8 +151,8 @@ def load_small_draft(directory: Path, target_model: nn.Module, dtype: torch.dtyp
 
 
 def export_standalone(directory: Path, target_model: nn.Module, tokenizer: Any, out: Path) -> Path:
-    """Write a self-contained transformers model of the draft (full-vocabulary embedding and tied head copied
-    from the target) plus the target's tokenizer into ``out``, e.g. as the ``assistant_model`` of transformers'
+    """Write a self-contained transformers model of the draft (the target's full-vocabulary input embedding and
+    output head copied in) plus the target's tokenizer into ``out``, e.g. as the ``assistant_model`` of transformers'
     assisted generation. Its head covers the whole vocabulary (the subset rows are the ones it was trained on),
     so it drafts a little differently from the subset draft and costs more per token.
 
@@ -166,14 +166,18 @@ def export_standalone(directory: Path, target_model: nn.Module, tokenizer: Any, 
     draft = load_small_draft(directory, target_model, torch.float32, "cpu")
     cfg = draft.lm.config.__class__.from_dict(draft.lm.config.to_dict())
     emb = target_model.get_input_embeddings().weight.detach().float()
+    head = target_model.get_output_embeddings().weight.detach().float()
     cfg.vocab_size = int(emb.shape[0])
-    cfg.tie_word_embeddings = True
+    cfg.tie_word_embeddings = emb.data_ptr() == head.data_ptr() or torch.equal(emb, head)
     lm = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     state = {k: v for k, v in draft.lm.state_dict().items() if "embed_tokens" not in k and "lm_head" not in k}
     missing, unexpected = lm.load_state_dict(state, strict=False)
-    assert not unexpected, unexpected
+    if unexpected:
+        raise ConfigError(f"cannot export {directory}: unexpected weights {sorted(unexpected)[:3]}")
     with torch.no_grad():
         lm.model.embed_tokens.weight.copy_(emb)
+        if not cfg.tie_word_embeddings:
+            lm.lm_head.weight.copy_(head)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out.parent))
     lm.save_pretrained(tmp)
