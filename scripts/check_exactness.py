@@ -34,6 +34,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--questions", default=str(DEFAULT_QUESTIONS))
     ap.add_argument("--limit", type=int, default=20)
+    ap.add_argument("--skip", type=int, default=0, help="Leave out the first N of the --limit questions (resume).")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -43,7 +44,7 @@ def main() -> int:
 
     sf = specframe.load(model=args.model, dtype=args.dtype)
     model = sf.target.model
-    prompts = read_prompts(args.questions)[: args.limit]
+    prompts = read_prompts(args.questions)[args.skip : args.limit]
     mismatches, rows = 0, []
     for p in prompts:
         ids = sf.encode(p.text)
