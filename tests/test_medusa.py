@@ -504,7 +504,9 @@ def test_conformance_kit_on_trees(tree_kit):
 
 
 def test_conformance_kit_feedback_check_on_trees(tree_kit):
-    tree_kit.check_feedback()
+    tree_kit.check_feedback()  # raises ConformanceError when on_verified disagrees with the accepted tree path
+    rec, _ = tree_kit.greedy_battery
+    assert any(not d.is_chain() for d in rec.drafts())  # the check walked real branching drafts
 
 
 def test_conformance_kit_on_chains(kit_heads, specframe_tiny_target):

@@ -97,7 +97,6 @@ def train_draft(
         torch.set_rng_state(state["rng"])
     logger = LossLog(out, step)
     t0 = time.perf_counter()
-    tail: list[tuple[float, float]] = []
     for epoch in range(step // per_epoch, s.epochs):
         batches = length_batches([len(e[0]) for e in examples], s.batch_size, s.seed, epoch)
         for b in batches[step - epoch * per_epoch :]:
@@ -129,7 +128,6 @@ def train_draft(
                 valid = labels != -100
                 acc = float((logits.argmax(-1)[valid] == labels[valid]).float().mean())
             logger.add(step, float(loss.detach()), acc)
-            tail = (tail + [(float(loss.detach()), acc)])[-20:]
             step += 1
             if progress:
                 progress(step, total, float(loss.detach()))

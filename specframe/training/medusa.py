@@ -153,7 +153,6 @@ def train_medusa(
         step = state["step"]
     logger = LossLog(out, step)
     weights = torch.tensor([0.8**i for i in range(s.num_heads)])
-    tail: list[tuple[float, float]] = []
     t1 = time.perf_counter()
     for epoch in range(step // per_epoch, s.epochs):
         g = torch.Generator().manual_seed(s.seed * 1000 + epoch)
@@ -178,7 +177,6 @@ def train_medusa(
                 acc = float((logits[:, 0].argmax(-1)[valid] == lab[valid, 0]).float().mean()) if valid.any() else 0.0
             lv = float(losses[0].detach())
             logger.add(step, lv, acc)
-            tail = (tail + [(lv, acc)])[-20:]
             step += 1
             if progress:
                 progress("train", step, total, lv)
