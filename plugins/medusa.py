@@ -8,6 +8,12 @@ up to ``max_nodes`` nodes, and the target verifies all of it in one forward. Dra
 (one-hot q), so exactness holds under greedy and sampling alike. On a target that cannot take tree masks
 (sliding-window attention) the draft is the chain of each head's top-1.
 
+Heads trained over a frequent-token subset (``specframe train medusa`` keeps the 8 192 most frequent response
+tokens, FR-Spec, Zhao et al. 2025) score only those rows of the LM head: ``[D, H] @ [H, S]`` instead of
+``[H, V]``: 0.7 ms instead of 6.0 ms per proposal for SmolLM2 (V = 49 152; measured with S = 8 192, bf16, 2 CPU
+cores; the shipped heads use S = 5 492, every token their training answers contained).
+Tokens outside the subset are never drafted; the target still verifies every token, so output is unchanged.
+
 Weights: ``heads: DIR`` (written by ``specframe train medusa``), or by default the heads shipped for the
 target (see ``specframe_plugins/weights/<target>/medusa/README.md``).
 """
@@ -33,6 +39,10 @@ class MedusaConfig(ProposerConfig):
     num_heads: Optional[int] = Field(None, ge=1, description="Use only the first N heads (default: all).")
     top_k: int = Field(3, ge=1, le=32, description="Candidates per head.")
     max_nodes: int = Field(6, ge=1, le=256, description="Most tree nodes per step (the verification width).")
+    full_vocab: bool = Field(
+        False, description="Score the whole vocabulary even when the heads were trained over a frequent-token subset "
+        "(slower; by default only the subset's LM-head rows are scored).",
+    )
 
 
 def grow_tree(top_ids: list[list[int]], top_probs: list[list[float]], max_nodes: int) -> tuple[list[int], list[int]]:
@@ -86,6 +96,11 @@ class MedusaProposer(ProposerBase):
         self.num_heads = min(config.num_heads or heads.num_heads, heads.num_heads)
         self.heads = heads.to(device=target.device, dtype=target.dtype)
         self.lm_head = lm_head
+        self.token_map = None if config.full_vocab else heads.token_map
+        if self.token_map is not None:  # [S, H] rows (and bias) of the LM head, in the target's dtype and device
+            self.w_sub = lm_head.weight.detach()[self.token_map.to(lm_head.weight.device)].contiguous()
+            bias = getattr(lm_head, "bias", None)
+            self.b_sub = None if bias is None else bias.detach()[self.token_map.to(bias.device)]
         self.trees = bool(target.supports_trees)
 
     @torch.inference_mode()
@@ -94,13 +109,22 @@ class MedusaProposer(ProposerBase):
             return DraftTree.empty(state.tokens.shape[0])
         h = state.hidden[:1].to(self.heads.heads[0][0].linear.weight.dtype)  # [1, H]
         feats = self.heads(h)[0, : self.num_heads]  # [D, H]
-        probs = torch.softmax(self.lm_head(feats).float(), dim=-1)  # [D, V]
+        if self.token_map is None:
+            logits = self.lm_head(feats)  # [D, V]
+        else:
+            logits = feats @ self.w_sub.T  # [D, S]
+            if self.b_sub is not None:
+                logits = logits + self.b_sub
+        probs = torch.softmax(logits.float(), dim=-1)  # [D, V or S]
         cfg = self.config
         budget = min(budget, cfg.max_nodes)
         if not self.trees or cfg.top_k == 1 or budget <= 1:
-            ids = probs[: min(budget, self.num_heads)].argmax(-1)
-            return DraftTree.chain(ids.cpu())
+            ids = probs[: min(budget, self.num_heads)].argmax(-1).cpu()
+            return DraftTree.chain(ids if self.token_map is None else self.token_map[ids])
         p, i = probs.topk(min(cfg.top_k, probs.shape[-1]), dim=-1)
+        i = i.cpu()
+        if self.token_map is not None:
+            i = self.token_map[i]
         ids, parents = grow_tree(i.tolist(), p.tolist(), budget)
         return DraftTree(torch.tensor([ids], dtype=torch.int64), torch.tensor([parents], dtype=torch.int64))
 

@@ -46,8 +46,9 @@ from pydantic import Field, field_validator
 
 from specframe import hookimpl
 from specframe.bench.costmodel import v_at
-from specframe.contracts import RouterBase, RouterConfig, StepReport, TargetInfo
+from specframe.contracts import DraftTree, RouterBase, RouterConfig, StepReport, TargetInfo
 from specframe.errors import ConfigError
+from specframe.tree import node_depths
 
 
 class AdaptiveConfig(RouterConfig):
@@ -68,6 +69,10 @@ class AdaptiveConfig(RouterConfig):
     measure: Literal["auto", "always", "never"] = Field(
         "auto", description="Measure draft and forward times: auto = under greedy decoding only (keeps sampled "
         "output reproducible under a seed); always; never (use draft_cost).",
+    )
+    free_cost: float = Field(
+        0.05, ge=0.0, description="A proposer whose draft costs at most this (one-token forwards) drafts with the full "
+        "budget every step; what of its draft is kept is decided once it is known.",
     )
     probe_every: int = Field(16, ge=1, description="Run a proposer left out this many steps in a row once, fully.")
     explore: float = Field(0.05, ge=0.0, le=1.0, description="Chance per step to also run one left-out proposer.")
@@ -103,7 +108,8 @@ def load_cost_curve(config: AdaptiveConfig) -> list[float] | None:
 
 
 class AdaptiveRouter(RouterBase):
-    """Runs the proposers, and gives them the node budgets, that maximise expected tokens per unit cost."""
+    """Runs the proposers, and gives them the node budgets, that maximise expected tokens per unit cost; after each
+    proposer drafts, replans the rest knowing its draft (a cascade) and trims what is not worth verifying."""
 
     name = "adaptive"
     Config = AdaptiveConfig
@@ -123,60 +129,103 @@ class AdaptiveRouter(RouterBase):
         self.timed = cfg.measure == "always" or (cfg.measure == "auto" and greedy)
         self.configured_cost = [float(cfg.draft_cost.get(label, 0.0)) for label in proposers]
         self.reach = [[cfg.prior ** d for d in range(1, cfg.max_depth + 1)] for _ in range(p)]
+        self.hit = [[cfg.prior ** d for d in range(1, cfg.max_depth + 1)] for _ in range(p)]
         self.width = [[1.0] * cfg.max_depth for _ in range(p)]
         self.draft_s = [0.0] * p
         self.t1: float | None = None
         self.idle = [0] * p  # steps left out in a row
         self.rng = random.Random(seed)
+        self.forced: set[int] = set()  # probed / explored this step: run with the full budget, kept whole
         self.last: list[int] = [0] * p
 
     # --- decision ------------------------------------------------------------------------------------------
     def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> list[int]:
-        depth, nodes = self.plan(budget, max_nodes, available)
-        skipped = [j for j, ok in enumerate(available) if ok and depth[j] == 0]
+        _, nodes = self.plan(budget, max_nodes, available)
+        self.forced = set()
+        for j, ok in enumerate(available):
+            if ok and self._draft_cost(j) <= self.config.free_cost:
+                nodes[j] = budget  # drafting is (nearly) free: draft fully, keep what pays (revise)
+        skipped = [j for j, ok in enumerate(available) if ok and nodes[j] == 0]
         for j in skipped:
             if self.idle[j] + 1 >= self.config.probe_every:
-                nodes[j] = budget
+                self.forced.add(j)
         if skipped and self.config.explore > 0 and self.rng.random() < self.config.explore:
-            j = skipped[self.rng.randrange(len(skipped))]
-            nodes[j] = max(nodes[j], budget)
-        for j in range(len(nodes)):
-            self.idle[j] = 0 if nodes[j] > 0 or not available[j] else self.idle[j] + 1
+            self.forced.add(skipped[self.rng.randrange(len(skipped))])
+        for j in self.forced:
+            nodes[j] = budget
         self.last = nodes
         return nodes
 
-    def plan(self, budget: int, max_nodes: int, available: Sequence[bool]) -> tuple[list[int], list[int]]:
-        """``(depth per proposer, node budget per proposer)`` by greedy ascent of E / C (module docstring)."""
+    def revise(self, budget: int, max_nodes: int, available: Sequence[bool],
+               drafts: Sequence[DraftTree | None], budgets: Sequence[int]) -> list[int]:
+        """Replan given the drafts made so far: budgets of the proposers still to run (0 = skip), and how much of
+        each draft to keep (the prefix that maximises E / C)."""
+        _, nodes = self.plan(budget, max_nodes, available, drafts)
+        for j in range(len(nodes)):
+            if drafts[j] is None and budgets[j] == 0:
+                nodes[j] = 0  # a proposer the step's route left out stays out
+            elif j in self.forced:
+                nodes[j] = budget if drafts[j] is None else drafts[j].num_nodes
+            elif drafts[j] is None and nodes[j] and self._draft_cost(j) <= self.config.free_cost:
+                nodes[j] = budget
+        self.last = nodes
+        return nodes
+
+    def plan(self, budget: int, max_nodes: int, available: Sequence[bool],
+             drafts: Sequence[DraftTree | None] | None = None) -> tuple[list[int], list[int]]:
+        """``(depth per proposer, node budget per proposer)`` by greedy ascent of E / C (module docstring).
+
+        With ``drafts`` (see :meth:`revise`), a proposer that drafted is planned from its actual draft — its depths
+        and node counts, ``hit`` as its reach, its draft cost already spent — and its number is the nodes to keep.
+        """
         p, dmax = len(available), min(self.config.max_depth, max(budget, 0))
+        options: list[tuple[list[int], list[float], float]] = []  # per proposer: nodes(D) for D=1.., reach, cost
+        fixed = 0.0  # draft cost already spent this step (drafted proposers), in one-token forwards
+        for j in range(p):
+            draft = None if drafts is None else drafts[j]
+            if draft is not None:
+                if draft.num_nodes:
+                    fixed += self._draft_cost(j)
+                options.append(_prefix_levels(draft, dmax) + (self.hit[j], 0.0))
+            elif not available[j]:
+                options.append(([], [], 0.0))
+            else:
+                levels, cum = [], 0.0
+                for d in range(dmax):
+                    cum += self.width[j][d]
+                    levels.append(math.ceil(cum - 1e-9))
+                options.append((levels, self.reach[j], self._draft_cost(j)))
         depth, nodes = [0] * p, [0] * p
-        miss = [1.0] * (dmax + 1)  # miss[d]: probability no chosen proposer reaches depth d
-        fixed = 0.0  # draft cost of the chosen proposers, in one-token forwards
-        total_nodes, expected = 0, 1.0
-        best_ratio = expected / self.v(1)
+        total_nodes, extra_cost = 0, 0.0
+        best_ratio = 1.0 / (self.v(1) + fixed)
         while True:
             best = None
-            for j in range(p):
-                if not available[j]:
+            for j, (levels, reach, cost) in enumerate(options):
+                if len(levels) <= depth[j]:
                     continue
-                gain, cum = 0.0, sum(self.width[j][: depth[j]])
-                extra = 0.0 if depth[j] else self._draft_cost(j)
-                for d in range(depth[j] + 1, dmax + 1):
-                    gain += miss[d] * self.reach[j][d - 1]
-                    cum += self.width[j][d - 1]
-                    n_j = math.ceil(cum - 1e-9)
+                others = [1.0] * dmax  # chance no other chosen proposer reaches depth d + 1
+                for i in range(p):
+                    if i != j and depth[i]:
+                        r_i = options[i][1]
+                        for d in range(depth[i]):
+                            others[d] *= 1.0 - r_i[d]
+                e_rest = 1.0 + sum(1.0 - o for o in others)  # E without j
+                add = extra_cost + (0.0 if depth[j] else cost)
+                gain = 0.0
+                for d in range(len(levels)):
+                    gain += others[d] * reach[d]
+                    if d + 1 <= depth[j]:
+                        continue
+                    n_j = levels[d]
                     n_all = total_nodes - nodes[j] + n_j
-                    if n_j > budget or n_all > max_nodes:
+                    if ((drafts is None or drafts[j] is None) and n_j > budget) or n_all > max_nodes:
                         break
-                    ratio = (expected + gain) / (self.v(1 + n_all) + fixed + extra)
+                    ratio = (e_rest + gain) / (self.v(1 + n_all) + fixed + add)
                     if ratio > best_ratio * (1 + 1e-9) and (best is None or ratio > best[0]):
-                        best = (ratio, j, d, gain, n_j, extra)
+                        best = (ratio, j, d + 1, n_j, add)
             if best is None:
                 return depth, nodes
-            best_ratio, j, d, gain, n_j, extra = best
-            for k in range(depth[j] + 1, d + 1):
-                miss[k] *= 1.0 - self.reach[j][k - 1]
-            expected += gain
-            fixed += extra
+            best_ratio, j, d, n_j, extra_cost = best
             total_nodes += n_j - nodes[j]
             depth[j], nodes[j] = d, n_j
 
@@ -192,12 +241,13 @@ class AdaptiveRouter(RouterBase):
             t1 = report.forward_s / self.v(report.verified + 1)
             self.t1 = t1 if self.t1 is None else a * self.t1 + (1 - a) * t1
         for j, s in enumerate(report.proposers):
+            self.idle[j] = 0 if s.asked else self.idle[j] + 1
             if not s.asked or s.fault:
                 continue
             if self.timed:
                 self.draft_s[j] = a * self.draft_s[j] + (1 - a) * s.draft_s if self.draft_s[j] else s.draft_s
             # depths this step tells us about: all of them when the proposer drafted what it wanted; only those it
-            # drafted when its budget (or the merged tree's) cut it short
+            # drafted when its budget (or the router, or the merged tree's) cut it short
             limited = s.proposed >= s.budget or s.drafted < s.proposed
             known = len(s.drafted_by_depth) if limited else cfg.max_depth
             for d in range(min(known, cfg.max_depth)):
@@ -206,6 +256,25 @@ class AdaptiveRouter(RouterBase):
             for d, n in enumerate(s.drafted_by_depth[: cfg.max_depth]):
                 if n:
                     self.width[j][d] = a * self.width[j][d] + (1 - a) * n
+                    self.hit[j][d] = a * self.hit[j][d] + (1 - a) * (1.0 if s.accepted > d else 0.0)
+
+
+def _prefix_levels(draft: DraftTree, dmax: int) -> tuple[list[int]]:
+    """For a drafted tree, ``nodes(D)`` for D = 1..its depth (at most ``dmax``): the shortest prefix (topological
+    order, what :meth:`DraftTree.truncate` keeps) holding every node of depth <= D."""
+    if not draft.num_nodes:
+        return ([],)
+    depths = node_depths(draft.parent[0].tolist())
+    deepest = min(max(depths), dmax)
+    last = [0] * deepest  # last index of a node at each depth
+    for i, d in enumerate(depths):
+        if d <= deepest:
+            last[d - 1] = i
+    levels, need = [], 0
+    for d in range(deepest):
+        need = max(need, last[d] + 1)
+        levels.append(need)
+    return (levels,)
 
 
 @hookimpl

@@ -350,6 +350,14 @@ class Router(Protocol):
     def on_step(self, report: StepReport) -> None:
         """Feedback after each step (who drafted what, what was accepted, the forward's time)."""
 
+    # Optional (the engine calls it when present; RouterBase's keeps every plan as it is):
+    # def revise(self, budget, max_nodes, available, drafts, budgets) -> Sequence[int]
+    #     Called after each proposer that ran this step, in the engine's order, with the drafts so far
+    #     (``drafts[j]`` None for a proposer still to run, empty for one skipped or faulty) and the current
+    #     per-proposer numbers. Returns new ones: for a proposer still to run its node budget (0 = skip it), for
+    #     one that drafted how many of its nodes to keep (a prefix; more than it drafted keeps all). A cascade:
+    #     cheap proposers first, the costly ones only when the cheap ones' drafts look short.
+
 
 class RouterBase:
     """Convenience base: stores the config; runs every proposer with the full budget."""
@@ -369,3 +377,8 @@ class RouterBase:
 
     def on_step(self, report: StepReport) -> None:
         return None
+
+    def revise(self, budget: int, max_nodes: int, available: Sequence[bool],
+               drafts: Sequence["DraftTree | None"], budgets: Sequence[int]) -> Sequence[int]:
+        """Keeps the step's plan as it is (see :class:`Router`)."""
+        return list(budgets)

@@ -106,7 +106,10 @@ class Drafting:
         if budget < 1:
             return MergedDraft.single(_EMPTY, len(self.slots))
         budgets = self._route(budget)
-        for s, b in zip(self.slots, budgets):
+        seen: list[DraftTree | None] = [None] * len(self.slots)
+        for j, s in enumerate(self.slots):
+            b = budgets[j]
+            seen[j] = _EMPTY
             if s.guard.disabled:
                 continue
             if b <= 0:
@@ -115,6 +118,12 @@ class Drafting:
             s.asked, s.budget = True, min(budget, b)
             s.draft = self._propose_one(s, state, s.budget)
             s.proposed = s.draft.num_nodes
+            seen[j] = s.draft
+            if self.router is not None:
+                budgets = self._revise(budget, seen, budgets)
+        for j, s in enumerate(self.slots):  # the router's last word on how much of each draft to keep
+            if s.asked and budgets[j] < s.draft.num_nodes:
+                s.draft = s.draft.truncate(budgets[j]) if budgets[j] > 0 else _EMPTY
         drafts = [s.draft for s in self.slots]
         if self.policy is None:
             return MergedDraft.single(drafts[0])
@@ -199,6 +208,22 @@ class Drafting:
                 self._plugin_fault("router", self.router, "route", exc)
                 self.router = None
         return [budget] * len(self.slots)
+
+    def _revise(self, budget: int, seen: list[DraftTree | None], budgets: list[int]) -> list[int]:
+        """The router's revised numbers after a proposer ran (node budgets ahead, nodes to keep behind)."""
+        revise = getattr(self.router, "revise", None)
+        if revise is None:
+            return budgets
+        available = [not s.guard.disabled for s in self.slots]
+        try:
+            out = [int(b) for b in revise(budget, self.max_nodes, available, list(seen), list(budgets))]
+            if len(out) != len(self.slots) or any(b < 0 for b in out):
+                raise ValueError(f"revise must return {len(self.slots)} numbers >= 0, got {out}")
+            return out
+        except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
+            self._plugin_fault("router", self.router, "revise", exc)
+            self.router = None
+            return [budget] * len(self.slots)
 
     def _plan(self, drafts: list[DraftTree]) -> list[tuple[int, int]]:
         if self.policy is not None:

@@ -280,13 +280,16 @@ def test_router_drops_a_useless_proposer_and_probes_it_again():
         budgets = router.route(16, 24, [True, True])
         runs.append(budgets[1] > 0)
         assert budgets[0] >= 4  # the good one always runs, deep enough for what it gets accepted
+        router.on_step(StepReport((step("good", 4, 4, budget=budgets[0], proposed=4),
+                                   step("bad", 4 if budgets[1] else 0, 0, asked=budgets[1] > 0, budget=budgets[1])),
+                                  8, 4, 0.02))
     assert runs.count(True) == 2  # the bad one only when probed (every 5th step)
     assert router.route(16, 24, [False, True])[0] == 0  # a disabled proposer is never given a budget
 
 
 def test_router_is_deterministic_under_a_seed_and_leaves_the_global_rng_alone():
     def decisions(seed):
-        router = AdaptiveRouter(AdaptiveConfig(explore=0.5))
+        router = AdaptiveRouter(AdaptiveConfig(explore=0.5, draft_cost={"a": 0.2, "b": 0.2, "c": 0.2}))
         router.start(["a", "b", "c"], seed=seed, greedy=False)
         out = []
         for i in range(40):
@@ -326,7 +329,9 @@ def test_router_cost_curve_from_a_bench_profile(tmp_path):
     assert router.curve == [1.0, 1.0, 1.0, 4.0] and router.v(3) == 1.0 and router.v(4) == 4.0
     # with 3 verified tokens free and a 4th costing 4x, one proposer gets at most 2 nodes
     router.start(["a"], seed=0, greedy=True)
-    assert router.route(16, 24, [True]) == [2]
+    assert router.plan(16, 24, [True])[1] == [2]
+    assert router.route(16, 24, [True]) == [16]  # free to draft: drafts fully ...
+    assert router.revise(16, 24, [True], [chain(list(range(8)))], [16]) == [2]  # ... and keeps what pays
     assert AdaptiveRouter(AdaptiveConfig()).v(11) == pytest.approx(1.3)  # the linear default
     assert load_cost_curve(AdaptiveConfig(cost_curve=[1.0, 1.5])) == [1.0, 1.5]
     (tmp_path / "bad.json").write_text("{}")

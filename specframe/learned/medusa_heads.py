@@ -8,7 +8,10 @@ head::
 ``W`` starts at zero, so an untrained head predicts what the LM head predicts (the Medusa initialisation).
 
 Saved as ``medusa.safetensors`` (head weights only, the LM head stays the target's) plus ``medusa.json``
-``{"format": 1, "hidden_size", "num_heads", "num_layers", "target"}``.
+``{"format": 1, "hidden_size", "num_heads", "num_layers", "target"}``. Heads trained over a frequent-token subset
+of the vocabulary (FR-Spec, Zhao et al. 2025) also store that subset as ``specframe.token_map`` (int64 ``[S]``,
+ascending target ids) and ``"vocab_subset": S`` in the json; the proposer then scores only those ``S`` rows of
+the LM head.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from torch import Tensor, nn
 from ..errors import ConfigError
 
 FORMAT = 1
+TOKEN_MAP = "specframe.token_map"
 
 
 class ResBlock(nn.Module):
@@ -42,9 +46,10 @@ class MedusaHeads(nn.Module):
     ``forward(h [.., H]) -> [.., num_heads, H]``: the features each head feeds to the target's LM head.
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, num_layers: int = 1) -> None:
+    def __init__(self, hidden_size: int, num_heads: int, num_layers: int = 1, token_map: Tensor | None = None) -> None:
         super().__init__()
         self.hidden_size, self.num_heads, self.num_layers = hidden_size, num_heads, num_layers
+        self.token_map = None if token_map is None else token_map.to(torch.int64).cpu()  # [S] or None: full vocab
         self.heads = nn.ModuleList(
             nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)]) for _ in range(num_heads)
         )
@@ -57,9 +62,13 @@ class MedusaHeads(nn.Module):
 
         directory.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().to(torch.float32).contiguous() for k, v in self.state_dict().items()}
+        if self.token_map is not None:
+            state[TOKEN_MAP] = self.token_map.contiguous()
         safetensors.torch.save_file(state, str(directory / "medusa.safetensors"), metadata={"format": "pt"})
         meta = {"format": FORMAT, "hidden_size": self.hidden_size, "num_heads": self.num_heads,
                 "num_layers": self.num_layers, "target": target}
+        if self.token_map is not None:
+            meta["vocab_subset"] = int(self.token_map.numel())
         (directory / "medusa.json").write_text(json.dumps(meta, indent=1) + "\n")
 
     @staticmethod
@@ -82,6 +91,7 @@ class MedusaHeads(nn.Module):
                 f"Medusa heads in {directory} were trained for hidden size {meta['hidden_size']}, "
                 f"the target's is {hidden_size}: train heads for this target (`specframe train medusa`)"
             )
-        heads = MedusaHeads(hidden_size, meta["num_heads"], meta["num_layers"])
-        heads.load_state_dict(safetensors.torch.load_file(str(weights)))
+        state = safetensors.torch.load_file(str(weights))
+        heads = MedusaHeads(hidden_size, meta["num_heads"], meta["num_layers"], state.pop(TOKEN_MAP, None))
+        heads.load_state_dict(state)
         return heads.eval()

@@ -139,7 +139,7 @@ def train_medusa(
     sub_index[token_map] = torch.arange(token_map.numel())
     sub_labels = torch.where(labels >= 0, sub_index[labels.clamp(min=0)], torch.full_like(labels, -100))
     w_sub = target.model.get_output_embeddings().weight.detach()[token_map].float()  # [S, H]
-    heads = MedusaHeads(hidden.shape[1], s.num_heads, s.num_layers).float().train()
+    heads = MedusaHeads(hidden.shape[1], s.num_heads, s.num_layers, token_map).float().train()
     opt = torch.optim.AdamW(heads.parameters(), lr=s.lr, weight_decay=0.0)
     m = hidden.shape[0]
     per_epoch = (m + s.batch_positions - 1) // s.batch_positions
