@@ -28,6 +28,13 @@ width[j][d])``. Starting from nobody, it repeatedly deepens the one proposer (to
 raises ``E / C``, while that ratio rises and the node budgets hold (each proposer's nodes <= the step's budget,
 all together <= the merged tree's ``max_nodes``). A proposer's node budget is ``nodes_j(D_j)``.
 
+Cascade (``revise``, after each proposer drafts, in the configured order): a proposer whose draft cost is at
+most ``free_cost`` drafts with the full budget; then the same ascent runs with the drafts made so far known — a
+drafted proposer's options are the prefixes of its actual draft (``nodes(D)`` = shortest prefix holding its nodes
+of depth <= D) valued with ``hit[j][d]``, the probability its nodes reach depth ``d`` on the accepted path given
+its kept draft reaches depth ``d``, and its draft cost counts as spent. Proposers still to run get their budgets
+again (0 = skip: the cheap draft already looks good enough), and every draft is trimmed to its chosen prefix.
+
 Exploration, so a skipped proposer's statistics do not freeze: one left out for ``probe_every`` steps in a row is
 run once with the full budget, and with probability ``explore`` per step one skipped proposer (drawn from the
 router's own ``random.Random`` seeded with the request's seed: deterministic, no global RNG, and the request's
