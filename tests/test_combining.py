@@ -29,7 +29,7 @@ from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.merge import ConfidenceConfig, ConfidencePolicy, PriorityConfig, PriorityPolicy, share_budget
 from specframe_plugins.ngram import NgramConfig, NgramProposer
-from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter, load_cost_curve
+from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter, _prefix_levels, load_cost_curve
 
 from .support import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, check_metrics, hf_greedy
 
@@ -341,6 +341,108 @@ def test_router_cost_curve_from_a_bench_profile(tmp_path):
         AdaptiveConfig(cost_curve=[1.0, 0.0])
 
 
+def test_router_on_step_counts_idle_steps_and_conditional_hits():
+    router = AdaptiveRouter(AdaptiveConfig(prior=0.6, decay=0.9, measure="never"))
+    router.start(["a", "b"], seed=0, greedy=True)
+    prior = [0.6 ** d for d in range(1, 13)]
+    # a: a 3-chain with its first 2 nodes accepted; b left out
+    router.on_step(StepReport((step("a", 3, 2, budget=16), step("b", asked=False)), 3, 2, 0.0))
+    assert router.idle == [0, 1]
+    assert router.hit[0][:3] == pytest.approx([0.9 * 0.6 + 0.1, 0.9 * 0.36 + 0.1, 0.9 * 0.216])
+    assert router.hit[0][3:] == pytest.approx(prior[3:])  # depths it did not draft tell nothing about its hits
+    assert router.hit[1] == pytest.approx(prior)  # not asked: unchanged
+    # the unconditional reach also learns that a reached nothing past depth 2 (it was not cut short)
+    assert router.reach[0][3] == pytest.approx(0.9 * 0.6 ** 4)
+    # b asked (a tree: 2 roots, 1 child; nothing accepted), a left out
+    router.on_step(StepReport((step("a", asked=False),
+                               step("b", 3, 0, budget=4, depths=(2, 1))), 3, 0, 0.0))
+    assert router.idle == [1, 0]
+    assert router.hit[1][:2] == pytest.approx([0.9 * 0.6, 0.9 * 0.36]) and router.hit[1][2] == pytest.approx(prior[2])
+    assert router.width[1][:2] == pytest.approx([0.9 + 0.1 * 2, 1.0])
+    before = [list(h) for h in router.hit]  # a faulty step counts as asked (idle 0) but teaches nothing
+    faulty = ProposerStep("a", True, 8, 0, 0, (), 0, 0, 0.0, True)
+    router.on_step(StepReport((faulty, step("b", asked=False)), 0, 0, 0.0))
+    assert router.idle == [0, 1] and router.hit == before
+
+
+def cheap_and_costly_router(every: int) -> AdaptiveRouter:
+    """a: free to draft (cost 0), drafts an 8-chain every ``every``-th step (then all of it is accepted) and
+    nothing otherwise; b: costs 0.3 one-token forwards, drafts 4 and gets 2 accepted."""
+    router = AdaptiveRouter(AdaptiveConfig(draft_cost={"b": 0.3}, measure="never", explore=0.0, probe_every=1000))
+    router.start(["a", "b"], seed=0, greedy=True)
+    for i in range(20):
+        drafted = 8 if i % every == 0 else 0
+        router.on_step(StepReport((step("a", drafted, drafted, budget=16), step("b", 4, 2, budget=4)), 8, 8, 0.0))
+    return router
+
+
+def test_router_cascade_skips_the_costly_proposer_when_the_cheap_draft_is_long_and_trusted():
+    router = cheap_and_costly_router(every=5)
+    # when a drafts its draft is accepted (hit: conditional on drafting), but it mostly has nothing to draft (reach)
+    assert all(r < 0.35 and h > r + 0.2 for h, r in zip(router.hit[0][:8], router.reach[0][:8]))
+    budgets = router.route(16, 24, [True, True])
+    assert budgets[0] == 16  # free: drafts with the full budget
+    assert budgets[1] > 0  # before a's draft is known, b is worth running
+    long = chain(list(range(1, 9)))
+    assert router.revise(16, 24, [True, True], [long, None], budgets) == [8, 0]  # long, trusted: b skipped, a whole
+    after_empty = router.revise(16, 24, [True, True], [DraftTree.empty(), None], budgets)
+    assert after_empty[0] == 0 and after_empty[1] > 0  # a drafted nothing: b runs
+    # an unavailable proposer still to run gets nothing
+    assert router.revise(16, 24, [True, False], [DraftTree.empty(), None], budgets)[1] == 0
+
+
+def test_router_revise_trims_a_draft_to_the_prefix_that_pays():
+    router = AdaptiveRouter(AdaptiveConfig(measure="never", explore=0.0))
+    router.start(["a", "b"], seed=0, greedy=True)
+    for _ in range(20):  # a's 8-chains: only the first node is ever accepted
+        router.on_step(StepReport((step("a", 8, 1, budget=16), step("b", asked=False)), 8, 1, 0.0))
+    long = chain(list(range(1, 9)))
+    assert router.revise(16, 24, [True, False], [long, None], [16, 0]) == [1, 0]
+    router.start(["a", "b"], seed=0, greedy=True)
+    for _ in range(20):  # all 8 accepted: the whole draft pays
+        router.on_step(StepReport((step("a", 8, 8, budget=16), step("b", asked=False)), 8, 8, 0.0))
+    assert router.revise(16, 24, [True, False], [long, None], [16, 0]) == [8, 0]
+    # a tree is trimmed to the topological prefix holding its paying levels: depths 1 and 2, the first 4 nodes
+    router.start(["a", "b"], seed=0, greedy=True)
+    for _ in range(20):  # depths 1 and 2 accepted, depth 3 never
+        router.on_step(StepReport((step("a", 5, 2, budget=16, depths=(2, 2, 1)), step("b", asked=False)), 5, 2, 0.0))
+    t = tree([1, 2, 3, 4, 5], [-1, -1, 0, 1, 2])  # depths 1 1 2 2 3
+    assert router.revise(16, 24, [True, False], [t, None], [16, 0]) == [4, 0]
+
+
+def test_router_revise_keeps_probed_proposers_whole():
+    router = AdaptiveRouter(AdaptiveConfig(draft_cost={"b": 0.3}, measure="never", explore=0.0, probe_every=3))
+    router.start(["a", "b"], seed=0, greedy=True)
+    long, b_draft = chain(list(range(1, 9))), chain([9] * 5)
+    seen = []
+    for _ in range(6):
+        budgets = router.route(16, 24, [True, True])
+        forced = 1 in router.forced
+        ahead = router.revise(16, 24, [True, True], [long, None], budgets)
+        behind = router.revise(16, 24, [True, True], [long, b_draft], ahead)
+        seen.append((forced, budgets[1], ahead[1], behind[1]))
+        # a's drafts all accepted, b's never: b is only ever run when probed
+        router.on_step(StepReport((step("a", 8, 8, budget=16),
+                                   step("b", 5 if ahead[1] else 0, 0, asked=ahead[1] > 0, budget=ahead[1])), 8, 8, 0.0))
+    assert [f for f, *_ in seen] == [False, False, True, False, False, True]  # every 3rd step
+    for forced, routed, ahead, behind in seen[1:]:
+        if forced:  # probed: full budget, and its draft is kept whole however poor its statistics
+            assert (routed, ahead, behind) == (16, 16, 5)
+        else:
+            assert (routed, ahead) == (0, 0)
+
+
+def test_prefix_levels_of_a_draft():
+    # nodes(D): the shortest prefix (what DraftTree.truncate keeps) holding every node of depth <= D
+    assert _prefix_levels(chain([4, 5, 6]), 12) == ([1, 2, 3],)
+    assert _prefix_levels(chain([4, 5, 6]), 2) == ([1, 2],)  # no deeper than the plan's depth
+    assert _prefix_levels(tree([1, 2, 3, 4, 5], [-1, -1, 0, 1, 2]), 12) == ([2, 4, 5],)  # depths 1 1 2 2 3
+    # a root after a depth-2 node: depth 1 needs 3 nodes, so depth 2 does too
+    assert _prefix_levels(tree([1, 2, 3, 4], [-1, 0, -1, 1]), 12) == ([3, 3, 4],)  # depths 1 2 1 3
+    assert _prefix_levels(tree([1, 2, 3, 4], [-1, 0, -1, 1]), 1) == ([3],)
+    assert _prefix_levels(DraftTree.empty(), 12) == ([],)
+
+
 # --- proposers for the engine tests -----------------------------------------------------------------------------------
 
 
@@ -611,6 +713,185 @@ def test_a_faulty_policy_or_router_changes_nothing(envs, caplog, mode):
     warnings = [r.getMessage() for r in caplog.records if r.name == "specframe"]
     assert len(warnings) == 2 and any("router 'bad-router' raised RuntimeError in route" in w for w in warnings)
     assert any("merge policy 'bad' raised ValueError in plan" in w for w in warnings)
+
+
+# --- the router's revise through the engine (a cascade) ------------------------------------------------------------
+
+
+class Counting(ScriptedChain):
+    """A scripted chain that counts its propose calls."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = 0
+
+    def propose(self, state, budget):
+        self.calls += 1
+        return super().propose(state, budget)
+
+
+class SkipMiddle(RouterBase):
+    """Routes every proposer; once proposer 0 has drafted, skips proposer 1. Records what revise is shown."""
+
+    name = "skip-middle"
+
+    def start(self, proposers, seed, greedy):
+        self.seen = []
+
+    def revise(self, budget, max_nodes, available, drafts, budgets):
+        self.seen.append(([None if d is None else d.num_nodes for d in drafts], list(budgets)))
+        return [0 if j == 1 and d is None else b for j, (d, b) in enumerate(zip(drafts, budgets))]
+
+
+def test_revise_skips_a_proposer_still_to_run(envs):
+    target, refs, _ = envs["llama"]
+    a, b = Counting(target.info, refs[0], k=4, name="a"), Counting(target.info, refs[0], k=4, name="b")
+    c = Counting(target.info, refs[0], k=3, correct=1, name="c")
+    router = SkipMiddle(RouterConfig(name="skip-middle"))
+    res = Engine(target, [a, b, c], GreedyVerifier(), merge=policy_of("priority"), router=router).generate(
+        PROMPT, max_new_tokens=N_NEW)
+    assert res.token_ids == refs[0][:N_NEW]
+    check_metrics(res)
+    m = res.metrics.proposers
+    steps = m["a"].steps
+    assert steps == a.calls == c.calls == m["c"].steps > 0
+    assert b.calls == 0 and m["b"].steps == 0 and m["b"].skipped_steps == steps  # skipped by revise, every step
+    assert m["b"].proposed_nodes == m["b"].drafted_nodes == 0 and m["a"].skipped_steps == m["c"].skipped_steps == 0
+    # revise after each proposer that ran: a (b and c still to run: None), then c (b skipped: an empty draft)
+    assert len(router.seen) == 2 * steps
+    for (after_a, budgets_a), (after_c, budgets_c) in zip(router.seen[::2], router.seen[1::2]):
+        assert after_a[1:] == [None, None] and after_a[0] > 0 and budgets_a[1] > 0
+        assert after_c[0] == after_a[0] and after_c[1] == 0 and after_c[2] > 0 and budgets_c[1] == 0
+
+
+class BadRevise(RouterBase):
+    """Routes every proposer but the second; its revise raises or returns a malformed list."""
+
+    name = "bad-revise"
+
+    def __init__(self, config, mode):
+        super().__init__(config)
+        self.mode, self.routes, self.revises = mode, 0, 0
+
+    def route(self, budget, max_nodes, available):
+        self.routes += 1
+        return [budget, 0]
+
+    def revise(self, budget, max_nodes, available, drafts, budgets):
+        self.revises += 1
+        if self.mode == "raises":
+            raise RuntimeError("revise bug")
+        return [1] if self.mode == "short" else [1, -1]
+
+
+@pytest.mark.parametrize("mode, error", [("raises", "RuntimeError"), ("short", "ValueError"),
+                                         ("negative", "ValueError")])
+@pytest.mark.parametrize("sampling", ["greedy", "sampling"])
+def test_a_faulty_revise_drops_the_router_and_changes_nothing(envs, caplog, mode, error, sampling):
+    target, refs, _ = envs["llama"]
+    params = SamplingParams() if sampling == "greedy" else SamplingParams(temperature=1.0)
+    verifier = GreedyVerifier() if sampling == "greedy" else SpeculativeSamplingVerifier()
+
+    def run(router):
+        proposers = [ScriptedChain(target.info, refs[0], k=3, correct=1, name="a"),
+                     ScriptedChain(target.info, refs[0], k=3)]
+        return Engine(target, proposers, verifier, merge=policy_of("priority"), router=router).generate(
+            PROMPT, max_new_tokens=20, sampling=params, seed=5)
+
+    good = run(None)
+    caplog.set_level(logging.WARNING, logger="specframe")
+    router = BadRevise(RouterConfig(name="bad-revise"), mode)
+    bad = run(router)
+    assert bad.token_ids == good.token_ids
+    if sampling == "greedy":
+        assert good.token_ids == refs[0][:20]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "specframe"]
+    assert len(warnings) == 1 and f"router 'bad-revise' raised {error} in revise" in warnings[0]
+    assert router.routes == router.revises == 1  # dropped for the rest of the request
+    # from the fault on, every proposer runs with the full budget (the second too, in the step that faulted)
+    assert bad.metrics.proposers["scripted"].skipped_steps == 0
+    assert bad.metrics.proposers["scripted"].steps == bad.metrics.proposers["a"].steps > 1
+    if sampling == "greedy":  # (its drafts are the greedy continuation)
+        assert bad.metrics.proposers["scripted"].accepted_tokens == bad.metrics.accepted_tokens > 0
+
+
+class Trim(RouterBase):
+    """Keeps the first ``keep[j]`` nodes of each draft (budgets ahead as routed)."""
+
+    name = "trim"
+
+    def __init__(self, config, keep):
+        super().__init__(config)
+        self.keep = keep
+
+    def revise(self, budget, max_nodes, available, drafts, budgets):
+        return [b if d is None else k for d, b, k in zip(drafts, budgets, self.keep)]
+
+
+@pytest.mark.parametrize("keep_b", [1, 0])
+def test_revise_trims_drafts_and_greedy_output_is_unchanged(envs, keep_b):
+    target, refs, _ = envs["llama"]
+    verified = []
+
+    class Spy(GreedyVerifier):
+        def verify(self, draft, target_logits, sampling, generator):
+            verified.append(draft.token_ids[0].tolist())
+            return super().verify(draft, target_logits, sampling, generator)
+
+    a = Recorder(ScriptedChain(target.info, refs[0], k=4, name="a"), VOCAB)  # always right
+    b = Recorder(ScriptedChain(target.info, refs[0], k=4, correct=0, name="b"), VOCAB)  # always wrong
+    router = Trim(RouterConfig(name="trim"), [2, keep_b])
+    res = Engine(target, [a, b], Spy(), merge=policy_of("priority"), router=router).generate(
+        PROMPT, max_new_tokens=N_NEW)
+    assert res.token_ids == refs[0][:N_NEW]
+    check_metrics(res)
+    m = res.metrics.proposers
+    # the merged tree: a's first 2 nodes, then b's first keep_b (b's first token differs from a's)
+    assert verified and all(len(ids) <= 2 + keep_b for ids in verified)
+    assert any(len(ids) == 2 + keep_b for ids in verified)
+    assert m["a"].proposed_nodes > m["a"].drafted_nodes
+    assert 2 * m["a"].steps - 2 <= m["a"].drafted_nodes <= 2 * m["a"].steps  # (the last step's budget may be 1)
+    assert m["b"].proposed_nodes > m["b"].drafted_nodes and m["b"].drafted_nodes <= keep_b * m["b"].steps
+    assert m["a"].accepted_tokens == res.metrics.accepted_tokens > 0 and m["b"].accepted_tokens == 0
+    # each proposer hears about the part of its draft that was verified
+    for rec, k in ((a, 2), (b, keep_b)):
+        outcomes = [c.outcome for c in rec.calls if c.method == "on_verified"]
+        assert outcomes and all(o.draft.num_nodes <= k for o in outcomes)
+        assert any(d.num_nodes > k for d in rec.drafts())  # ... while it drafted more
+
+
+class EveryNth(ScriptedChain):
+    """Drafts its chain of the reference on every ``every``-th call only (an n-gram table that rarely matches, but
+    is right when it does); records (tokens generated, nodes drafted) per call."""
+
+    def __init__(self, *args, every: int = 5, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.every, self.calls = every, []
+
+    def propose(self, state, budget):
+        draft = super().propose(state, budget) if len(self.calls) % self.every == 0 else DraftTree.empty()
+        self.calls.append((state.num_generated, draft.num_nodes))
+        return draft
+
+
+def test_adaptive_cascade_runs_the_costly_proposer_only_when_the_cheap_one_drafted_little(envs):
+    target, refs, _ = envs["llama"]
+    cheap = EveryNth(target.info, refs[0], k=8, name="cheap", every=5)
+    costly = Recorder(ScriptedChain(target.info, refs[0], k=4, name="costly"), VOCAB)
+    router = AdaptiveRouter(AdaptiveConfig(draft_cost={"costly": 0.3}, measure="never", explore=0.0,
+                                           probe_every=1000))
+    res = Engine(target, [cheap, costly], GreedyVerifier(), merge=policy_of("priority", 16), router=router).generate(
+        PROMPT, max_new_tokens=N_NEW)
+    assert res.token_ids == refs[0][:N_NEW]
+    check_metrics(res)
+    ran = {len(c.tokens) - len(PROMPT) for c in costly.calls if c.method == "propose"}
+    full = {n for n, k in cheap.calls if k == 8}
+    empty = {n for n, k in cheap.calls if k == 0}
+    assert len(cheap.calls) == res.metrics.proposers["cheap"].steps  # free to draft: asked every step
+    assert full - {0} and not ran & full  # the cheap proposer's long chain: the costly one is skipped ...
+    assert len(ran & empty) >= 3  # ... and run when the cheap one had nothing
+    m = res.metrics.proposers["costly"]
+    assert m.skipped_steps > 0 and m.steps == len(ran) and m.accepted_tokens > 0
 
 
 # --- sampling through the engine --------------------------------------------------------------------------------------

@@ -40,9 +40,9 @@ NAME = "specframe-test-tiny-no-shipped-weights"
 
 
 def random_heads(num_heads: int = 4, num_layers: int = 1, std: float = 0.3, seed: int = 0,
-                 hidden: int = HIDDEN) -> MedusaHeads:
+                 hidden: int = HIDDEN, token_map: torch.Tensor | None = None) -> MedusaHeads:
     """Heads with normal(std) weights and biases (zero-init heads would all predict what the LM head predicts)."""
-    heads = MedusaHeads(hidden, num_heads, num_layers)
+    heads = MedusaHeads(hidden, num_heads, num_layers, token_map)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in heads.parameters():
@@ -472,6 +472,135 @@ def test_config_validation(bad):
 def test_num_heads_above_the_trained_heads_uses_them_all(targets, heads_dirs):
     prop = medusa(targets["llama"], heads_dirs["random2"], num_heads=10)
     assert prop.num_heads == 3
+
+
+# --- a frequent-token subset of the vocabulary (FR-Spec) -------------------------------------------------------------
+
+
+def subset_probs(heads: MedusaHeads, lm_head: nn.Module, hidden: torch.Tensor, token_map: list[int]) -> torch.Tensor:
+    """``[D, S]``: the reference heads' distributions over the subset only (softmax of the subset's logits)."""
+    p = reference_head_probs(heads, lm_head, hidden)[:, token_map]
+    return p / p.sum(-1, keepdim=True)
+
+
+def test_save_load_round_trip_with_a_token_map(tmp_path):
+    import safetensors.torch
+
+    token_map = torch.tensor([2, 3, 7, 11, 40, 63], dtype=torch.int32)
+    heads = random_heads(2, 1, seed=3, token_map=token_map)
+    assert heads.token_map.dtype == torch.int64  # stored as int64 whatever it was given as
+    heads.save(tmp_path, NAME)
+    meta = json.loads((tmp_path / "medusa.json").read_text())
+    assert meta["vocab_subset"] == 6
+    stored = safetensors.torch.load_file(str(tmp_path / "medusa.safetensors"))
+    assert stored["specframe.token_map"].tolist() == [2, 3, 7, 11, 40, 63]
+    loaded = MedusaHeads.load(tmp_path, HIDDEN)
+    assert loaded.token_map.dtype == torch.int64 and torch.equal(loaded.token_map, token_map.long())
+    assert "specframe.token_map" not in loaded.state_dict()  # not a parameter: (de)serialised on its own
+    x = torch.randn(3, HIDDEN)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), heads(x))
+    # heads saved without a subset (older files too) load with none, and their json says nothing about one
+    random_heads(2, 1, seed=3).save(tmp_path / "full", NAME)
+    assert "vocab_subset" not in json.loads((tmp_path / "full" / "medusa.json").read_text())
+    assert MedusaHeads.load(tmp_path / "full", HIDDEN).token_map is None
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen2-sliding"])
+def test_subset_heads_draft_only_subset_tokens(targets, references, tmp_path, arch):
+    """The same heads with and without a subset that leaves out every token the full-vocabulary heads draft: the
+    subset heads draft what an independent implementation restricted to the subset drafts (ids mapped back to the
+    target's), all inside the subset; ``full_vocab: true`` drafts exactly what the heads without a subset draft."""
+    target = targets[arch]
+    random_heads(3, 2, seed=0).save(tmp_path / "full", NAME)
+    state = state_for(target, PROMPT + references[(arch, 0)][:9], len(PROMPT))
+    full = medusa(target, tmp_path / "full", top_k=3, max_nodes=12).propose(state, 12)
+    outside = set(full.token_ids[0].tolist())
+    token_map = [t for t in range(target.vocab_size) if t not in outside]
+    heads = random_heads(3, 2, seed=0, token_map=torch.tensor(token_map))
+    heads.save(tmp_path / "subset", NAME)
+
+    prop = medusa(target, tmp_path / "subset", top_k=3, max_nodes=12)
+    assert prop.token_map.tolist() == token_map
+    draft = prop.propose(state, 12)
+    assert draft.num_nodes == full.num_nodes and set(draft.token_ids[0].tolist()) <= set(token_map)
+    sub = subset_probs(heads, target.model.lm_head, state.hidden, token_map)
+    if target.info.supports_trees:
+        p, i = sub.topk(3, -1)
+        ids, parents = grow_tree([[token_map[r] for r in row] for row in i.tolist()], p.tolist(), 12)
+        assert draft.token_ids[0].tolist() == ids and draft.parent[0].tolist() == parents
+    else:  # a chain of each head's top-1 within the subset
+        assert draft.token_ids[0].tolist() == [token_map[r] for r in sub.argmax(-1).tolist()]
+    one = prop.propose(state, 1)  # the budget-1 chain path maps its ids back too
+    assert one.token_ids[0].tolist() == [token_map[int(sub[0].argmax())]]
+
+    everything = medusa(target, tmp_path / "subset", top_k=3, max_nodes=12, full_vocab=True)
+    assert everything.token_map is None
+    again = everything.propose(state, 12)
+    assert torch.equal(again.token_ids, full.token_ids) and torch.equal(again.parent, full.parent)
+    assert not set(again.token_ids[0].tolist()) & set(token_map)  # all outside the subset
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_subset_heads_keep_greedy_output_unchanged(targets, references, tmp_path, arch):
+    target = targets[arch]
+    token_map = list(range(0, target.vocab_size, 2))  # half the vocabulary
+    random_heads(4, 1, seed=0, token_map=torch.tensor(token_map)).save(tmp_path, NAME)
+    rec = Recorder(medusa(target, tmp_path, top_k=3, max_nodes=8), target.vocab_size)
+    engine = Engine(target, [rec], GreedyVerifier())
+    for i, prompt in enumerate((PROMPT, PROMPT_2)):
+        res = engine.generate(prompt, max_new_tokens=N_NEW)
+        assert res.token_ids == references[(arch, i)]
+        check_metrics(res)
+        assert res.metrics.drafted_tokens > res.metrics.target_forwards  # several nodes a step
+    assert not rec.problems
+    drafted = {t for d in rec.drafts() for t in d.token_ids[0].tolist()}
+    assert drafted and drafted <= set(token_map)
+    assert any(not d.is_chain() for d in rec.drafts()) == target.info.supports_trees
+
+
+def test_zero_subset_heads_get_repeats_accepted(targets, references, tmp_path):
+    """As test_zero_init_heads_get_repeats_accepted, with a small subset that holds the repeated token: the
+    subset's ids must be mapped back to the target's for those drafts to pass."""
+    target = targets["llama"]
+    ref = references[("llama", 1)]
+    assert ref[:20] == [ref[0]] * 20
+    token_map = sorted({ref[0], 1, 2, 3, 4, 5})
+    assert token_map.index(ref[0]) != ref[0]  # a subset index is not the token id
+    MedusaHeads(HIDDEN, 4, 1, torch.tensor(token_map)).save(tmp_path, NAME)
+    rec = Recorder(medusa(target, tmp_path, top_k=2, max_nodes=8), target.vocab_size)
+    res = Engine(target, [rec], GreedyVerifier()).generate(PROMPT_2, max_new_tokens=N_NEW)
+    assert res.token_ids == ref
+    check_metrics(res)
+    assert res.metrics.accepted_tokens >= 10
+    assert {t for d in rec.drafts() for t in d.token_ids[0].tolist()} <= set(token_map)
+
+
+def test_subset_scoring_adds_the_lm_heads_bias(tmp_path):
+    """An LM head with a bias: the subset's logits are its weight rows times the features plus its bias rows."""
+    model = build_model("llama")
+    head = nn.Linear(HIDDEN, model.config.vocab_size, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.copy_(torch.randn(head.bias.shape, generator=torch.Generator().manual_seed(0)) * 5)
+    model.lm_head = head
+    target = Target(model, build_tokenizer(), name=NAME)
+    token_map = list(range(1, model.config.vocab_size, 3))
+    heads = random_heads(3, 1, seed=1, token_map=torch.tensor(token_map))
+    heads.save(tmp_path, NAME)
+    state = state_for(target, PROMPT)
+    draft = medusa(target, tmp_path, top_k=3, max_nodes=10).propose(state, 10)
+
+    def expected(bias: bool):
+        with torch.no_grad():
+            feats = heads(state.hidden[0]).double()  # [D, H]
+            logits = feats @ head.weight.double()[token_map].T + (head.bias.double()[token_map] if bias else 0)
+        p, i = torch.softmax(logits, -1).topk(3, -1)
+        return grow_tree([[token_map[r] for r in row] for row in i.tolist()], p.tolist(), 10)
+
+    ids, parents = expected(bias=True)
+    assert draft.token_ids[0].tolist() == ids and draft.parent[0].tolist() == parents
+    assert expected(bias=False)[0] != ids  # (the bias matters for these heads)
 
 
 # --- the conformance kit --------------------------------------------------------------------------------------------
