@@ -29,16 +29,17 @@ raises ``E / C``, while that ratio rises and the node budgets hold (each propose
 all together <= the merged tree's ``max_nodes``). A proposer's node budget is ``nodes_j(D_j)``.
 
 Cascade (``revise``, after each proposer drafts, in the configured order): a proposer whose draft cost is at
-most ``free_cost`` drafts with the full budget; then the same ascent runs with the drafts made so far known — a
+most ``free_cost`` drafts with the full budget, and ``route`` plans the costly ones without the free ones (an upper
+bound: 0 means not worth running even alone); then the same ascent runs with the drafts made so far known — a
 drafted proposer's options are the prefixes of its actual draft (``nodes(D)`` = shortest prefix holding its nodes
 of depth <= D) valued with ``hit[j][d]``, the probability its nodes reach depth ``d`` on the accepted path given
 its kept draft reaches depth ``d``, and its draft cost counts as spent. Proposers still to run get their budgets
 again (0 = skip: the cheap draft already looks good enough), and every draft is trimmed to its chosen prefix.
 
 Exploration, so a skipped proposer's statistics do not freeze: one left out for ``probe_every`` steps in a row is
-run once with the full budget, and with probability ``explore`` per step one skipped proposer (drawn from the
-router's own ``random.Random`` seeded with the request's seed: deterministic, no global RNG, and the request's
-generator is untouched) is run too.
+run once with the full budget and its draft kept whole, and with probability ``explore`` per step one costly
+proposer (drawn from the router's own ``random.Random`` seeded with the request's seed: deterministic, no global
+RNG, and the request's generator is untouched) is run too.
 """
 
 from __future__ import annotations
@@ -147,17 +148,19 @@ class AdaptiveRouter(RouterBase):
 
     # --- decision ------------------------------------------------------------------------------------------
     def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> list[int]:
-        _, nodes = self.plan(budget, max_nodes, available)
+        free = [ok and self._draft_cost(j) <= self.config.free_cost for j, ok in enumerate(available)]
+        # the costly proposers are planned without the free ones, whose drafts revise() will weigh once known
+        _, nodes = self.plan(budget, max_nodes, [ok and not f for ok, f in zip(available, free)])
         self.forced = set()
-        for j, ok in enumerate(available):
-            if ok and self._draft_cost(j) <= self.config.free_cost:
+        for j, f in enumerate(free):
+            if f:
                 nodes[j] = budget  # drafting is (nearly) free: draft fully, keep what pays (revise)
-        skipped = [j for j, ok in enumerate(available) if ok and nodes[j] == 0]
-        for j in skipped:
+        costly = [j for j, ok in enumerate(available) if ok and not free[j]]  # the ones a step may leave out
+        for j in costly:
             if self.idle[j] + 1 >= self.config.probe_every:
                 self.forced.add(j)
-        if skipped and self.config.explore > 0 and self.rng.random() < self.config.explore:
-            self.forced.add(skipped[self.rng.randrange(len(skipped))])
+        if costly and self.config.explore > 0 and self.rng.random() < self.config.explore:
+            self.forced.add(costly[self.rng.randrange(len(costly))])
         for j in self.forced:
             nodes[j] = budget
         self.last = nodes

@@ -428,8 +428,8 @@ def test_router_revise_keeps_probed_proposers_whole():
     for forced, routed, ahead, behind in seen[1:]:
         if forced:  # probed: full budget, and its draft is kept whole however poor its statistics
             assert (routed, ahead, behind) == (16, 16, 5)
-        else:
-            assert (routed, ahead) == (0, 0)
+        else:  # route plans b without the free a (b alone might pay); knowing a's long chain, revise skips it
+            assert ahead == 0
 
 
 def test_prefix_levels_of_a_draft():
@@ -876,8 +876,8 @@ class EveryNth(ScriptedChain):
 
 def test_adaptive_cascade_runs_the_costly_proposer_only_when_the_cheap_one_drafted_little(envs):
     target, refs, _ = envs["llama"]
-    cheap = EveryNth(target.info, refs[0], k=8, name="cheap", every=5)
-    costly = Recorder(ScriptedChain(target.info, refs[0], k=4, name="costly"), VOCAB)
+    cheap = EveryNth(target.info, refs[0], k=8, name="cheap", every=3)
+    costly = Recorder(ScriptedChain(target.info, refs[0], k=1, name="costly"), VOCAB)
     router = AdaptiveRouter(AdaptiveConfig(draft_cost={"costly": 0.3}, measure="never", explore=0.0,
                                            probe_every=1000))
     res = Engine(target, [cheap, costly], GreedyVerifier(), merge=policy_of("priority", 16), router=router).generate(
