@@ -176,8 +176,8 @@ class AdaptiveRouter(RouterBase):
                 nodes[j] = 0  # a proposer the step's route left out stays out
             elif j in self.forced:
                 nodes[j] = budget if drafts[j] is None else drafts[j].num_nodes
-            elif drafts[j] is None and nodes[j] and self._draft_cost(j) <= self.config.free_cost:
-                nodes[j] = budget
+            elif drafts[j] is None and self._draft_cost(j) <= self.config.free_cost:
+                nodes[j] = budget  # free to draft: it drafts; what of it is kept is decided once it is known
         self.last = nodes
         return nodes
 

@@ -1144,3 +1144,15 @@ def test_one_proposer_needs_no_merge_policy_installed(envs, monkeypatch):
     assert sf.generate(PROMPT, max_new_tokens=8)["token_ids"] == refs[0][:8]
     with pytest.raises(KeyError, match=r"unknown merge policy 'priority'; installed: \(none\)"):
         specframe.load(SpecframeConfig(proposers=[{"name": "ngram"}, {"name": "ngram", "k": 3}]), target=target)
+
+
+def test_router_revise_never_skips_a_free_proposer_still_to_run():
+    # b is free to draft but has never had anything accepted; a drafted a long chain that is always accepted
+    router = AdaptiveRouter(AdaptiveConfig(measure="never", explore=0.0))
+    router.start(["a", "b"], seed=0, greedy=True)
+    for _ in range(20):
+        router.on_step(StepReport((step("a", 8, 8, budget=16), step("b", 4, 0, budget=16)), 12, 8, 0.0))
+    ahead = router.revise(16, 24, [True, True], [chain(list(range(1, 9))), None], [16, 16])
+    assert ahead[1] == 16  # it drafts (free) ...
+    behind = router.revise(16, 24, [True, True], [chain(list(range(1, 9))), chain([9] * 4)], ahead)
+    assert behind == [8, 0]  # ... and none of its draft is worth verifying
