@@ -2,8 +2,9 @@
 
 With one proposer its draft is verified as it is (the identity merge). With several, an optional
 :class:`~specframe.contracts.Router` picks which proposers run this step and their node budgets, each proposer
-drafts with its own budget, a :class:`~specframe.contracts.MergePolicy` plans how their drafts share the merged
-tree's node budget, and :func:`specframe.merge.merge_drafts` builds the one tree the target verifies. Afterwards
+drafts with its own budget, in the configured order (after each, a router with ``revise`` may skip the proposers
+still to run or trim the drafts made so far: a cascade), a :class:`~specframe.contracts.MergePolicy` plans how
+their drafts share the merged tree's node budget, and :func:`specframe.merge.merge_drafts` builds the one tree the target verifies. Afterwards
 each proposer gets a :class:`~specframe.contracts.VerifyOutcome` about its own draft, and its attribution
 (:class:`~specframe.contracts.ProposerStep`) is recorded and reported to the policy, the router and observers.
 
