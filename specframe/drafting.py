@@ -198,33 +198,28 @@ class Drafting:
         self.metrics.proposer_disabled = all(s.guard.disabled for s in self.slots)
 
     def _route(self, budget: int) -> list[int]:
-        available = [not s.guard.disabled for s in self.slots]
-        if self.router is not None:
-            try:
-                out = [int(b) for b in self.router.route(budget, self.max_nodes, available)]
-                if len(out) != len(self.slots) or any(b < 0 for b in out):
-                    raise ValueError(f"route must return {len(self.slots)} node budgets >= 0, got {out}")
-                return out
-            except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
-                self._plugin_fault("router", self.router, "route", exc)
-                self.router = None
-        return [budget] * len(self.slots)
+        return self._ask_router("route", budget)
 
     def _revise(self, budget: int, seen: list[DraftTree | None], budgets: list[int]) -> list[int]:
         """The router's revised numbers after a proposer ran (node budgets ahead, nodes to keep behind)."""
-        revise = getattr(self.router, "revise", None)
-        if revise is None:
+        if getattr(self.router, "revise", None) is None:
             return budgets
-        available = [not s.guard.disabled for s in self.slots]
-        try:
-            out = [int(b) for b in revise(budget, self.max_nodes, available, list(seen), list(budgets))]
-            if len(out) != len(self.slots) or any(b < 0 for b in out):
-                raise ValueError(f"revise must return {len(self.slots)} numbers >= 0, got {out}")
-            return out
-        except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
-            self._plugin_fault("router", self.router, "revise", exc)
-            self.router = None
-            return [budget] * len(self.slots)
+        return self._ask_router("revise", budget, list(seen), list(budgets))
+
+    def _ask_router(self, method: str, budget: int, *args: Any) -> list[int]:
+        """``router.<method>(budget, max_nodes, available, *args)``, checked; a fault drops the router for the rest
+        of the request (every proposer, full budget: nothing trimmed)."""
+        if self.router is not None:
+            available = [not s.guard.disabled for s in self.slots]
+            try:
+                out = [int(b) for b in getattr(self.router, method)(budget, self.max_nodes, available, *args)]
+                if len(out) != len(self.slots) or any(b < 0 for b in out):
+                    raise ValueError(f"{method} must return {len(self.slots)} numbers >= 0, got {out}")
+                return out
+            except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
+                self._plugin_fault("router", self.router, method, exc)
+                self.router = None
+        return [budget] * len(self.slots)
 
     def _plan(self, drafts: list[DraftTree]) -> list[tuple[int, int]]:
         if self.policy is not None:
