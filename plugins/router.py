@@ -85,6 +85,13 @@ class AdaptiveConfig(RouterConfig):
     probe_every: int = Field(16, ge=1, description="Run a proposer left out this many steps in a row once, fully.")
     explore: float = Field(0.05, ge=0.0, le=1.0, description="Chance per step to also run one left-out proposer.")
 
+    @field_validator("cost_profile")
+    @classmethod
+    def _profile_readable(cls, v: Optional[str]) -> Optional[str]:
+        if v:
+            read_profile(Path(v).expanduser())  # a missing or malformed profile fails with the config, not mid-request
+        return v
+
     @field_validator("cost_curve")
     @classmethod
     def _positive(cls, v: Optional[list[float]]) -> Optional[list[float]]:
@@ -93,23 +100,37 @@ class AdaptiveConfig(RouterConfig):
         return v
 
 
+def read_profile(path: Path) -> list[float]:
+    """``profile.v`` of a ``specframe bench --profile`` results.json.
+
+    Raises:
+        ConfigError: the file is missing or unreadable, has no ``profile.v``, or a value there is not > 0.
+    """
+    fix = "run `specframe bench --profile` to write one, or give cost_curve"
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist; {fix}")
+    try:
+        doc = json.loads(path.read_text())
+        curve = [float(x) for x in (doc.get("profile") or {})["v"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{path} has no profile.v ({type(exc).__name__}); {fix}") from None
+    if not curve or any(not x > 0 for x in curve):
+        raise ConfigError(f"{path}: profile.v must be a non-empty list of times > 0; {fix}")
+    return curve
+
+
 def load_cost_curve(config: AdaptiveConfig) -> list[float] | None:
     """v(1..n) normalised to v(1) = 1, from ``cost_curve`` or ``cost_profile``; None for the linear default.
 
     Raises:
-        ConfigError: an unreadable profile, or one without ``profile.v``.
+        ConfigError: as :func:`read_profile`.
     """
     curve = config.cost_curve
     if curve is None and config.cost_profile:
-        path = Path(config.cost_profile).expanduser()
         try:
-            doc = json.loads(path.read_text())
-            curve = [float(x) for x in (doc.get("profile") or {})["v"]]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(
-                f"router adaptive: cost_profile {path} has no profile.v ({type(exc).__name__}); run "
-                "`specframe bench --profile` to write one, or give cost_curve"
-            ) from None
+            curve = read_profile(Path(config.cost_profile).expanduser())
+        except ConfigError as exc:
+            raise ConfigError(f"router adaptive: cost_profile {exc}") from None
     if not curve:
         return None
     return [x / curve[0] for x in curve]

@@ -20,7 +20,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-instruct", help="target model (name or folder)")
     ap.add_argument("--draft", default=None, help="draft folder (default: the draft shipped for the target)")
-    ap.add_argument("--output", required=True, help="folder to write (replaced if it exists)")
+    ap.add_argument("--output", required=True, help="folder to write (new, empty, or an earlier export, which is replaced)")
     args = ap.parse_args()
     try:
         target = load_target(args.model, dtype="float32")

@@ -174,13 +174,17 @@ def load(
         SpecframeError subclasses for bad config, unknown model/proposer, missing model package.
     """
     if isinstance(config, SpecframeConfig):
-        cfg = load_config(None, base=config.model_dump(), **overrides)
+        cfg = load_config(None, base=config.model_dump(exclude_unset=True), **overrides)
     else:
         cfg = load_config(config, **overrides)
     reg = registry or build_registry()
     resolve_proposers(cfg, reg)  # fail on an unknown proposer or bad option before loading a model
-    if len(cfg.proposers) > 1:  # merge and router only matter when proposers are combined
+    # merge and router only act when proposers are combined; set explicitly, a typo in them fails now, not on the
+    # day a second proposer is added (left at their defaults, one proposer needs neither plugin installed)
+    combined = len(cfg.proposers) > 1
+    if combined or "merge" in cfg.model_fields_set:
         resolve_merge(cfg.merge, reg)
+    if combined or "router" in cfg.model_fields_set:
         resolve_router(cfg.router, reg)
     if cfg.verifier != "auto":
         reg.verifier(cfg.verifier)

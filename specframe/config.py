@@ -134,7 +134,7 @@ def _one_line(exc: ValidationError, where: str) -> str:
     parts = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        parts.append(f"{loc}: {err['msg']}")
+        parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
     return f"{where}: " + "; ".join(parts)
 
 

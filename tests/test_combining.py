@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 import specframe
 from specframe import DraftTree, ProposerBase, ProposerConfig, hookimpl
@@ -335,8 +336,15 @@ def test_router_cost_curve_from_a_bench_profile(tmp_path):
     assert AdaptiveRouter(AdaptiveConfig()).v(11) == pytest.approx(1.3)  # the linear default
     assert load_cost_curve(AdaptiveConfig(cost_curve=[1.0, 1.5])) == [1.0, 1.5]
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(ConfigError, match="no profile.v"):
-        AdaptiveRouter(AdaptiveConfig(cost_profile=str(tmp_path / "bad.json")))
+    # a bad profile fails when the config is validated (at load), not mid-request
+    with pytest.raises(ValidationError, match="no profile.v"):
+        AdaptiveConfig(cost_profile=str(tmp_path / "bad.json"))
+    with pytest.raises(ValidationError, match="does not exist"):
+        AdaptiveConfig(cost_profile=str(tmp_path / "missing.json"))
+    for v in ([], [0.0, 1.0, 2.0], [1.0, -5.0, 2.0]):
+        (tmp_path / "v.json").write_text(json.dumps({"profile": {"v": v}}))
+        with pytest.raises(ValidationError, match="non-empty list of times > 0"):
+            AdaptiveConfig(cost_profile=str(tmp_path / "v.json"))
     with pytest.raises(Exception, match="cost_curve"):
         AdaptiveConfig(cost_curve=[1.0, 0.0])
 
@@ -1024,11 +1032,13 @@ def test_api_json_attribution_and_observer_events(envs):
     ({"router": {"name": "adaptive", "probe_every": 0}}, "probe_every"),
     ({"router": {"name": "none", "decay": 0.5}}, "router: none takes no options"),
 ])
-def test_combination_settings_are_validated_at_load(envs, settings, needle):
+@pytest.mark.parametrize("proposers", [[{"name": "ngram"}, {"name": "ngram", "k": 2}], [{"name": "ngram"}]],
+                         ids=["combined", "single"])
+def test_combination_settings_are_validated_at_load(envs, settings, needle, proposers):
+    # with a single proposer too: a typo fails now, not on the day a second proposer is added
     target, _, _ = envs["llama"]
     with pytest.raises((ConfigError, KeyError), match=needle):
-        specframe.load(target=target, registry=build_registry(),
-                       proposers=[{"name": "ngram"}, {"name": "ngram", "k": 2}], **settings)
+        specframe.load(target=target, registry=build_registry(), proposers=proposers, **settings)
 
 
 def test_cli_combines_repeated_proposers(tmp_path):

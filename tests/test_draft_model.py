@@ -642,3 +642,25 @@ def test_export_standalone_matches_the_subset_draft(envs, tmp_path):
     # on the subset's rows the standalone model computes exactly the subset draft's logits
     torch.testing.assert_close(full[:, small.token_map], sub, rtol=1e-5, atol=1e-5)
     assert not list(tmp_path.glob(".tmp-*"))  # written to a temporary folder, then renamed
+
+
+def test_export_standalone_refuses_a_file_or_foreign_folder_and_replaces_an_earlier_export(envs, tmp_path):
+    from specframe.learned.small_draft import export_standalone
+
+    env = envs["llama"]
+    folder = env.drafts["small"]
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep me")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me too")
+    for out in (a_file, foreign):
+        with pytest.raises(ConfigError, match="not an earlier export"):
+            export_standalone(folder, env.target.model, None, out)
+    assert a_file.read_text() == "keep me" and (foreign / "notes.txt").read_text() == "keep me too"
+    out = tmp_path / "standalone"
+    export_standalone(folder, env.target.model, None, out)
+    (out / "stale.txt").write_text("from an older export")
+    export_standalone(folder, env.target.model, None, out)  # an earlier export is replaced whole
+    assert (out / "config.json").is_file() and not (out / "stale.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "foreign", "standalone"]  # no temp folders left

@@ -100,7 +100,8 @@ def _attribution(rs: list[dict[str, Any]], steps: float) -> dict[str, dict[str, 
     accepted = _sum(rs, "accepted_tokens")
     for t in total.values():
         t["acceptance_rate"] = t["accepted_tokens"] / t["drafted_nodes"] if t["drafted_nodes"] else 0.0
-        t["run_share"] = t["steps"] / steps
+        asked_or_left = t["steps"] + t["skipped_steps"]  # steps with room for a draft (not the last-token ones)
+        t["run_share"] = t["steps"] / asked_or_left if asked_or_left else 0.0
         t["drafted_per_step"] = t["drafted_nodes"] / steps
         t["accepted_per_step"] = t["accepted_tokens"] / steps
         t["wasted_per_step"] = t["wasted_nodes"] / steps
@@ -224,8 +225,9 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
     attributed = [(s, e) for s, e in summary["strategies"].items() if s != BASELINE and e.get("attribution")]
     if attributed:
         parts += ["", "## Attribution by proposer", "",
-                  "Per verification step of the strategy. \"run in\": share of steps the proposer was asked to draft "
-                  "(the router may leave it out). An accepted node produced by several proposers (the same token at the "
+                  "Per verification step of the strategy. \"run in\": share of the steps with room for a draft (all "
+                  "but a request's last-token steps) in which the proposer was asked to draft (the router may leave "
+                  "it out). An accepted node produced by several proposers (the same token at the "
                   "same place in the merged tree) is credited to each of them, so credited shares can add up to more "
                   "than 100 %; \"accepted alone\" counts accepted nodes no other proposer produced. Wasted = verified "
                   "nodes of that proposer that were not accepted."]

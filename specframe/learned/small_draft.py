@@ -156,13 +156,19 @@ def export_standalone(directory: Path, target_model: nn.Module, tokenizer: Any, 
     assisted generation. Its head covers the whole vocabulary (the subset rows are the ones it was trained on),
     so it drafts a little differently from the subset draft and costs more per token.
 
+    ``out`` must not exist, be empty, or hold an earlier export (it is replaced); it is written whole or not at all.
+
     Raises:
-        ConfigError: as :func:`load_small_draft`.
+        ConfigError: as :func:`load_small_draft`; ``out`` is a file or a folder that is not an earlier export.
     """
+    import shutil
     import tempfile
 
     from transformers import AutoModelForCausalLM
 
+    if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or (out / "config.json").is_file())):
+        raise ConfigError(f"{out} exists and is not an earlier export (a folder with config.json): choose another "
+                          "output folder")
     draft = load_small_draft(directory, target_model, torch.float32, "cpu")
     cfg = draft.lm.config.__class__.from_dict(draft.lm.config.to_dict())
     emb = target_model.get_input_embeddings().weight.detach().float()
@@ -180,12 +186,14 @@ def export_standalone(directory: Path, target_model: nn.Module, tokenizer: Any, 
             lm.lm_head.weight.copy_(head)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out.parent))
-    lm.save_pretrained(tmp)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)
-    tmp.rename(out)
+    try:
+        lm.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written is left behind
     return out
