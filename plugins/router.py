@@ -45,6 +45,7 @@ RNG, and the request's generator is untouched) is run too.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 from pathlib import Path
@@ -57,6 +58,8 @@ from specframe.bench.costmodel import v_at
 from specframe.contracts import DraftTree, RouterBase, RouterConfig, StepReport, TargetInfo
 from specframe.errors import ConfigError
 from specframe.tree import node_depths
+
+log = logging.getLogger("specframe")
 
 
 class AdaptiveConfig(RouterConfig):
@@ -157,6 +160,11 @@ class AdaptiveRouter(RouterBase):
         cfg, p = self.config, len(proposers)
         self.timed = cfg.measure == "always" or (cfg.measure == "auto" and greedy)
         self.configured_cost = [float(cfg.draft_cost.get(label, 0.0)) for label in proposers]
+        unknown = sorted(set(cfg.draft_cost) - set(proposers))
+        if unknown and not getattr(self, "_warned", False):
+            self._warned = True
+            log.warning("router adaptive: draft_cost names %s, not among the proposers %s; those costs are ignored",
+                        unknown, list(proposers))
         self.reach = [[cfg.prior ** d for d in range(1, cfg.max_depth + 1)] for _ in range(p)]
         self.hit = [[cfg.prior ** d for d in range(1, cfg.max_depth + 1)] for _ in range(p)]
         self.width = [[1.0] * cfg.max_depth for _ in range(p)]

@@ -103,8 +103,10 @@ class SpecframeConfig(BaseModel):
     def _router_shorthand(cls, v: Any) -> Any:
         if isinstance(v, str):
             return {"name": v}
-        if v is None:
+        if v is None or v is False:  # `router: null` / `router: false` in YAML: no router
             return {"name": "none"}
+        if not isinstance(v, (dict, RouterSettings)):
+            raise ValueError("give a router name (`adaptive`, or `none` for no router) or {name: ..., options}")
         return v
 
     @field_validator("merge", mode="before")
@@ -117,6 +119,16 @@ class SpecframeConfig(BaseModel):
     def _non_empty_stops(cls, v: list[str]) -> list[str]:
         if any(s == "" for s in v):
             raise ValueError("stop strings must be non-empty (an empty string would stop at once)")
+        return v
+
+    @field_validator("proposers", mode="before")
+    @classmethod
+    def _proposer_shorthand(cls, v: Any) -> Any:
+        """``"ngram"`` is short for ``{"name": "ngram"}`` (a list may mix both forms)."""
+        if isinstance(v, str):
+            v = [v]
+        if isinstance(v, (list, tuple)):
+            return [{"name": p} if isinstance(p, str) else p for p in v]
         return v
 
     @field_validator("proposers")

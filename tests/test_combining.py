@@ -1166,3 +1166,19 @@ def test_router_revise_never_skips_a_free_proposer_still_to_run():
     assert ahead[1] == 16  # it drafts (free) ...
     behind = router.revise(16, 24, [True, True], [chain(list(range(1, 9))), chain([9] * 4)], ahead)
     assert behind == [8, 0]  # ... and none of its draft is worth verifying
+
+
+def test_config_shorthands_and_router_errors(caplog):
+    from specframe.config import SpecframeConfig
+
+    assert SpecframeConfig(proposers=["ngram", {"name": "medusa", "top_k": 2}]).proposers == [
+        {"name": "ngram"}, {"name": "medusa", "top_k": 2}]
+    assert SpecframeConfig(router=False).router.name == "none" and SpecframeConfig(router=None).router.name == "none"
+    with pytest.raises(ValidationError, match="give a router name"):
+        SpecframeConfig(router=3)
+    router = AdaptiveRouter(AdaptiveConfig(draft_cost={"draft-modle": 0.3}))
+    with caplog.at_level(logging.WARNING, logger="specframe"):
+        router.start(["ngram", "draft-model"], seed=0, greedy=True)
+        router.start(["ngram", "draft-model"], seed=1, greedy=True)
+    warned = [r for r in caplog.records if "draft-modle" in r.getMessage()]
+    assert len(warned) == 1 and router.configured_cost == [0.0, 0.0]  # a misspelt label is named once, not used

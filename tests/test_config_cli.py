@@ -130,7 +130,7 @@ def test_missing_prompts_file(tmp_path, no_model_load):
     assert_user_error(invoke("--prompts-file", str(tmp_path / "nope.jsonl")), "nope.jsonl")
 
 
-@pytest.mark.parametrize("text", ["sampling: abc\n", "sampling: [0.5]\n", "isolation: 3\n", "proposers: ngram\n"])
+@pytest.mark.parametrize("text", ["sampling: abc\n", "sampling: [0.5]\n", "isolation: 3\n", "proposers: 3\n"])
 def test_config_of_the_wrong_shape(tmp_path, no_model_load, text):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(text)
@@ -188,7 +188,7 @@ def test_base_config_with_overrides():
         ("sampling: {top_p: 0}\n", "sampling.top_p"),
         ("max_new_tokens: 0\n", "max_new_tokens"),
         ("modle: typo\n", "modle"),
-        ("proposers: [ngram]\n", "proposers"),
+        ("proposers: [3]\n", "proposers"),
         ("- just\n- a list\n", "mapping"),
         ("sampling: 3\n", "sampling: must be a mapping"),
         ("sampling: [1, 2]\n", "sampling: must be a mapping"),
