@@ -149,6 +149,7 @@ class AdaptiveRouter(RouterBase):
     def __init__(self, config: AdaptiveConfig, target: TargetInfo | None = None) -> None:
         super().__init__(config, target)
         self.curve = load_cost_curve(config)
+        self.warned_labels = False  # draft_cost labels matching no proposer: said once per router
 
     def v(self, n: float) -> float:
         if self.curve is not None:
@@ -161,8 +162,8 @@ class AdaptiveRouter(RouterBase):
         self.timed = cfg.measure == "always" or (cfg.measure == "auto" and greedy)
         self.configured_cost = [float(cfg.draft_cost.get(label, 0.0)) for label in proposers]
         unknown = sorted(set(cfg.draft_cost) - set(proposers))
-        if unknown and not getattr(self, "_warned", False):
-            self._warned = True
+        if unknown and not self.warned_labels:
+            self.warned_labels = True
             log.warning("router adaptive: draft_cost names %s, not among the proposers %s; those costs are ignored",
                         unknown, list(proposers))
         self.reach = [[cfg.prior ** d for d in range(1, cfg.max_depth + 1)] for _ in range(p)]
@@ -173,7 +174,6 @@ class AdaptiveRouter(RouterBase):
         self.idle = [0] * p  # steps left out in a row
         self.rng = random.Random(seed)
         self.forced: set[int] = set()  # probed / explored this step: run with the full budget, kept whole
-        self.last: list[int] = [0] * p
 
     # --- decision ------------------------------------------------------------------------------------------
     def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> list[int]:
@@ -192,7 +192,6 @@ class AdaptiveRouter(RouterBase):
             self.forced.add(costly[self.rng.randrange(len(costly))])
         for j in self.forced:
             nodes[j] = budget
-        self.last = nodes
         return nodes
 
     def revise(self, budget: int, max_nodes: int, available: Sequence[bool],
@@ -207,7 +206,6 @@ class AdaptiveRouter(RouterBase):
                 nodes[j] = budget if drafts[j] is None else drafts[j].num_nodes
             elif drafts[j] is None and self._draft_cost(j) <= self.config.free_cost:
                 nodes[j] = budget  # free to draft: it drafts; what of it is kept is decided once it is known
-        self.last = nodes
         return nodes
 
     def plan(self, budget: int, max_nodes: int, available: Sequence[bool],
