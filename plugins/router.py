@@ -18,7 +18,15 @@ change the output; under sampling the configured ``draft_cost`` is used. ``alway
 
 The cost curve ``v(n)`` (target forward time for ``n`` tokens over the time for one) comes from ``cost_curve``
 (a list v(1), v(2), ...), or ``cost_profile`` (a ``specframe bench --profile`` results.json; its
-``profile.v``), or else the linear default ``1 + cost_slope * (n - 1)``.
+``profile.v``), or else this machine's measured profile for the target as it runs (``TargetInfo.cost``, see
+:mod:`specframe.tune`; it follows thread changes under load), or else the linear default
+``1 + cost_slope * (n - 1)``. With a steep curve (no native bf16) drafts are trimmed hard, and where no prefix of
+any draft raises ``E / C`` above plain decoding's ``1 / v(1)`` nothing is verified: speculation switches itself
+off, and the probes below switch it back on when drafts start to pay again.
+
+The router serves a lone proposer too when the target carries a measured cost curve (a target loaded with a
+machine profile) or the router is set explicitly (``router: none`` turns it off): its draft is trimmed to what
+pays.
 
 Choice (greedy ascent, deterministic): with depths ``D_j`` (0 = skip), the expected committed tokens are
 ``E = 1 + sum_d [1 - prod_j (1 - reach[j][d] * [d <= D_j])]`` (the bonus token, plus depth ``d`` reached by any
@@ -36,8 +44,8 @@ of depth <= D) valued with ``hit[j][d]``, the probability its nodes reach depth 
 its kept draft reaches depth ``d``, and its draft cost counts as spent. Proposers still to run get their budgets
 again (0 = skip: the cheap draft already looks good enough), and every draft is trimmed to its chosen prefix.
 
-Exploration, so a skipped proposer's statistics do not freeze: one left out for ``probe_every`` steps in a row is
-run once with the full budget and its draft kept whole, and with probability ``explore`` per step one costly
+Exploration, so a skipped proposer's statistics do not freeze: one left out (or whose draft was trimmed to
+nothing) for ``probe_every`` steps in a row is run once with the full budget and its draft kept whole, and with probability ``explore`` per step one costly
 proposer (drawn from the router's own ``random.Random`` seeded with the request's seed: deterministic, no global
 RNG, and the request's generator is untouched) is run too.
 """
@@ -154,6 +162,9 @@ class AdaptiveRouter(RouterBase):
     def v(self, n: float) -> float:
         if self.curve is not None:
             return v_at(self.curve, n)
+        measured = getattr(self.target, "cost", None)  # this machine's profile for the target as it runs now
+        if measured:
+            return measured.v(n)
         return 1.0 + self.config.cost_slope * (n - 1)
 
     def start(self, proposers: Sequence[str], seed: int, greedy: bool = True) -> None:
@@ -172,6 +183,7 @@ class AdaptiveRouter(RouterBase):
         self.draft_s = [0.0] * p
         self.t1: float | None = None
         self.idle = [0] * p  # steps left out in a row
+        self.starved = [0] * p  # steps in a row whose draft was trimmed to nothing
         self.rng = random.Random(seed)
         self.forced: set[int] = set()  # probed / explored this step: run with the full budget, kept whole
 
@@ -187,6 +199,9 @@ class AdaptiveRouter(RouterBase):
         costly = [j for j, ok in enumerate(available) if ok and not free[j]]  # the ones a step may leave out
         for j in costly:
             if self.idle[j] + 1 >= self.config.probe_every:
+                self.forced.add(j)
+        for j, ok in enumerate(available):  # a draft trimmed away every step would never be measured again
+            if ok and self.starved[j] + 1 >= self.config.probe_every:
                 self.forced.add(j)
         if costly and self.config.explore > 0 and self.rng.random() < self.config.explore:
             self.forced.add(costly[self.rng.randrange(len(costly))])
@@ -279,6 +294,8 @@ class AdaptiveRouter(RouterBase):
             self.t1 = t1 if self.t1 is None else a * self.t1 + (1 - a) * t1
         for j, s in enumerate(report.proposers):
             self.idle[j] = 0 if s.asked else self.idle[j] + 1
+            if s.asked and s.proposed:
+                self.starved[j] = self.starved[j] + 1 if s.drafted == 0 else 0
             if not s.asked or s.fault:
                 continue
             if self.timed:

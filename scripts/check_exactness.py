@@ -2,6 +2,7 @@
 
     python scripts/check_exactness.py --limit 20 --max-new-tokens 128 --dtype float32 --proposer ngram --proposer none
     python scripts/check_exactness.py --proposer ngram+medusa      # "+": proposers combined in one verification pass
+    python scripts/check_exactness.py --prepack on --proposer ngram  # pre-packed weights (reference: the packed model)
 
 For each question (first turn, chat template applied) the generated token ids of every proposer must equal
 transformers' greedy output. A mismatch is listed with the first divergent position and the target's top-2
@@ -39,10 +40,16 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--proposer", action="append", default=None)
+    ap.add_argument("--prepack", choices=["on", "off", "auto"], default="auto",
+                    help="Pre-packed oneDNN weights; with them the reference is transformers greedy on the packed model.")
+    ap.add_argument("--threads", default="auto")
     args = ap.parse_args()
     proposers = args.proposer or ["ngram", "none"]
 
-    sf = specframe.load(model=args.model, dtype=args.dtype)
+    sf = specframe.load(model=args.model, dtype=args.dtype, prepack={"on": True, "off": False}.get(args.prepack, "auto"),
+                        threads=args.threads if args.threads == "auto" else int(args.threads))
+    st = sf.target.settings
+    print(f"target: {st.dtype}, {st.threads} threads, prepack {'on' if st.prepack else 'off'}", file=sys.stderr)
     model = sf.target.model
     prompts = read_prompts(args.questions)[args.skip : args.limit]
     mismatches, rows = 0, []

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 from pydantic import ValidationError
 
 from .config import SpecframeConfig, _one_line, load_config, resolve_merge, resolve_proposers, resolve_router
-from .errors import ConfigError
+from .errors import ConfigError, UnknownProposerError
 from .engine import Engine, GenerationResult, proposer_labels
 from .isolation import IsolationPolicy
 from .registry import Registry, build_registry
@@ -57,9 +57,31 @@ class Specframe:
             raise ConfigError(_one_line(exc, "merge/router")) from None
         cls, mcfg = resolve_merge(cfg.merge, self.registry)
         policy = self._component("merge", cls, mcfg)
+        return policy, self._router(router)
+
+    def _lone_router(self, router: Any) -> Any:
+        """A lone proposer is routed (its draft trimmed to what pays) when the router is set explicitly, or when the
+        target carries this machine's measured cost curve (a target loaded with a machine profile); otherwise its
+        draft is verified whole. A router plugin that is not installed then just means no routing."""
+        explicit = router is not None or "router" in self.config.model_fields_set
+        if not explicit and not getattr(self.target.info, "cost", None):
+            return None
+        try:
+            return self._router(router)
+        except UnknownProposerError:
+            if explicit:
+                raise
+            return None
+
+    def _router(self, router: Any) -> Any:
+        """The router instance (``None`` argument: the config's); None for ``router: none``. A lone proposer is routed
+        too: the router trims its draft to what pays on this machine's cost curve."""
+        try:
+            cfg = SpecframeConfig.model_validate({"router": self.config.router if router is None else router})
+        except ValidationError as exc:
+            raise ConfigError(_one_line(exc, "router")) from None
         resolved = resolve_router(cfg.router, self.registry)
-        routed = None if resolved is None else self._component("router", *resolved)
-        return policy, routed
+        return None if resolved is None else self._component("router", *resolved)
 
     def _component(self, kind: str, cls: type, cfg: Any) -> Any:
         key = (kind, f"{cls.name}:{cfg.model_dump_json()}")
@@ -86,6 +108,8 @@ class Specframe:
         active = self._active(proposers or self.config.proposers)
         if len(active) > 1:
             self._combining(None, None)
+        else:
+            self._lone_router(None)
 
     def encode(self, prompt: str, chat: bool | None = None) -> list[int]:
         return self.target.encode_prompt(prompt, self.config.chat if chat is None else chat)
@@ -126,7 +150,9 @@ class Specframe:
         if isinstance(stop, str):
             stop = [stop]
         active = self._active(proposers or c.proposers)
-        policy, routed = self._combining(merge, router) if len(active) > 1 else (None, None)
+        policy, routed = self._combining(merge, router) if len(active) > 1 else (None, self._lone_router(router))
+        governor = getattr(self.target, "governor", None)
+        load = governor.check() if governor is not None else None  # threads within the free cores
         labels = proposer_labels([p.name for p in active])
         engine = Engine(
             self.target, active, self._verifier(sampling), merge=policy, router=routed,
@@ -147,7 +173,20 @@ class Specframe:
             observer.request(tuple(labels), len(ids), tuple(result.token_ids), result.finish_reason,
                              result.metrics.to_dict())
         result.question_id = question_id
+        settings = getattr(self.target, "settings", None)
+        if settings is not None:
+            result.machine = {**self.machine_info(), "others_load": round(load or 0.0, 2)}
         return result
+
+    def machine_info(self) -> dict[str, Any]:
+        """How the target runs here: CPU, ISA flags, usable cores, dtype / threads / prepack and why, the profile."""
+        from .machine import fingerprint
+
+        settings = getattr(self.target, "settings", None)
+        out: dict[str, Any] = fingerprint()
+        if settings is not None:
+            out.update(settings.to_dict())
+        return out
 
     def generate(self, prompt: str | list[int], **kwargs: Any) -> dict:
         """Like :meth:`generate_result`, returning the ``--json`` record (a dict)."""
@@ -160,6 +199,7 @@ def load(
     target: Any = None,
     registry: Registry | None = None,
     log: Callable[[str], None] = lambda s: None,
+    progress: Any = None,
     **overrides: Any,
 ) -> Specframe:
     """Load plugins and the target model.
@@ -168,6 +208,7 @@ def load(
         config: a :class:`SpecframeConfig`, a YAML path, or None for defaults.
         target: an already-built :class:`specframe.target.Target` (skips model loading; tests use this).
         registry: a prebuilt plugin registry (default: entry points).
+        progress: a ``rich.progress.Progress`` for the bar of a first machine profile (None: no bar).
         overrides: config fields (``model``, ``dtype``, ``proposers``, ``temperature``, ...).
 
     Raises:
@@ -191,7 +232,8 @@ def load(
     if target is None:
         from .models import load_target
 
-        target = load_target(cfg.model, cfg.dtype, cfg.device, log=log)
+        target = load_target(cfg.model, cfg.dtype, cfg.device, log=log, threads=cfg.threads, prepack=cfg.prepack,
+                             speculative=any(p["name"] != "none" for p in cfg.proposers), progress=progress)
     sf = Specframe(cfg, target, reg)
     sf.validate_proposers()
     return sf

@@ -74,7 +74,9 @@ def generate(
     top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus filter in (0, 1] (default 1)."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Top-k filter, 0 = off (default 0)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Per-request generator seed (default 0)."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="bfloat16 | float32 | auto (default auto)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bfloat16 | float32 | auto: fastest measured here (default)."),
+    threads: Optional[str] = typer.Option(None, "--threads", help="torch threads, or auto: fit the free cores (default)."),
+    prepack: Optional[str] = typer.Option(None, "--prepack", help="on | off | auto: pre-packed oneDNN weights (default auto)."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu | cuda (default cpu)."),
     stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
     no_chat: bool = typer.Option(False, "--no-chat", help="Do not apply the chat template."),
@@ -88,8 +90,38 @@ def generate(
         _fail(str(exc))
 
 
+def _machine_flags(threads: str | None, prepack: str | None) -> dict:
+    """``--threads`` / ``--prepack`` as config values (None = not given)."""
+    out: dict = {}
+    if threads is not None:
+        if threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
+            raise ConfigError(f"--threads must be a whole number >= 1 or auto, got {threads!r}")
+        out["threads"] = threads if threads == "auto" else int(threads)
+    if prepack is not None:
+        values = {"on": True, "off": False, "auto": "auto", "true": True, "false": False}
+        if prepack.lower() not in values:
+            raise ConfigError(f"--prepack must be on, off or auto, got {prepack!r}")
+        out["prepack"] = values[prepack.lower()]
+    return out
+
+
+def load_with_progress(cfg, registry, what: str = ""):
+    """``specframe.load`` with a spinner, and a bar while a first machine profile is measured."""
+    import specframe
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=err, transient=True) as progress:
+        progress.add_task(f"loading {what or cfg.model} ...", total=None)
+        return specframe.load(cfg, registry=registry, log=lambda s: err.print(s, markup=False), progress=progress)
+
+
 def _generate(prompt, prompts_file, limit, category, config, model, proposer, merge, max_nodes, router, max_new_tokens,
-              temperature, top_p, top_k, seed, dtype, device, stop, no_chat, stream, as_json) -> None:
+              temperature, top_p, top_k, seed, dtype, threads, prepack, device, stop, no_chat, stream, as_json) -> None:
     from .config import load_config, resolve_merge, resolve_proposers, resolve_router
     from .models import check_device, resolve_dtype, resolve_model
     from .prompts import Prompt, read_prompts
@@ -102,6 +134,7 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, me
     cfg = load_config(
         config, model=model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         seed=seed, dtype=dtype, device=device, chat=False if no_chat else None, stop=stop or None,
+        **_machine_flags(threads, prepack),
     )
     if proposer:
         cfg = load_config(None, base=cfg.model_dump(), proposers=_proposer_entries(proposer, cfg.proposers))
@@ -130,18 +163,15 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, me
     if len(cfg.proposers) > 1:
         resolve_merge(cfg.merge, registry)
         resolve_router(cfg.router, registry)
+    elif router is not None:
+        resolve_router(cfg.router, registry)
     check_device(cfg.device)
     resolve_dtype(cfg.dtype, cfg.device)
     resolve_model(cfg.model)  # unknown name / missing package fails here, before loading
 
     import specframe
 
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    with err.status(f"loading {cfg.model} ...", spinner="dots"):
-        sf = specframe.load(cfg, registry=registry, log=lambda s: err.print(s, markup=False))
+    sf = load_with_progress(cfg, registry)
     encoded = [sf.encode(p.text) for p in prompts]
     for p, ids in zip(prompts, encoded):
         if len(ids) >= sf.target.max_context:
@@ -196,6 +226,67 @@ def plugins(
     except SpecframeError as exc:
         _fail(str(exc))
     sys.stdout.write((json.dumps(doc, indent=2) if as_json else render_text(doc)) + "\n")
+
+
+@app.command()
+def tune(
+    model: str = typer.Option("smollm2-135m-instruct", "--model", help="Built-in name, model directory or .gguf file."),
+    device: str = typer.Option("cpu", "--device", help="cpu (a CUDA target needs no profile)."),
+    refresh: bool = typer.Option(False, "--refresh", help="Measure again even when a profile is cached."),
+    as_json: bool = typer.Option(False, "--json", help="Print the profile as JSON."),
+) -> None:
+    """Measure (or show) this machine's profile: target forward times T(n) per dtype, threads and weight layout,
+    and what `auto` picks from them (docs/machine.md)."""
+    try:
+        _tune(model, device, refresh, as_json)
+    except SpecframeError as exc:
+        _fail(str(exc))
+
+
+def _tune(model: str, device: str, refresh: bool, as_json: bool) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from .machine import LoadMonitor, choose_threads, usable_cores
+    from .models import check_device, model_directory, resolve_model
+    from .tune import NS, get_profile
+
+    check_device(device)
+    if device != "cpu":
+        raise ConfigError("--device: the machine profile is for CPU targets; on cuda dtype auto = bf16 where supported")
+    source = resolve_model(model)
+    directory = model_directory(source, lambda s: err.print(s, markup=False))
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=err, transient=True) as progress:
+        prof = get_profile(directory, source.name, device, progress, refresh=refresh)
+    if as_json:
+        sys.stdout.write(json.dumps(prof.to_json(), indent=1) + "\n")
+        return
+    fp = prof.fingerprint
+    con = Console()
+    con.print(f"{fp['cpu']} | ISA: {' '.join(fp['isa']) or '-'} | {fp['cores']} usable cores | torch {fp['torch']}")
+    con.print(f"profile: {prof.path} (measured in {prof.seconds:.0f} s, others' load then {prof.others_load:.1f} cores)")
+    for ctx in sorted({c for m in prof.measured for c in m.t_ms}):
+        table = Table(title=f"T(n) ms, one forward over n new tokens after {ctx} cached tokens — {source.name}")
+        table.add_column("dtype/threads/layout")
+        for n in NS:
+            table.add_column(f"T({n})", justify="right")
+        table.add_column("T(8)/T(1)", justify="right")
+        for m in prof.measured:
+            row = m.t_ms[ctx]
+            table.add_row(m.candidate.label, *(f"{t:.1f}" for t in row), f"{row[NS.index(8)] / row[0]:.2f}")
+        con.print(table)
+    cores, _ = usable_cores()
+    others = LoadMonitor().sample().others
+    fit = choose_threads(cores, others)
+    for spec in (True, False):
+        c, _, why = prof.choose(max_threads=fit, speculative=spec)
+        con.print(f"auto ({'speculative' if spec else 'plain decoding'}; others using {others:.1f} cores): "
+                  f"{c.label} — {why}")
 
 
 from .bench.command import bench as _bench_command  # noqa: E402

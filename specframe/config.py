@@ -82,9 +82,15 @@ class SpecframeConfig(BaseModel):
 
     model: str = Field("smollm2-135m-instruct", description="Built-in model name, model directory or .gguf file.")
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
-        "auto", description="auto = bfloat16 where the device supports it, else float32."
+        "auto", description="auto = the fastest measured on this machine (profile: `specframe tune`); on CUDA bf16 "
+        "where supported."
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Where the target runs.")
+    threads: int | Literal["auto"] = Field(
+        "auto", description="torch threads; auto = the fastest measured count that fits in the cores other "
+        "processes leave free, re-checked during a run (docs/machine.md).")
+    prepack: bool | Literal["auto"] = Field(
+        "auto", description="Pre-pack linear weights for oneDNN (CPU); auto = where the machine profile measured it faster.")
     chat: bool = Field(True, description="Apply the tokenizer's chat template when it has one.")
     max_new_tokens: int = Field(128, ge=1, description="Tokens to generate per prompt at most.")
     stop: list[str] = Field(default_factory=list, description="Stop strings (cut from the text).")
@@ -113,6 +119,13 @@ class SpecframeConfig(BaseModel):
     @classmethod
     def _merge_shorthand(cls, v: Any) -> Any:
         return {"policy": v} if isinstance(v, str) else v
+
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, v: Any) -> Any:
+        if v != "auto" and v < 1:
+            raise ValueError("threads must be >= 1 or auto")
+        return v
 
     @field_validator("stop")
     @classmethod

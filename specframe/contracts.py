@@ -137,6 +137,8 @@ class TargetInfo:
     model: Any = field(default=None, compare=False)  # the target model, for heads that reuse its LM head
     supports_trees: bool = True  # one tree mask serves every layer (False for sliding-window targets): a
     # tree-drafting proposer should draft chains when False
+    cost: Any = field(default=None, compare=False)  # the target's measured cost curve on this machine, or None:
+    # an object with ``v(n) -> float`` = T(n tokens) / T(1 token) (specframe.tune.CostCurve; it follows thread changes)
 
 
 class ProposerConfig(BaseModel):

@@ -85,8 +85,9 @@ class Drafting:
             self.slots.append(_Slot(p, label, guard, own, ok))
         self.merged_trees_ok = merged_trees_ok
         self.policy = policy if len(self.slots) > 1 else None
-        self.router = router if len(self.slots) > 1 else None
-        self.max_nodes = int(getattr(self.policy, "max_nodes", 0) or 0)
+        self.router = router  # a lone proposer is routed too: its draft is trimmed to what pays on this machine
+        # the merged tree's node cap; a lone proposer's draft has none beyond its step budget
+        self.max_nodes = int(getattr(self.policy, "max_nodes", 0) or 0) if self.policy is not None else 1 << 16
 
     # --- per request ---------------------------------------------------------------------------------------
     def start(self, state: DecodeState, seed: int) -> None:

@@ -44,6 +44,7 @@ class GenerationResult:
     metrics: RequestMetrics
     prompt_token_ids: list[int] = field(default_factory=list)
     question_id: Any = None
+    machine: dict[str, Any] | None = None  # how the target ran (CPU, ISA, dtype/threads and why, others' load)
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {}
@@ -51,6 +52,8 @@ class GenerationResult:
             d["question_id"] = self.question_id
         d.update(token_ids=self.token_ids, text=self.text, finish_reason=self.finish_reason)
         d["metrics"] = self.metrics.to_dict()
+        if self.machine is not None:
+            d["machine"] = self.machine
         return d
 
 

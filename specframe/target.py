@@ -55,6 +55,15 @@ class Target:
             model=model,
             supports_trees=self.supports_trees,
         )
+        self.settings: Any = None  # specframe.tune.Settings when loaded by load_target (dtype/threads and why)
+        self.governor: Any = None  # specframe.tune.ThreadGovernor: threads within the free cores during a run
+
+    def attach_machine(self, settings: Any, governor: Any) -> None:
+        """Record how this target runs on this machine and expose the live cost curve as ``info.cost``."""
+        from dataclasses import replace
+
+        self.settings, self.governor = settings, governor
+        self.info = replace(self.info, cost=governor.curve if governor.curve else None)
 
     # --- text ---------------------------------------------------------------------------------------------
     @property

@@ -90,17 +90,30 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
     # 2. load once
     import logging
 
-    import specframe
     from ..models import load_target
+    from .config import BASELINE
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    with err.status(f"loading {cfg.model} ...", spinner="dots"):
-        sf = specframe.load(SpecframeConfig(model=cfg.model, dtype=cfg.dtype, device=cfg.device, chat=cfg.chat),
-                            registry=registry, log=lambda s: err.print(s, markup=False))
-        assistants = {k: load_target(v, cfg.dtype, cfg.device).model for k, v in assistant_names.items()}
+    from ..cli import load_with_progress
+    from .config import machine_request
+
+    loaded: dict[tuple, Any] = {}  # (dtype, threads, prepack, speculative) asked -> Specframe
+    by_strategy: dict[str, Any] = {}
+    for s in cfg.strategies:
+        dtype, threads, prepack, speculative = machine_request(cfg, s)
+        key = (dtype, threads, prepack, speculative if "auto" in (dtype, threads, prepack) else None)
+        if key not in loaded:
+            scfg = SpecframeConfig(model=cfg.model, dtype=dtype, device=cfg.device, chat=cfg.chat, threads=threads,
+                                   prepack=prepack, proposers=[{"name": "ngram" if speculative else "none"}])
+            loaded[key] = load_with_progress(scfg, registry, f"{cfg.model} ({dtype}, threads {threads}, prepack {prepack})")
+        by_strategy[s.name] = loaded[key]
+    sf = by_strategy[BASELINE]
+    with err.status("loading assistant models ...", spinner="dots"):
+        assistants = {k: load_target(v, by_strategy[k].target.settings.dtype, cfg.device, measure=False).model
+                      for k, v in assistant_names.items()}
 
     runs = len(chosen) * len(cfg.seeds) * cfg.repeats * len(cfg.strategies)
     warm = min(cfg.warmup, len(chosen)) * len(cfg.strategies)
@@ -115,12 +128,22 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
             prof = measure_cost_curve(sf.target, ids, cfg.profile.context, cfg.profile.max_tokens,
                                       cfg.profile.repeats, progress=lambda: progress.advance(t))
         task = progress.add_task("bench", total=runs + warm)
-        runner = BenchRunner(sf, cfg, assistants)
+        runner = BenchRunner(by_strategy, cfg, assistants)
         records = runner.run(chosen, advance=lambda s: progress.update(task, advance=1, description=f"bench {s:>16}"))
-    lossless = lossless_check(sf, records, chosen, cfg.chat) if cfg.temperature == 0 else None
+    lossless = lossless_check(by_strategy.__getitem__, records, chosen, cfg.chat) if cfg.temperature == 0 else None
     summary = aggregate(records, [s.name for s in cfg.strategies], prof)
+    env = environment()
+    env["machine"] = sf.machine_info()
+    env["strategy_settings"] = {name: {k: v for k, v in one.target.settings.to_dict().items() if k != "profile"}
+                                for name, one in by_strategy.items() if one.target.settings is not None}
+    loads = [r["others_load"] for r in records if "others_load" in r]
+    busiest = max((r["others_load"] + r.get("settings", {}).get("threads", 0) for r in records
+                   if "others_load" in r), default=0.0)
+    env["load"] = {"others_mean": round(sum(loads) / len(loads), 2) if loads else None,
+                   "others_max": max(loads) if loads else None,
+                   "exceeded_cores": busiest > env["machine"]["cores"] + 0.3}
     results: dict[str, Any] = {
-        "config": cfg.model_dump(), "environment": environment(), "profile": prof,
+        "config": cfg.model_dump(), "environment": env, "profile": prof,
         "summary": summary, "lossless": lossless, "records": records,
     }
 
@@ -149,4 +172,8 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
     else:
         verdict = "FAILED for " + ", ".join(bad) + " (divergence not at a near-tie)"
     err.print(f"lossless check: {verdict}")
+    if env["load"]["exceeded_cores"]:
+        err.print(f"warning: other processes used up to {env['load']['others_max']:.1f} cores during the run, so "
+                  f"threads + load exceeded the {env['machine']['cores']} usable cores: timings are not those of a "
+                  "quiet machine")
     err.print(f"wrote {output}/results.json, report.md, {', '.join(plots)}")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
 
@@ -36,14 +36,30 @@ class Strategy(BaseModel):
     peer: Literal["hf-greedy", "hf-prompt-lookup", "hf-assisted"] | None = Field(
         None, description="An HF transformers generate() mode instead of specframe."
     )
+    dtype: Literal["auto", "bfloat16", "float32"] | None = Field(
+        None, description="This strategy's target dtype (default: the bench's); auto = fastest measured for it here.")
+    threads: int | Literal["auto"] | None = Field(None, description="torch threads for this strategy (default: the bench's).")
+    prepack: bool | Literal["auto"] | None = Field(None, description="Pre-packed oneDNN weights (default: the bench's).")
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="Peer options: prompt_lookup_num_tokens, max_matching_ngram_size (prompt lookup); "
         "assistant_model (a model name or path for hf-assisted), num_assistant_tokens.",
     )
 
+    @field_validator("proposers", mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        """``ngram`` is short for ``{name: ngram}``, as in the top-level config."""
+        if isinstance(v, str):
+            v = [v]
+        if isinstance(v, (list, tuple)):
+            return [{"name": p} if isinstance(p, str) else p for p in v]
+        return v
+
     @model_validator(mode="after")
     def _one_kind(self) -> "Strategy":
+        if isinstance(self.threads, int) and self.threads < 1:
+            raise ValueError(f"strategy {self.name!r}: threads must be >= 1 or auto")
         if (self.proposers is None) == (self.peer is None):
             raise ValueError(f"strategy {self.name!r}: give exactly one of `proposers` or `peer`")
         if self.peer is not None and (self.merge is not None or self.router is not None):
@@ -66,6 +82,8 @@ class BenchConfig(BaseModel):
 
     model: str = "smollm2-135m-instruct"
     dtype: Literal["auto", "bfloat16", "float32"] = "bfloat16"
+    threads: int | Literal["auto"] = Field("auto", description="torch threads; auto = fit the free cores.")
+    prepack: bool | Literal["auto"] = Field("auto", description="Pre-packed oneDNN weights; auto = where measured faster.")
     device: Literal["cpu", "cuda"] = "cpu"
     chat: bool = True
     temperature: float = Field(0.0, ge=0)
@@ -83,6 +101,8 @@ class BenchConfig(BaseModel):
 
     @model_validator(mode="after")
     def _names(self) -> "BenchConfig":
+        if isinstance(self.threads, int) and self.threads < 1:
+            raise ValueError("threads must be >= 1 or auto")
         names = [s.name for s in self.strategies]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -116,3 +136,11 @@ def load_bench_config(path: str | Path, **overrides: Any) -> BenchConfig:
     except ValidationError as exc:
         msg = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"{path}: {msg}") from None
+
+
+def machine_request(cfg: BenchConfig, s: Strategy) -> tuple[str, int | str, bool | str, bool]:
+    """(dtype, threads, prepack, speculative) a strategy asks for: its own settings, else the bench's. Plain
+    decoding (``proposers: [none]``) and ``auto`` choose by T(1) alone."""
+    speculative = s.peer is not None or s.proposers != [{"name": "none"}]
+    return (s.dtype or cfg.dtype, cfg.threads if s.threads is None else s.threads,
+            cfg.prepack if s.prepack is None else s.prepack, speculative)

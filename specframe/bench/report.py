@@ -156,6 +156,28 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _machine_lines(env: dict[str, Any]) -> list[str]:
+    """The machine fingerprint, each strategy's dtype / threads / layout and why, and the load seen."""
+    m = env.get("machine")
+    if not m:
+        return []
+    out = [f"Machine: {m.get('cpu')}, ISA {' '.join(m.get('isa') or []) or '-'}, {m.get('cores')} usable cores."]
+    settings = env.get("strategy_settings") or {}
+    if settings:
+        out += ["", "| strategy | dtype | threads | prepack | why |", "|---|---|---|---|---|"]
+        for name, st in settings.items():
+            out.append(f"| {name} | {st['dtype']} | {st['threads']} | {'on' if st['prepack'] else 'off'} | "
+                       f"{st.get('dtype_reason', '')} |")
+    load = env.get("load") or {}
+    if load.get("others_max") is not None:
+        out += ["", f"Load from other processes during the run: mean {load['others_mean']:.2f}, max "
+                    f"{load['others_max']:.2f} cores."]
+        if load.get("exceeded_cores"):
+            out.append("**Warning: threads + other processes' load exceeded the usable cores: these timings are not "
+                       "those of a quiet machine.**")
+    return out
+
+
 def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
     cfg, env, summary = results["config"], results["environment"], results["summary"]
     cols = summary["columns"]
@@ -168,6 +190,7 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
         f"strategies interleaved per question after {cfg['warmup']} warm-up question(s).",
         f"Environment: {env['cpu']} ({env['cpu_count']} CPUs, torch threads {env['torch_threads']}), "
         f"torch {env['torch']}, transformers {env['transformers']}, specframe {env['specframe']}, {env['date']}.",
+        *_machine_lines(env),
         "",
         "## Speedup over `none` (same run) and τ",
         "",

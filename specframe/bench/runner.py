@@ -62,24 +62,45 @@ def environment() -> dict[str, Any]:
 
 
 class BenchRunner:
-    """Runs every strategy on every question; owns no model loading (``sf`` is a loaded ``Specframe``)."""
+    """Runs every strategy on every question; owns no model loading (``sf`` is a loaded ``Specframe``, or a dict
+    strategy name -> ``Specframe`` when strategies run the target with different dtype / threads / layout)."""
 
     def __init__(self, sf: Any, cfg: BenchConfig, assistants: dict[str, Any] | None = None) -> None:
-        self.sf, self.cfg, self.assistants = sf, cfg, assistants or {}
+        self.cfg, self.assistants = cfg, assistants or {}
+        self.by_strategy = sf if isinstance(sf, dict) else {s.name: sf for s in cfg.strategies}
+        self.sf = self.by_strategy.get(BASELINE) or next(iter(self.by_strategy.values()))
+        self.monitor = None
+        try:
+            from ..machine import LoadMonitor
+
+            self.monitor = LoadMonitor()
+            self.monitor.sample(settle_s=0.1)
+        except Exception:  # noqa: BLE001 - load figures are informative only
+            self.monitor = None
 
     def run_one(self, strategy: Strategy, ids: list[int], seed: int, max_new_tokens: int) -> dict[str, Any]:
         c = self.cfg
+        sf = self.by_strategy[strategy.name]
+        settings = getattr(sf.target, "settings", None)
+        if settings is not None and sf.target.device.type == "cpu":
+            torch.set_num_threads(settings.threads)  # torch's thread count is global: each strategy sets its own
         if strategy.peer is not None:
-            return run_peer(
-                self.sf.target, strategy.peer, strategy.options, ids, max_new_tokens=max_new_tokens,
+            rec = run_peer(
+                sf.target, strategy.peer, strategy.options, ids, max_new_tokens=max_new_tokens,
                 temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=seed,
                 assistant=self.assistants.get(strategy.name),
             )
-        res = self.sf.generate_result(
-            ids, proposers=strategy.proposers, max_new_tokens=max_new_tokens, temperature=c.temperature,
-            top_p=c.top_p, top_k=c.top_k, seed=seed, merge=strategy.merge, router=strategy.router,
-        )
-        return {"token_ids": res.token_ids, "finish_reason": res.finish_reason, "metrics": res.metrics.to_dict()}
+        else:
+            res = sf.generate_result(
+                ids, proposers=strategy.proposers, max_new_tokens=max_new_tokens, temperature=c.temperature,
+                top_p=c.top_p, top_k=c.top_k, seed=seed, merge=strategy.merge, router=strategy.router,
+            )
+            rec = {"token_ids": res.token_ids, "finish_reason": res.finish_reason, "metrics": res.metrics.to_dict()}
+        if settings is not None:
+            rec["settings"] = {"dtype": settings.dtype, "threads": settings.threads, "prepack": settings.prepack}
+        if self.monitor is not None:
+            rec["others_load"] = round(self.monitor.sample().others, 2)  # other processes' cores during this run
+        return rec
 
     def run(self, questions: list[Prompt], advance: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
         c = self.cfg
@@ -96,7 +117,7 @@ class BenchRunner:
                         rec = self.run_one(s, ids, seed, c.max_new_tokens)
                         rec.update(question_id=q.question_id, category=q.category, group=category_group(q.category),
                                    strategy=s.name, kind="peer" if s.peer else "specframe", seed=seed, repeat=rep,
-                                   prompt_tokens=len(ids))
+                                   prompt_tokens=len(ids), plain=s.proposers == [{"name": BASELINE}])
                         records.append(rec)
                         advance(s.name)
         return records
@@ -114,26 +135,43 @@ def is_near_tie(gap: float, top1: float, dtype: torch.dtype) -> bool:
 
 
 def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Prompt], chat: bool) -> list[dict[str, Any]]:
-    """Greedy runs: every strategy's token ids must equal the baseline's for the same question, seed, repeat.
+    """Greedy runs: every strategy's token ids must equal the baseline's for the same question, seed, repeat, run
+    with the same dtype and weight layout (``none``, or another plain-decoding strategy for other settings; runs
+    with no such reference are not compared). ``sf``: a ``Specframe``, or a callable strategy name -> ``Specframe``.
 
     Returns one entry per mismatch with the first divergent position and the target's top-2 logit gap there
     (computed in the run's dtype: a small gap marks a near-tie where a 1-token and a k-token forward may round
     differently in bf16).
     """
-    base = {(r["question_id"], r["seed"], r["repeat"]): r for r in records if r["strategy"] == BASELINE}
+    def layout(r: dict[str, Any]) -> tuple:  # the kernels a run used: outputs compare only within one
+        st = r.get("settings") or {}
+        return st.get("dtype"), st.get("prepack")
+
+    plain = [r for r in records if r["strategy"] == BASELINE]
+    plain_layouts = {layout(r) for r in plain}
+    for r in records:  # another plain-decoding strategy is the reference for a dtype / layout `none` did not use
+        if r.get("plain") and layout(r) not in plain_layouts:
+            plain.append(r)
+    base: dict[tuple, dict[str, Any]] = {}
+    for r in plain:
+        base.setdefault((r["question_id"], r["seed"], r["repeat"], layout(r)), r)
     text = {q.question_id: q.text for q in questions}
     out = []
     for r in records:
-        if r["strategy"] == BASELINE:
+        if r["strategy"] == BASELINE or r in plain:
             continue
-        b = base[(r["question_id"], r["seed"], r["repeat"])]
+        b = base.get((r["question_id"], r["seed"], r["repeat"], layout(r)))
+        if b is None:  # no plain-decoding run with the same dtype and layout: nothing to compare with
+            continue
         got, ref = r["token_ids"], b["token_ids"]
         if got == ref:
             continue
         first = next((i for i, (x, y) in enumerate(zip(got, ref)) if x != y), min(len(got), len(ref)))
-        ids = sf.encode(text[r["question_id"]], chat) + ref[:first]
+        one = sf(r["strategy"]) if callable(sf) else sf
+        ids = one.encode(text[r["question_id"]], chat) + ref[:first]
+        target = one.target
         with torch.inference_mode():
-            logits = sf.target.model(input_ids=torch.tensor([ids], device=sf.target.device)).logits[0, -1].float()
+            logits = target.model(input_ids=torch.tensor([ids], device=target.device)).logits[0, -1].float()
         top = torch.topk(logits, 2)
         gap = float(top.values[0] - top.values[1])
         out.append({
@@ -142,6 +180,6 @@ def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Promp
             "strategy_token": got[first] if first < len(got) else None,
             "top2_logit_gap": gap,
             "top1_logit": float(top.values[0]),
-            "near_tie": is_near_tie(gap, float(top.values[0]), sf.target.dtype),
+            "near_tie": is_near_tie(gap, float(top.values[0]), target.dtype),
         })
     return out
