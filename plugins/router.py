@@ -41,11 +41,16 @@ most ``free_cost`` drafts with the full budget, and ``route`` plans the costly o
 bound: 0 means not worth running even alone); then the same ascent runs with the drafts made so far known — a
 drafted proposer's options are the prefixes of its actual draft (``nodes(D)`` = shortest prefix holding its nodes
 of depth <= D) valued with ``hit[j][d]``, the probability its nodes reach depth ``d`` on the accepted path given
-its kept draft reaches depth ``d``, and its draft cost counts as spent. Proposers still to run get their budgets
-again (0 = skip: the cheap draft already looks good enough), and every draft is trimmed to its chosen prefix.
+its kept draft reaches depth ``d`` — the product of per-depth continuation rates ``cont[j][d]`` (the chance that
+depth ``d + 1`` is accepted once the path got to depth ``d``, learned only from steps that got there, so the worth
+of a long match survives a run of misses) — and its draft cost counts as spent. Proposers still to run get their
+budgets again (0 = skip: the cheap draft already looks good enough), and every draft is trimmed to its chosen
+prefix, unless keeping it whole costs at most ``keep_tolerance`` (3 %) of the best E / C: on a flat cost curve
+extra nodes are nearly free and a trim must clearly pay.
 
-Exploration, so a skipped proposer's statistics do not freeze: one left out (or whose draft was trimmed to
-nothing) for ``probe_every`` steps in a row is run once with the full budget and its draft kept whole, and with probability ``explore`` per step one costly
+Exploration, so a skipped proposer's statistics do not freeze: one left out (or whose draft was trimmed) for
+``probe_every`` steps in a row is run once with the full budget and its draft kept whole, and with probability
+``explore`` per step one costly
 proposer (drawn from the router's own ``random.Random`` seeded with the request's seed: deterministic, no global
 RNG, and the request's generator is untouched) is run too.
 """
@@ -94,6 +99,9 @@ class AdaptiveConfig(RouterConfig):
         "budget every step; what of its draft is kept is decided once it is known.",
     )
     probe_every: int = Field(16, ge=1, description="Run a proposer left out this many steps in a row once, fully.")
+    keep_tolerance: float = Field(
+        0.03, ge=0.0, lt=1.0, description="Keep a draft whole when that lowers the expected tokens per cost by at most "
+        "this fraction (the nodes a trim saves must pay clearly; 0 = trim to the exact optimum).")
     explore: float = Field(0.05, ge=0.0, le=1.0, description="Chance per step to also run one left-out proposer.")
 
     @field_validator("cost_profile")
@@ -178,12 +186,12 @@ class AdaptiveRouter(RouterBase):
             log.warning("router adaptive: draft_cost names %s, not among the proposers %s; those costs are ignored",
                         unknown, list(proposers))
         self.reach = [[cfg.prior ** d for d in range(1, cfg.max_depth + 1)] for _ in range(p)]
-        self.hit = [[cfg.prior ** d for d in range(1, cfg.max_depth + 1)] for _ in range(p)]
+        self.cont = [[cfg.prior] * cfg.max_depth for _ in range(p)]  # P(depth d+1 accepted | depth d reached, kept)
         self.width = [[1.0] * cfg.max_depth for _ in range(p)]
         self.draft_s = [0.0] * p
         self.t1: float | None = None
         self.idle = [0] * p  # steps left out in a row
-        self.starved = [0] * p  # steps in a row whose draft was trimmed to nothing
+        self.starved = [0] * p  # steps in a row whose draft was trimmed (its deeper statistics went stale)
         self.rng = random.Random(seed)
         self.forced: set[int] = set()  # probed / explored this step: run with the full budget, kept whole
 
@@ -200,7 +208,7 @@ class AdaptiveRouter(RouterBase):
         for j in costly:
             if self.idle[j] + 1 >= self.config.probe_every:
                 self.forced.add(j)
-        for j, ok in enumerate(available):  # a draft trimmed away every step would never be measured again
+        for j, ok in enumerate(available):  # a draft trimmed every step would never have its depths measured again
             if ok and self.starved[j] + 1 >= self.config.probe_every:
                 self.forced.add(j)
         if costly and self.config.explore > 0 and self.rng.random() < self.config.explore:
@@ -231,6 +239,7 @@ class AdaptiveRouter(RouterBase):
         and node counts, ``hit`` as its reach, its draft cost already spent — and its number is the nodes to keep.
         """
         p, dmax = len(available), min(self.config.max_depth, max(budget, 0))
+        hits = self.hit if drafts is not None else None
         options: list[tuple[list[int], list[float], float]] = []  # per proposer: nodes(D) for D=1.., reach, cost
         fixed = 0.0  # draft cost already spent this step (drafted proposers), in one-token forwards
         for j in range(p):
@@ -238,7 +247,7 @@ class AdaptiveRouter(RouterBase):
             if draft is not None:
                 if draft.num_nodes:
                     fixed += self._draft_cost(j)
-                options.append(_prefix_levels(draft, dmax) + (self.hit[j], 0.0))
+                options.append(_prefix_levels(draft, dmax) + (hits[j], 0.0))
             elif not available[j]:
                 options.append(([], [], 0.0))
             else:
@@ -276,10 +285,53 @@ class AdaptiveRouter(RouterBase):
                     if ratio > best_ratio * (1 + 1e-9) and (best is None or ratio > best[0]):
                         best = (ratio, j, d + 1, n_j, add)
             if best is None:
+                if drafts is not None and self.config.keep_tolerance > 0:
+                    self._keep_whole(options, drafts, depth, nodes, fixed, max_nodes, best_ratio)
                 return depth, nodes
             best_ratio, j, d, n_j, extra_cost = best
             total_nodes += n_j - nodes[j]
             depth[j], nodes[j] = d, n_j
+
+    def _keep_whole(self, options: list, drafts: Sequence[DraftTree | None], depth: list[int], nodes: list[int],
+                    fixed: float, max_nodes: int, best: float) -> None:
+        """Keep each trimmed draft whole when that costs at most ``keep_tolerance`` of the best E / C: the
+        statistics are noisy moving averages, and the tokens a trim throws away come in bursts (a long lookup match)
+        that a short memory undervalues, while on a flat cost curve the nodes cost almost nothing. In place."""
+        dmax = max((len(o[0]) for o in options), default=0)
+
+        def ratio(dep: list[int], nod: list[int]) -> float:
+            e = 1.0
+            for d in range(dmax):
+                miss = 1.0
+                for i, (_, reach, _) in enumerate(options):
+                    if d < dep[i]:
+                        miss *= 1.0 - reach[d]
+                e += 1.0 - miss
+            extra = sum(options[i][2] for i in range(len(options)) if dep[i] and (drafts[i] is None))
+            return e / (self.v(1 + sum(nod)) + fixed + extra)
+
+        for j, draft in enumerate(drafts):
+            if draft is None or not options[j][0] or nodes[j] >= options[j][0][-1]:
+                continue
+            dep, nod = list(depth), list(nodes)
+            dep[j], nod[j] = len(options[j][0]), options[j][0][-1]
+            if sum(nod) <= max_nodes and ratio(dep, nod) >= (1 - self.config.keep_tolerance) * best:
+                depth[j], nodes[j] = dep[j], nod[j]
+
+    @property
+    def hit(self) -> list[list[float]]:
+        """``hit[j][d]``: probability that ``j``'s nodes on the accepted path reach depth ``d + 1`` given its kept
+        draft reaches that depth: the product of the per-depth continuation rates ``cont[j][0..d]``. Learning each
+        depth's rate only when the path got there keeps what a long match is worth even after a run of misses
+        (lookup drafts are all-or-nothing: bursts of long accepted copies between short misses)."""
+        out = []
+        for row in self.cont:
+            acc, prods = 1.0, []
+            for c in row:
+                acc *= c
+                prods.append(acc)
+            out.append(prods)
+        return out
 
     def _draft_cost(self, j: int) -> float:
         if self.timed and self.t1 and self.draft_s[j]:
@@ -294,8 +346,8 @@ class AdaptiveRouter(RouterBase):
             self.t1 = t1 if self.t1 is None else a * self.t1 + (1 - a) * t1
         for j, s in enumerate(report.proposers):
             self.idle[j] = 0 if s.asked else self.idle[j] + 1
-            if s.asked and s.proposed:
-                self.starved[j] = self.starved[j] + 1 if s.drafted == 0 else 0
+            if s.asked and s.proposed:  # trimmed: its deeper nodes' statistics are not refreshed this step
+                self.starved[j] = self.starved[j] + 1 if s.drafted < s.proposed else 0
             if not s.asked or s.fault:
                 continue
             if self.timed:
@@ -310,7 +362,8 @@ class AdaptiveRouter(RouterBase):
             for d, n in enumerate(s.drafted_by_depth[: cfg.max_depth]):
                 if n:
                     self.width[j][d] = a * self.width[j][d] + (1 - a) * n
-                    self.hit[j][d] = a * self.hit[j][d] + (1 - a) * (1.0 if s.accepted > d else 0.0)
+                    if s.accepted >= d:  # the path reached depth d: depth d + 1 was put to the test
+                        self.cont[j][d] = a * self.cont[j][d] + (1 - a) * (1.0 if s.accepted > d else 0.0)
 
 
 def _prefix_levels(draft: DraftTree, dmax: int) -> tuple[list[int]]:

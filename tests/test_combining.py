@@ -356,8 +356,10 @@ def test_router_on_step_counts_idle_steps_and_conditional_hits():
     # a: a 3-chain with its first 2 nodes accepted; b left out
     router.on_step(StepReport((step("a", 3, 2, budget=16), step("b", asked=False)), 3, 2, 0.0))
     assert router.idle == [0, 1]
-    assert router.hit[0][:3] == pytest.approx([0.9 * 0.6 + 0.1, 0.9 * 0.36 + 0.1, 0.9 * 0.216])
-    assert router.hit[0][3:] == pytest.approx(prior[3:])  # depths it did not draft tell nothing about its hits
+    # per-depth continuation rates: depths 1 and 2 were reached and accepted, depth 3 reached and rejected
+    assert router.cont[0][:3] == pytest.approx([0.9 * 0.6 + 0.1, 0.9 * 0.6 + 0.1, 0.9 * 0.6])
+    assert router.hit[0][:3] == pytest.approx([0.64, 0.64 ** 2, 0.64 ** 2 * 0.54])  # their running products
+    assert router.cont[0][3:] == pytest.approx([0.6] * 9)  # depths it did not draft tell nothing about its hits
     assert router.hit[1] == pytest.approx(prior)  # not asked: unchanged
     # the unconditional reach also learns that a reached nothing past depth 2 (it was not cut short)
     assert router.reach[0][3] == pytest.approx(0.9 * 0.6 ** 4)
@@ -365,7 +367,9 @@ def test_router_on_step_counts_idle_steps_and_conditional_hits():
     router.on_step(StepReport((step("a", asked=False),
                                step("b", 3, 0, budget=4, depths=(2, 1))), 3, 0, 0.0))
     assert router.idle == [1, 0]
-    assert router.hit[1][:2] == pytest.approx([0.9 * 0.6, 0.9 * 0.36]) and router.hit[1][2] == pytest.approx(prior[2])
+    # depth 1 was put to the test and failed; depth 2 was never reached, so its rate keeps the prior
+    assert router.cont[1][:3] == pytest.approx([0.9 * 0.6, 0.6, 0.6])
+    assert router.hit[1][:3] == pytest.approx([0.54, 0.54 * 0.6, 0.54 * 0.36])
     assert router.width[1][:2] == pytest.approx([0.9 + 0.1 * 2, 1.0])
     before = [list(h) for h in router.hit]  # a faulty step counts as asked (idle 0) but teaches nothing
     faulty = ProposerStep("a", True, 8, 0, 0, (), 0, 0, 0.0, True)
@@ -387,7 +391,8 @@ def cheap_and_costly_router(every: int) -> AdaptiveRouter:
 def test_router_cascade_skips_the_costly_proposer_when_the_cheap_draft_is_long_and_trusted():
     router = cheap_and_costly_router(every=5)
     # when a drafts its draft is accepted (hit: conditional on drafting), but it mostly has nothing to draft (reach)
-    assert all(r < 0.35 and h > r + 0.2 for h, r in zip(router.hit[0][:8], router.reach[0][:8]))
+    assert all(r < 0.35 and c > 0.7 for c, r in zip(router.cont[0][:8], router.reach[0][:8]))
+    assert all(h > r + 0.2 for h, r in zip(router.hit[0][:3], router.reach[0][:3]))
     budgets = router.route(16, 24, [True, True])
     assert budgets[0] == 16  # free: drafts with the full budget
     assert budgets[1] > 0  # before a's draft is known, b is worth running
@@ -400,7 +405,8 @@ def test_router_cascade_skips_the_costly_proposer_when_the_cheap_draft_is_long_a
 
 
 def test_router_revise_trims_a_draft_to_the_prefix_that_pays():
-    router = AdaptiveRouter(AdaptiveConfig(measure="never", explore=0.0))
+    # no tolerance: trim to the exact optimum; a cost curve where each extra node costs 0.1 of a forward
+    router = AdaptiveRouter(AdaptiveConfig(measure="never", explore=0.0, keep_tolerance=0.0, cost_slope=0.1))
     router.start(["a", "b"], seed=0, greedy=True)
     for _ in range(20):  # a's 8-chains: only the first node is ever accepted
         router.on_step(StepReport((step("a", 8, 1, budget=16), step("b", asked=False)), 8, 1, 0.0))
