@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from .contracts import MergePolicyConfig, ProposerConfig, RouterConfig
 from .errors import ConfigError
@@ -86,7 +86,7 @@ class SpecframeConfig(BaseModel):
         "where supported."
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Where the target runs.")
-    threads: int | Literal["auto"] = Field(
+    threads: StrictInt | Literal["auto"] = Field(
         "auto", description="torch threads; auto = the fastest measured count that fits in the cores other "
         "processes leave free, re-checked during a run (docs/machine.md).")
     prepack: bool | Literal["auto"] = Field(

@@ -88,16 +88,31 @@ def fingerprint_key(*parts: object) -> str:
 
 
 def _proc_stat() -> tuple[float, float] | None:
-    """(busy, total) CPU seconds of the whole machine so far, from ``/proc/stat``; None where it is missing."""
+    """(busy, total) CPU seconds so far of the CPUs this process may run on (its affinity mask; the per-CPU lines
+    of ``/proc/stat``, the machine-wide line where they are missing); None where ``/proc/stat`` is missing.
+    Load on CPUs outside the mask takes nothing from this process. (A cgroup CPU quota on a larger host is not
+    seen this way: there the figure counts the whole mask.)"""
     try:
         with open("/proc/stat") as f:
-            fields = [float(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
+            lines = [line.split() for line in f if line.startswith("cpu")]
+    except OSError:
+        return None
+    try:
+        mine = {f"cpu{i}" for i in os.sched_getaffinity(0)}
+    except AttributeError:
+        mine = set()
+    rows = [r for r in lines if r[0] in mine] or [r for r in lines if r[0] == "cpu"]
+    try:
+        busy = total = 0.0
+        for r in rows:
+            fields = [float(x) for x in r[1:]]
+            idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+            t = sum(fields[:8])  # guest time is already counted in user
+            busy, total = busy + t - idle, total + t
+    except (ValueError, IndexError):
         return None
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
-    total = sum(fields[:8])  # guest time is already counted in user
-    return (total - idle) / tick, total / tick
+    return busy / tick, total / tick
 
 
 def _own_cpu_s() -> float:

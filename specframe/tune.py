@@ -187,7 +187,7 @@ class MachineProfile:
                 and (prepack == "auto" or m.candidate.prepack == bool(prepack))
                 and (m.candidate.threads == threads if threads != "auto"
                      else max_threads is None or m.candidate.threads <= max_threads)]
-        if not pool and threads == "auto":  # even the fewest measured threads exceed the free cores
+        if not pool and threads == "auto" and self.measured:  # even the fewest measured threads exceed the free cores
             fewest = min(m.candidate.threads for m in self.measured)
             pool = [m for m in self.measured if m.candidate.threads == fewest
                     and (dtype == "auto" or m.candidate.dtype == dtype)
@@ -215,7 +215,7 @@ def load_profile(key: str) -> MachineProfile | None:
     path = profile_path(key)
     try:
         return MachineProfile.from_json(json.loads(path.read_text()), path)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -285,7 +285,7 @@ def measure_profile(directory: Path, model_name: str, device: str, progress: Any
     todo = candidates(device, cores)
     task = progress.add_task("measuring this machine", total=len(todo) * len(CONTEXTS)) if progress else None
     tick = (lambda: progress.advance(task)) if progress else (lambda: None)
-    start, measured = time.perf_counter(), []
+    start, measured, measuring = time.perf_counter(), [], 0.0  # the budget counts timing, not model loading
     old_threads = torch.get_num_threads()
     try:
         for dtype in DTYPES:
@@ -301,12 +301,14 @@ def measure_profile(directory: Path, model_name: str, device: str, progress: Any
                 if packed:
                     pack_linears(model)
                 for c in group:
-                    if time.perf_counter() - start > budget_s:
+                    if measuring > budget_s:
                         log.warning("machine profile: %.0f s budget spent; %s not measured", budget_s, c.label)
                         tick(), tick()
                         continue
                     torch.set_num_threads(c.threads)
+                    t0 = time.perf_counter()
                     measured.append(Measured(c, time_forwards(model, vocab, tick=tick)))
+                    measuring += time.perf_counter() - t0
             del model
     finally:
         torch.set_num_threads(old_threads)
@@ -326,6 +328,8 @@ def get_profile(directory: Path, model_name: str, device: str, progress: Any = N
         if LoadMonitor().sample().others > 0.3:
             return prof
     prof = measure_profile(directory, model_name, device, progress)
+    if not prof.measured:  # nothing fitted the budget: nothing to cache (choose() then returns the defaults)
+        return prof
     if prof.others_load > 0.3:
         log.warning("machine profile measured while other processes used %.1f cores: kept as provisional, measured "
                     "again on a later start when the machine is quiet", prof.others_load)
