@@ -168,6 +168,7 @@ class Specframe:
             stop_strings=tuple(c.stop if stop is None else stop),
             on_text=on_text,
             observer=observer,
+            between_steps=governor.check if governor is not None else None,  # a neighbour may start mid-request
         )
         if observer is not None:
             observer.request(tuple(labels), len(ids), tuple(result.token_ids), result.finish_reason,

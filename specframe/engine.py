@@ -129,10 +129,13 @@ class Engine:
         stop_strings: Sequence[str] = (),
         on_text: Callable[[str], None] | None = None,
         observer: Observers | None = None,
+        between_steps: Callable[[], Any] | None = None,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens after ``prompt_ids``.
 
         ``observer`` receives one event per step (None: no events; see :meth:`Registry.observers`).
+        ``between_steps`` is called after every step (e.g. the thread governor's cheap, rate-limited load check); it
+        cannot change the output.
 
         Raises:
             ConfigError: ``max_new_tokens < 1`` or an empty prompt.
@@ -146,7 +149,8 @@ class Engine:
             raise PromptTooLongError(
                 f"prompt has {len(prompt_ids)} tokens; the model's context is {self.target.max_context}: shorten it"
             )
-        return _Request(self, prompt_ids, max_new_tokens, sampling, seed, tuple(stop_strings), on_text, observer).run()
+        return _Request(self, prompt_ids, max_new_tokens, sampling, seed, tuple(stop_strings), on_text, observer,
+                        between_steps).run()
 
 
 def proposer_labels(names: Sequence[str]) -> list[str]:
@@ -162,8 +166,10 @@ def proposer_labels(names: Sequence[str]) -> list[str]:
 class _Request:
     """One request's state and loop (kept apart from ``Engine`` so the engine stays reusable)."""
 
-    def __init__(self, engine, prompt_ids, max_new_tokens, sampling, seed, stop_strings, on_text, observer) -> None:
+    def __init__(self, engine, prompt_ids, max_new_tokens, sampling, seed, stop_strings, on_text, observer,
+                 between_steps=None) -> None:
         self.e = engine
+        self.between_steps = between_steps
         target = engine.target
         self.device = target.device
         generator = torch.Generator(device=self.device)
@@ -203,6 +209,8 @@ class _Request:
         self.drafting.start(self.state, self.seed)
         while self.stops.finish_reason is None:
             self.step()
+            if self.between_steps is not None:
+                self.between_steps()
         m.wall_s = time.perf_counter() - t_start
         generated = self.stops.generated
         text = e.target.decode(generated) if e.target.tokenizer is not None else ""

@@ -11,6 +11,7 @@ when the machine was quiet, so the wait policy is left to the user (see docs/mac
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -25,6 +26,7 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni",
              "asimd", "sve", "bf16", "i8mm")
 
 
+@functools.lru_cache(maxsize=1)
 def _cpuinfo() -> tuple[str, list[str]]:
     """(CPU model name, the :data:`ISA_FLAGS` it has) from ``/proc/cpuinfo``; platform names elsewhere."""
     model, flags = platform.processor() or platform.machine(), set()
@@ -78,7 +80,7 @@ def fingerprint() -> dict:
 
     model, isa = _cpuinfo()
     cores, _ = usable_cores()
-    return {"cpu": model, "isa": isa, "cores": cores, "machine": platform.machine(), "torch": torch.__version__}
+    return {"cpu": model, "isa": list(isa), "cores": cores, "machine": platform.machine(), "torch": torch.__version__}
 
 
 def fingerprint_key(*parts: object) -> str:

@@ -349,8 +349,9 @@ def measured_threads(profile: MachineProfile | None, candidate: Candidate) -> li
 class ThreadGovernor:
     """Keeps torch's thread count within the cores other processes leave free, during a run.
 
-    ``check()`` (called before each request; cheap: one ``/proc/stat`` read) re-measures others' load over the
-    time since the last check, at most every ``every_s`` seconds, and when the best thread count changes sets it
+    ``check()`` (called before each request and after every decoding step; cheap: a clock read, and one
+    ``/proc/stat`` read at most every ``every_s`` seconds) re-measures others' load over the time since the last
+    check, and when the best thread count changes sets it
     (``torch.set_num_threads``) and points ``curve`` at that thread count's measured v(n).
     """
 
@@ -359,7 +360,7 @@ class ThreadGovernor:
     cores: int
     profile: MachineProfile | None = None
     curve: CostCurve = field(default_factory=CostCurve)
-    every_s: float = 2.0
+    every_s: float = 1.0
     monitor: LoadMonitor = field(default_factory=LoadMonitor)
     last_check: float = 0.0
     last_load: float = 0.0
