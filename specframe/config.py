@@ -75,6 +75,15 @@ class RouterSettings(BaseModel):
     name: str = Field("adaptive", description="Router (see `specframe plugins`), or none.")
 
 
+def proposer_shorthand(v: Any) -> Any:
+    """``"ngram"`` is short for ``{"name": "ngram"}`` (a list may mix both forms); anything else is left as it is."""
+    if isinstance(v, str):
+        v = [v]
+    if isinstance(v, (list, tuple)):
+        return [{"name": p} if isinstance(p, str) else p for p in v]
+    return v
+
+
 class SpecframeConfig(BaseModel):
     """Top-level configuration (file or Python API)."""
 
@@ -137,12 +146,7 @@ class SpecframeConfig(BaseModel):
     @field_validator("proposers", mode="before")
     @classmethod
     def _proposer_shorthand(cls, v: Any) -> Any:
-        """``"ngram"`` is short for ``{"name": "ngram"}`` (a list may mix both forms)."""
-        if isinstance(v, str):
-            v = [v]
-        if isinstance(v, (list, tuple)):
-            return [{"name": p} if isinstance(p, str) else p for p in v]
-        return v
+        return proposer_shorthand(v)
 
     @field_validator("proposers")
     @classmethod

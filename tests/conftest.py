@@ -36,3 +36,17 @@ def target(model, tokenizer) -> Target:
 @pytest.fixture
 def llama_target(llama_model, tokenizer) -> Target:
     return Target(llama_model, tokenizer)
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if anything tries to load a real model (bad input must be refused before that)."""
+    import specframe.api
+    import specframe.models
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a model load was attempted")
+
+    monkeypatch.setattr(specframe.models, "load_target", forbidden)
+    monkeypatch.setattr(specframe.models, "load_model", forbidden)
+    monkeypatch.setattr(specframe.api, "load", forbidden)

@@ -734,19 +734,6 @@ def test_threads_true_is_rejected(tmp_path):
         load_config(f)
 
 
-@pytest.fixture
-def no_model_load(monkeypatch):
-    import specframe.api
-    import specframe.models
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("a model load was attempted")
-
-    monkeypatch.setattr(specframe.models, "load_target", forbidden)
-    monkeypatch.setattr(specframe.models, "load_model", forbidden)
-    monkeypatch.setattr(specframe.api, "load", forbidden)
-
-
 @pytest.mark.parametrize("args, needle", [(["--threads", "x"], "--threads"), (["--threads", "0"], "--threads"),
                                           (["--threads", "-2"], "--threads"), (["--prepack", "maybe"], "--prepack")])
 def test_cli_bad_machine_flags(args, needle, no_model_load):

@@ -533,17 +533,6 @@ def test_run_recipe_unknown_kind(tiny, tmp_path):
 runner = CliRunner()
 
 
-@pytest.fixture
-def no_model_load(monkeypatch):
-    import specframe.models
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("a model load was attempted")
-
-    monkeypatch.setattr(specframe.models, "load_target", forbidden)
-    monkeypatch.setattr(specframe.models, "load_model", forbidden)
-
-
 @pytest.mark.parametrize(
     "args, needle",
     [

@@ -50,11 +50,9 @@ class Strategy(BaseModel):
     @classmethod
     def _shorthand(cls, v: Any) -> Any:
         """``ngram`` is short for ``{name: ngram}``, as in the top-level config."""
-        if isinstance(v, str):
-            v = [v]
-        if isinstance(v, (list, tuple)):
-            return [{"name": p} if isinstance(p, str) else p for p in v]
-        return v
+        from ..config import proposer_shorthand
+
+        return proposer_shorthand(v)
 
     @model_validator(mode="after")
     def _one_kind(self) -> "Strategy":
