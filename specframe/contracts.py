@@ -85,6 +85,10 @@ class DecodeState:
     generator: torch.Generator  # per-request randomness; draw from it, never from the global RNG
     hidden: Tensor | None = None  # [B, H] target's last hidden state at the last position it processed
     # (filled only when a proposer declares needs_hidden_states)
+    features: Tensor | None = None  # [B, T_f, F, H] target dtype: hidden states of the layers ``feature_layers``
+    # at positions 0..T_f-1, every position the target has processed (T_f = T - 1 between steps: all committed
+    # tokens but the newest); filled only when a proposer declares ``feature_layers`` and the target supports it
+    feature_layers: tuple[int, ...] = ()  # transformers hidden_states indices of ``features``' F axis, ascending
 
     @property
     def num_generated(self) -> int:
@@ -159,6 +163,10 @@ class Proposer(Protocol):
     - ``needs_hidden_states``: the engine fills ``DecodeState.hidden``.
     - ``produces_trees``: drafts may branch (needs a tree-capable verifier).
     - ``provides_draft_probs``: drafts carry ``draft_probs``; otherwise they are deterministic (one-hot q).
+    - ``feature_layers`` (optional, may be set per instance): transformers ``hidden_states`` indices (0 = the
+      embeddings, ``i`` = after decoder layer ``i``) whose states at every processed position the proposer reads
+      from ``DecodeState.features`` (EAGLE-style drafters); the engine takes them from the verification forward it
+      runs anyway.
 
     Construction: ``cls(config, target_info)``. One instance serves one request at a time; ``start`` resets it.
     """

@@ -105,6 +105,12 @@ class Engine:
                     f"proposer {p.name!r} drafts token trees but verifier {verifier.name!r} verifies chains only"
                 )
         self._want_hidden = any(getattr(p, "needs_hidden_states", False) for p in proposers)
+        # target hidden states at every processed position, for proposers that read features (EAGLE-style)
+        layers = sorted({int(i) for p in proposers for i in (getattr(p, "feature_layers", None) or ())})
+        self._layers: tuple[int, ...] = tuple(layers) if hasattr(target, "forward_features") else ()
+        if layers and not self._layers:
+            log.warning("target %s cannot return hidden-state features: feature-reading proposers draft nothing",
+                        type(target).__name__)
         # branching drafts need a proposer that declares them, a tree-capable verifier and a target whose layers
         # all take one tree mask; otherwise a branching draft breaks the contract (that proposer's draft is left
         # out). A merged tree may branch when the verifier and target take trees; otherwise it becomes one chain.
@@ -197,14 +203,17 @@ class _Request:
         self._faults_seen = 0  # proposer faults already reported to the observer
         self.cache = target.new_cache()
         self.prompt_ids = prompt_ids
+        self.features: torch.Tensor | None = None  # [1, prompt + max_new, F, H], filled as positions are processed
+        self.state.feature_layers = engine._layers
 
     def run(self) -> GenerationResult:
         t_start = time.perf_counter()
         e, m = self.e, self.metrics
         if self.length > 1:  # prefill all but the newest token (see the KV invariant above)
             ids = self.buf[:, : self.length - 1].to(self.device)
-            _, hidden = e.target.forward(ids, self.cache, want_hidden=e._want_hidden, logits_to_keep=1)
+            _, hidden, feats = self._forward(ids, want_hidden=e._want_hidden, logits_to_keep=1)
             self.state.hidden = None if hidden is None else hidden[:, -1]
+            self._store_features(feats, 0, list(range(ids.shape[1])))
         m.prefill_s = time.perf_counter() - t_start
         self.drafting.start(self.state, self.seed)
         while self.stops.finish_reason is None:
@@ -240,15 +249,16 @@ class _Request:
             parent = draft.parent[0].tolist()
             mask = tree_attention_mask(parent, base - 1, e.target.dtype, self.device)
             pos = tree_position_ids(parent, base - 1, self.device)
-            logits, hidden = e.target.forward(ids, self.cache, e._want_hidden, attention_mask=mask, position_ids=pos)
+            logits, hidden, feats = self._forward(ids, e._want_hidden, attention_mask=mask, position_ids=pos)
         else:
-            logits, hidden = e.target.forward(ids, self.cache, want_hidden=e._want_hidden)
+            logits, hidden, feats = self._forward(ids, want_hidden=e._want_hidden)
         # 4. accept
         t2 = time.perf_counter()
         result = e.verifier.verify(draft, logits, self.sampling, state.generator)
         accepted = result.accepted_nodes[0]
         # 5. commit, stop checks per token, KV rollback to the committed length minus the newest token
         committed = self.stops.feed([*draft.token_ids[0, list(accepted)].tolist(), result.next_token[0]])
+        self._store_features(feats, self.length - 1, [0, *(a + 1 for a in accepted)])
         self._commit(committed)
         if tree:
             compact(self.cache, base, list(accepted))  # keep only the accepted path
@@ -268,6 +278,21 @@ class _Request:
         m.propose_s += t1 - t0
         m.forward_s += t2 - t1
         m.verify_s += t3 - t2
+
+    def _forward(self, ids: torch.Tensor, want_hidden: bool, **kw: Any) -> tuple[Any, Any, Any]:
+        if self.e._layers:
+            return self.e.target.forward_features(ids, self.cache, self.e._layers, want_hidden, **kw)
+        logits, hidden = self.e.target.forward(ids, self.cache, want_hidden=want_hidden, **kw)
+        return logits, hidden, None
+
+    def _store_features(self, feats: torch.Tensor | None, start: int, rows: list[int]) -> None:
+        """Keep the features of the processed rows ``rows`` (committed positions ``start, start + 1, ...``)."""
+        if feats is None:
+            return
+        if self.features is None:
+            self.features = feats.new_empty((1, self.buf.shape[1], feats.shape[2], feats.shape[3]))
+        self.features[:, start : start + len(rows)] = feats[:, rows]
+        self.state.features = self.features[:, : start + len(rows)]
 
     def _commit(self, tokens: list[int]) -> None:
         if tokens:

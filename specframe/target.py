@@ -3,7 +3,7 @@ needs (encode a prompt, one forward over new tokens with a KV cache, decode)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -113,9 +113,31 @@ class Target:
         Returns:
             ``(logits [B, n or logits_to_keep, V] in the model's dtype, hidden [B, n, H] or None)``.
         """
+        logits, hidden, _ = self.forward_features(input_ids, cache, (), want_hidden, logits_to_keep, attention_mask,
+                                                  position_ids)
+        return logits, hidden
+
+    def forward_features(
+        self,
+        input_ids: Tensor,
+        cache: Any,
+        layers: Sequence[int],
+        want_hidden: bool = False,
+        logits_to_keep: int = 0,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """:meth:`forward` that also returns the hidden states of ``layers`` (indices into transformers'
+        ``hidden_states``: 0 = the embeddings, ``i`` = after decoder layer ``i``) at every new position.
+
+        Returns:
+            ``(logits, hidden, features)``: as :meth:`forward`, plus ``features [B, n, len(layers), H]`` in the
+            model's dtype (None when ``layers`` is empty).
+        """
         out = self.model(
-            input_ids=input_ids, cache=cache, use_cache=True, output_hidden_states=want_hidden,
+            input_ids=input_ids, cache=cache, use_cache=True, output_hidden_states=bool(want_hidden or layers),
             logits_to_keep=logits_to_keep, attention_mask=attention_mask, position_ids=position_ids,
         )
         hidden = out.hidden_states[-1] if want_hidden else None
-        return out.logits, hidden
+        feats = torch.stack([out.hidden_states[i] for i in layers], 2) if layers else None
+        return out.logits, hidden, feats

@@ -226,8 +226,8 @@ def test_corpus_build_resume_and_refusal(tiny, tmp_path, monkeypatch):
     seen = []
     build_corpus(tiny, out, CS, progress=lambda d, n: seen.append((d, n)))
     assert seen == [(1, 2), (2, 2)]
-    shards = sorted(p.name for p in out.glob("shard-*.jsonl"))
-    assert shards == ["shard-00000.jsonl", "shard-00001.jsonl"]
+    shards = sorted(p.name for p in out.glob("shard-*"))
+    assert shards == ["shard-00000.jsonl.gz", "shard-00001.jsonl.gz"]
     assert json.loads((out / "corpus.json").read_text())["settings"]["num_prompts"] == 6
     records = list(read_corpus(out))
     assert len(records) == 6
@@ -235,7 +235,8 @@ def test_corpus_build_resume_and_refusal(tiny, tmp_path, monkeypatch):
     assert sorted(r["kind"] for r in records) == sorted(p["kind"] for p in prompts)
     assert sorted(r["prompt_ids"] for r in records) == sorted(tiny.encode_prompt(p["text"]) for p in prompts)
     for r in records:
-        assert set(r) == {"kind", "prompt_ids", "response_ids"}
+        assert set(r) == {"id", "kind", "source", "turn", "prompt_ids", "response_ids"}
+        assert r["turn"] == 1 and r["source"] == "python-docs"
         resp = r["response_ids"]
         assert 1 <= len(resp) <= 6
         assert EOS not in resp[:-1]
@@ -246,14 +247,14 @@ def test_corpus_build_resume_and_refusal(tiny, tmp_path, monkeypatch):
     assert len({tuple(r["response_ids"]) for r in records}) > 2
 
     # resume: a missing shard is regenerated (one batch only), identically
-    before = {p.name: p.read_bytes() for p in out.glob("shard-*.jsonl")}
-    (out / "shard-00001.jsonl").unlink()
+    before = {p.name: p.read_bytes() for p in out.glob("shard-*")}
+    (out / "shard-00001.jsonl.gz").unlink()
     calls = []
     generate = tiny.model.generate
     monkeypatch.setattr(tiny.model, "generate", lambda *a, **k: calls.append(1) or generate(*a, **k))
     build_corpus(tiny, out, CS)
     assert len(calls) == 1
-    assert {p.name: p.read_bytes() for p in out.glob("shard-*.jsonl")} == before
+    assert {p.name: p.read_bytes() for p in out.glob("shard-*")} == before
     build_corpus(tiny, out, CS)  # complete: nothing to do
     assert len(calls) == 1
 
@@ -263,7 +264,7 @@ def test_corpus_build_resume_and_refusal(tiny, tmp_path, monkeypatch):
         with pytest.raises(ConfigError, match="other settings"):
             build_corpus(tiny, out, other)
     assert (out / "corpus.json").read_text() == meta
-    assert {p.name: p.read_bytes() for p in out.glob("shard-*.jsonl")} == before
+    assert {p.name: p.read_bytes() for p in out.glob("shard-*")} == before
 
 
 def test_read_corpus_needs_corpus_json(tmp_path):

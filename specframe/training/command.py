@@ -70,6 +70,51 @@ def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: i
               f"{ev['speedup']:.2f}x)")
 
 
+@train_app.command("corpus")
+def corpus(
+    output: Path = _OUTPUT, model: str = _MODEL,
+    prompts: int = typer.Option(24000, "--prompts", help="First-turn prompts (about 10% also get a second turn)."),
+    max_new_tokens: int = typer.Option(144, "--max-new-tokens", help="Longest target answer per turn."),
+    batch_size: int = typer.Option(64, "--batch-size", help="Prompts generated together."),
+    mix: str = typer.Option("broad", "--mix", help="broad (chat, code, math, writing, ...) or pydoc (small, no extra packages)."),
+    seed: int = _SEED, dtype: str = _DTYPE,
+) -> None:
+    """Build (or finish) a self-distillation corpus: the target's own greedy answers to a broad prompt mix."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from ..models import load_target, resolve_model
+    from .corpus import MIXES, CorpusSettings, build_corpus, corpus_stats, mix_prompts
+
+    try:
+        if prompts < 16 or max_new_tokens < 8 or batch_size < 1:
+            raise ConfigError("--prompts must be >= 16, --max-new-tokens >= 8 and --batch-size >= 1")
+        if mix not in MIXES:
+            raise ConfigError(f"--mix must be one of {', '.join(MIXES)}, got {mix!r}")
+        if dtype not in ("bfloat16", "float32"):
+            raise ConfigError(f"--dtype must be bfloat16 or float32, got {dtype!r}")
+        if output.exists() and not output.is_dir():
+            raise ConfigError(f"--output {output} is a file: give a folder")
+        source = resolve_model(model)
+        cs = CorpusSettings(source.name, prompts, max_new_tokens, batch_size, seed, dtype, mix)
+        mix_prompts(cs)  # a missing source package fails here, before the model loads
+        logging.getLogger("transformers").setLevel(logging.ERROR)
+        with err.status(f"loading {model} ...", spinner="dots"):
+            target = load_target(model, dtype=dtype, log=lambda s: err.print(s, markup=False))
+        cols = (TextColumn("corpus"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+        import time
+
+        t0 = time.perf_counter()
+        with Progress(*cols, console=err) as progress:
+            task = progress.add_task("corpus", total=None)
+            build_corpus(target, output, cs, progress=lambda d, n: progress.update(task, completed=d, total=n))
+        st = corpus_stats(output)
+        err.print(f"wrote {output}: {st['records']} records, {st['prompt_tokens']} prompt + {st['response_tokens']} "
+                  f"response tokens, {st['bytes'] / 2**20:.1f} MiB ({(time.perf_counter() - t0) / 60:.1f} min this run)")
+    except SpecframeError as exc:
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(2)
+
+
 @train_app.command("draft")
 def draft(
     model: str = _MODEL, output: Path = _OUTPUT, corpus: Optional[Path] = _CORPUS, prompts: int = _PROMPTS,

@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from .corpus import CorpusSettings, build_corpus, read_corpus
 from .draft import DraftSettings, finish_draft, train_draft
 from .medusa import MedusaSettings, finish_medusa, train_medusa
-from .prompts import SOURCE, build_prompts
+from .prompts import build_prompts
 from .teacher import teacher_pass
 
 EVAL_SEED = 10_001  # held-out prompts: same templates and source, another seed
@@ -86,7 +86,7 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
     ev = evaluate_tau(target, proposer, options, eval_prompts, progress=lambda d, n: bar("eval", d, n, ""))
     record = {
         "recipe": kind, "target": target_name, "target_dtype": str(target.dtype).replace("torch.", ""),
-        "corpus": {"settings": asdict(corpus_settings), "source": SOURCE, "records": len(records),
+        "corpus": {"settings": asdict(corpus_settings), "sources": _sources(corpus), "records": len(records),
                    "prompt_tokens": n_prompt, "response_tokens": n_resp, "build_s_this_run": round(t_corpus, 1)},
         "settings": asdict(settings), "result": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()},
         "eval": ev, "wall_s": round(time.perf_counter() - t0, 1),
@@ -96,6 +96,10 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
     (output / "README.md").write_text(model_card(record))
     (output / "ckpt.pt").unlink(missing_ok=True)  # done: the optimizer state is not shipped
     return record
+
+
+def _sources(corpus: Path) -> dict:
+    return json.loads((corpus / "corpus.json").read_text()).get("sources", {})
 
 
 def model_card(r: dict) -> str:
@@ -114,13 +118,15 @@ def model_card(r: dict) -> str:
         f"# specframe {proposer} weights for {r['target']}", "", what, "",
         f"Use: `specframe generate --proposer {proposer} ...` (these weights are the default for this target).", "",
         "## Data", "",
-        f"- Prompts: {c['records']} prompts built by `specframe.training.prompts` (seed {c['settings']['seed']}) from "
-        f"{c['source']}, plus specframe's own task templates and synthetic arithmetic problems. No Spec-Bench text.",
+        f"- Prompts: {c['records']} records of the `{c['settings'].get('mix', 'pydoc')}` prompt mix (seed "
+        f"{c['settings']['seed']}; `specframe train corpus`, docs/training.md). No Spec-Bench text.",
         "- Responses: the target's own greedy answers (self-distillation), "
         f"{c['settings']['max_new_tokens']} new tokens at most, generated in {c['settings']['dtype']}.",
         f"- {c['prompt_tokens']} prompt tokens, {c['response_tokens']} response tokens "
         f"(frequent-token subset covers {res['subset_coverage']:.1%} of the response tokens).",
-        "- Licence of the data: PSF License 2.0 (passages) and Apache-2.0 (templates); both allow commercial use.", "",
+        "- Sources and licences (each checked in the package's own licence file; all allow commercial use): "
+        + "; ".join(f"{k}: {v.get('package', '')} ({v.get('licence', '?')})" for k, v in c.get("sources", {}).items())
+        + ".", "",
         "## Training", "",
         "```", json.dumps(s), "```", "",
         f"{res['steps']} steps; final loss {res.get('final_loss', res.get('final_loss_head0')):.3f}, top-1 accuracy "

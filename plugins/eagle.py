@@ -1,0 +1,219 @@
+"""``eagle``: an EAGLE-style feature-level drafter with a dynamic draft tree (Li et al. 2024, EAGLE; EAGLE-2,
+dynamic trees; EAGLE-3, multi-layer feature fusion; see :mod:`specframe.learned.eagle_drafter`).
+
+The drafter reads the target's hidden states of a low, a middle and a high layer at every committed position,
+taken from the verification forward the engine already runs (``feature_layers``): no extra target forward. It
+keeps its own small KV cache over the committed positions and, each step, catches up on the positions committed
+since the last one, then drafts:
+
+- **greedy** (temperature 0) and a tree-capable target: an EAGLE-2 dynamic tree. Starting from the drafter's
+  distribution after the newest token, each level expands the ``top_k`` most likely nodes so far (likelihood =
+  product of the drafter's probabilities along the path) with their ``top_k`` best children, in one drafter pass
+  per level, for ``depth`` levels; then the ``max_nodes`` (or the step's budget) most likely nodes of everything
+  drafted are verified. Drafts are deterministic (one-hot q), so output is the target's greedy output.
+- **sampling**: a chain of ``depth`` tokens drawn from the drafter's warped distribution q (the request's
+  temperature / top-k / top-p, its generator), with q as ``draft_probs`` for exact rejection sampling
+  (Leviathan et al. 2022, Algorithm 1). q is zero outside the head's token subset, which the acceptance rule
+  handles exactly.
+- a target that cannot take tree masks (sliding-window attention), or ``top_k: 1``: the greedy chain.
+
+The output head scores the target's own LM-head rows of the ``S`` most frequent corpus tokens (FR-Spec); tokens
+outside are never drafted. Near the end of the target's context the tree is made shallower; a prompt of one
+token (nothing processed yet) gets no draft in its first step.
+
+Weights: ``weights: DIR`` (written by ``specframe train eagle``), or by default the drafter shipped for the target
+(see ``specframe_plugins/weights/<target>/eagle/README.md``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any, Literal, Optional
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, hookimpl
+from specframe.errors import ConfigError
+from specframe.learned.eagle_drafter import EagleDrafter
+from specframe.sampling import probs_from_logits
+
+from .weights import weights_folder
+
+
+class EagleConfig(ProposerConfig):
+    name: Literal["eagle"] = "eagle"
+    weights: Optional[str] = Field(None, description="Folder of a trained drafter; default: the one shipped for the target.")
+    depth: int = Field(6, ge=1, le=32, description="Draft levels (longest path; the chain length under sampling).")
+    top_k: int = Field(4, ge=1, le=16, description="Nodes expanded per level and children per expanded node.")
+    max_nodes: int = Field(16, ge=1, le=256, description="Most tree nodes per step (the verification width).")
+
+
+class EagleProposer(ProposerBase):
+    """EAGLE drafter -> dynamic token tree (greedy) or sampled chain (see the module docstring)."""
+
+    name = "eagle"
+    Config = EagleConfig
+    needs_hidden_states = False
+    produces_trees = True
+    provides_draft_probs = True
+
+    def __init__(self, config: EagleConfig, target: TargetInfo) -> None:
+        super().__init__(config, target)
+        if target.model is None:
+            raise ConfigError("eagle needs the target model (its embeddings and LM head): TargetInfo.model is None")
+        folder = weights_folder(
+            config.weights, target.name, "eagle", "EAGLE drafter is",
+            "train one with `specframe train eagle` and set `weights: DIR` in the proposer config",
+        )
+        head = target.model.get_output_embeddings().weight
+        self.drafter = EagleDrafter.load(folder, int(head.shape[1]), target.vocab_size).to(
+            device=target.device, dtype=target.dtype)
+        self.feature_layers = tuple(self.drafter.spec.feature_layers)
+        self.embed = target.model.get_input_embeddings()
+        tm = self.drafter.token_map
+        self.token_map = tm.to(target.device)
+        self.head_rows = head.detach()[self.token_map].to(target.dtype).contiguous()  # [S, H]
+        self.trees = bool(target.supports_trees)
+        self._past: tuple[Tensor, Tensor] | None = None
+        self._done = 0  # committed positions whose drafter entries are in the cache
+        self._last: Tensor | None = None  # [1, H] drafter output at the last cached position
+
+    def start(self, state: DecodeState) -> None:
+        self._past, self._done, self._last = None, 0, None
+
+    # --- the drafter's cache over committed positions --------------------------------------------------------
+    def _catch_up(self, state: DecodeState) -> bool:
+        feats = state.features
+        if feats is None or feats.shape[1] == 0:
+            return False
+        t_f = int(feats.shape[1])
+        if self._done > t_f:  # should not happen (positions are only added); start over
+            self._past, self._done = None, 0
+        if self._done == t_f:
+            return self._last is not None
+        cols = [state.feature_layers.index(i) for i in self.feature_layers]
+        dev = self.target.device
+        f = feats[:1, self._done : t_f][:, :, cols].to(dev)  # [1, n, F, H]
+        nxt = state.tokens[:1, self._done + 1 : t_f + 1].to(dev)  # the token after each position
+        pos = torch.arange(self._done, t_f, device=dev)[None]
+        g = self.drafter.fuse_features(f)
+        a, (k, v) = self.drafter.step(g, self.embed(nxt), pos, self._past, None)
+        self._past = (k, v) if self._past is None else (torch.cat([self._past[0], k], 2), torch.cat([self._past[1], v], 2))
+        self._done, self._last = t_f, a[:, -1]
+        return True
+
+    def _level(self, parents_a: Tensor, tokens: list[int], positions: list[int], ancestors: list[list[int]],
+               tree_kv: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """One drafter pass over ``m`` tree entries (``parents_a [m, H]``, their tokens and positions); entry ``r``
+        attends to every committed entry, to the tree entries ``ancestors[r]`` (indices into ``tree_kv`` order) and
+        to itself."""
+        dev = self.target.device
+        m = len(tokens)
+        n_tree = sum(kv[0].shape[2] for kv in tree_kv)
+        past = self._past
+        if tree_kv:
+            past = (torch.cat([past[0], *[kv[0] for kv in tree_kv]], 2), torch.cat([past[1], *[kv[1] for kv in tree_kv]], 2))
+        mask = torch.zeros((m, self._done + n_tree + m), dtype=torch.bool, device=dev)
+        mask[:, : self._done] = True
+        for r, anc in enumerate(ancestors):
+            for j in anc:
+                mask[r, self._done + j] = True
+            mask[r, self._done + n_tree + r] = True
+        tok = torch.tensor([tokens], dtype=torch.int64, device=dev)
+        pos = torch.tensor([positions], dtype=torch.int64, device=dev)
+        a, kv = self.drafter.step(parents_a[None], self.embed(tok), pos, past, mask)
+        return a[0], kv
+
+    # --- drafting ----------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, state: DecodeState, budget: int) -> DraftTree:
+        batch = state.tokens.shape[0]
+        if not self._catch_up(state):
+            return DraftTree.empty(batch)
+        length = int(state.tokens.shape[1])
+        depth = min(self.config.depth, self.target.max_context - length, budget)
+        if depth < 1:
+            return DraftTree.empty(batch)
+        if not state.sampling.is_greedy:
+            return self._sampled_chain(state, min(depth, budget))
+        k = self.config.top_k if self.trees else 1
+        return self._tree(length, depth, k, min(budget, self.config.max_nodes) if k > 1 else min(budget, depth))
+
+    def _tree(self, length: int, depth: int, k: int, max_nodes: int) -> DraftTree:
+        """EAGLE-2: expand the ``k`` most likely nodes per level, keep the ``max_nodes`` most likely overall."""
+        logp = torch.log_softmax(self.drafter.logits(self._last, self.head_rows).float(), -1)[0]  # [S]
+        top = logp.topk(min(k, logp.numel()))
+        tm = self.token_map
+        # node: (score, token, parent node or -1, depth); nodes are created parents first
+        nodes: list[tuple[float, int, int, int]] = [
+            (float(s), int(tm[i]), -1, 1) for s, i in zip(top.values.tolist(), top.indices.tolist())]
+        frontier = list(range(len(nodes)))
+        out_a: dict[int, Tensor] = {}  # node -> drafter output of its entry
+        entry_of: dict[int, int] = {}  # node -> index of its entry among tree entries
+        tree_kv: list[tuple[Tensor, Tensor]] = []
+        n_entries = 0
+        for level in range(1, depth):
+            frontier = heapq.nlargest(k, frontier, key=lambda i: nodes[i][0])
+            if not frontier:
+                break
+            parents_a = torch.stack([self._last[0] if nodes[i][2] < 0 else out_a[nodes[i][2]] for i in frontier])
+            ancestors = []
+            for i in frontier:
+                anc, p = [], nodes[i][2]
+                while p >= 0:
+                    anc.append(entry_of[p])
+                    p = nodes[p][2]
+                ancestors.append(anc)
+            a, kv = self._level(parents_a, [nodes[i][1] for i in frontier], [length - 1 + level - 1] * len(frontier),
+                                ancestors, tree_kv)
+            tree_kv.append(kv)
+            for r, i in enumerate(frontier):
+                out_a[i], entry_of[i] = a[r], n_entries + r
+            n_entries += len(frontier)
+            lp = torch.log_softmax(self.drafter.logits(a, self.head_rows).float(), -1)  # [m, S]
+            best = lp.topk(min(k, lp.shape[-1]), dim=-1)
+            new = []
+            for r, i in enumerate(frontier):
+                for s, j in zip(best.values[r].tolist(), best.indices[r].tolist()):
+                    new.append(len(nodes))
+                    nodes.append((nodes[i][0] + s, int(tm[j]), i, level + 1))
+            frontier = new
+        # the most likely nodes overall; a parent is at least as likely as its children, and ties go to the
+        # shallower node, so the chosen set contains every chosen node's ancestors
+        order = sorted(range(len(nodes)), key=lambda i: (-nodes[i][0], nodes[i][3], i))[:max_nodes]
+        order.sort(key=lambda i: (nodes[i][3], -nodes[i][0], i))  # topological: by depth
+        index = {node: n for n, node in enumerate(order)}
+        ids = [nodes[i][1] for i in order]
+        parents = [index[nodes[i][2]] if nodes[i][2] >= 0 else -1 for i in order]
+        return DraftTree(torch.tensor([ids], dtype=torch.int64), torch.tensor([parents], dtype=torch.int64))
+
+    def _sampled_chain(self, state: DecodeState, depth: int) -> DraftTree:
+        v, dev = self.target.vocab_size, self.target.device
+        a_prev, length = self._last, int(state.tokens.shape[1])
+        drafted: list[int] = []
+        probs: list[Tensor] = []
+        chain_kv: list[tuple[Tensor, Tensor]] = []
+        for d in range(depth):
+            sub = self.drafter.logits(a_prev, self.head_rows).float()[0]  # [S]
+            full = torch.full((v,), float("-inf"), dtype=torch.float32, device=dev).index_copy_(0, self.token_map, sub)
+            q = probs_from_logits(full, state.sampling)
+            if not bool(torch.isfinite(q).all()) or not math.isclose(float(q.sum()), 1.0, rel_tol=1e-3):
+                break  # a degenerate warp (e.g. top-k over tokens the head cannot draft): draft what we have
+            tok = int(torch.multinomial(q.to(state.generator.device), 1, generator=state.generator))
+            drafted.append(tok)
+            probs.append(q.cpu())
+            if d + 1 < depth:
+                a, kv = self._level(a_prev, [tok], [length - 1 + d], [list(range(d))], chain_kv)
+                chain_kv.append(kv)
+                a_prev = a
+        if not drafted:
+            return DraftTree.empty(state.tokens.shape[0])
+        return DraftTree.chain(drafted, torch.stack(probs))
+
+
+@hookimpl
+def specframe_register_proposers(register) -> None:
+    register(EagleProposer)
