@@ -16,7 +16,7 @@ import torch
 from ..contracts import DecodeState
 from .report import ConformanceError, NotApplicable, ids
 from .stats import TVTest, calibration_table, tv_test_fixed, tv_tests_mixture, worst_outcomes
-from .tiny import first_two_tokens, last_hidden, single_thread
+from .tiny import committed_features, first_two_tokens, last_hidden, single_thread
 
 if TYPE_CHECKING:
     from .kit import Kit
@@ -86,7 +86,7 @@ def check_draft_probs_match_samples(kit: "Kit") -> None:
         for seed in range(kit.samples):
             draft = None
             state = DecodeState(torch.tensor([prompt]), len(prompt), kit.sampling, torch.Generator().manual_seed(seed),
-                                hidden)
+                                hidden, committed_features(kit.target, prompt, rec.feature_layers), rec.feature_layers)
             try:
                 rec.start(state)
                 draft = rec.propose(state, DRAFT_DEPTH)

@@ -10,7 +10,7 @@ import torch
 
 from ..contracts import DecodeState, DraftTree, VerifyOutcome
 from .report import ConformanceError, NotApplicable, ids
-from .tiny import last_hidden, single_thread, weights_checksum
+from .tiny import committed_features, last_hidden, single_thread, weights_checksum
 
 if TYPE_CHECKING:
     from .kit import Kit
@@ -171,6 +171,7 @@ def check_rollback_after_partial_acceptance(kit: "Kit") -> None:
             state.tokens = torch.tensor([tokens])
             if kit.cls.needs_hidden_states:
                 state.hidden = last_hidden(kit.target, tokens)
+            state.features = committed_features(kit.target, tokens, state.feature_layers)
     if probes == 0:
         raise NotApplicable(f"{kit.cls.__name__} drafted nothing on the kit's prompts: no partial acceptance to test")
 
@@ -183,9 +184,17 @@ def _warmed(kit: "Kit") -> "Recorder":
     return rec
 
 
+def _feature_layers(kit: "Kit") -> tuple[int, ...]:
+    if "_feature_layers" not in kit.__dict__:  # per instance (they may depend on the weights): ask one
+        kit.__dict__["_feature_layers"] = kit.make().feature_layers
+    return kit.__dict__["_feature_layers"]
+
+
 def _state(kit: "Kit", tokens: list[int], prompt_len: int, gen: torch.Generator) -> DecodeState:
     hidden = last_hidden(kit.target, tokens) if kit.cls.needs_hidden_states else None
-    return DecodeState(torch.tensor([tokens]), prompt_len, kit.greedy, gen, hidden)
+    layers = _feature_layers(kit)
+    return DecodeState(torch.tensor([tokens]), prompt_len, kit.greedy, gen, hidden,
+                       committed_features(kit.target, tokens, layers), layers)
 
 
 def _guarded(kit: "Kit", rec: "Recorder", method: str, *args):

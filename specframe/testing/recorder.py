@@ -48,6 +48,7 @@ class Recorder:
         self.vocab_size = vocab_size
         for attr in ("name", "Config", "needs_hidden_states", "produces_trees", "provides_draft_probs"):
             setattr(self, attr, getattr(inner, attr))
+        self.feature_layers = tuple(sorted(int(i) for i in (getattr(inner, "feature_layers", None) or ())))
         self.calls: list[Call] = []
         self.problems: list[str] = []
         self.request, self.step = -1, 0  # where we are: request index, verification step within it

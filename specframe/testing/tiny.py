@@ -87,6 +87,16 @@ def last_hidden(target: Target, tokens: list[int]) -> torch.Tensor | None:
     return out.hidden_states[-1][:, -1]
 
 
+@torch.inference_mode()
+def committed_features(target: Target, tokens: list[int], layers: tuple[int, ...]) -> torch.Tensor | None:
+    """What the engine puts in ``DecodeState.features`` for committed ``tokens``: the hidden states of ``layers`` at
+    every position but the newest (``[1, T - 1, F, H]``), or None (no layers, or a one-token sequence)."""
+    if not layers or len(tokens) < 2:
+        return None
+    out = target.model(input_ids=torch.tensor([tokens[:-1]]), output_hidden_states=True)
+    return torch.stack([out.hidden_states[i] for i in layers], 2)
+
+
 def weights_checksum(target: Target) -> float:
     """Sum of absolute parameter values (detects a proposer writing into the target's weights)."""
     with torch.no_grad():
