@@ -29,7 +29,8 @@ from specframe.training.corpus import CorpusSettings, build_corpus, read_corpus
 from specframe.training.draft import DraftSettings, finish_draft, train_draft
 from specframe.training.medusa import MedusaSettings, collect, finish_medusa, train_medusa
 from specframe.training.prompts import build_prompts, passages
-from specframe.training.recipe import EVAL_SEED, run_recipe
+from specframe.training.eagle import EagleSettings
+from specframe.training.recipe import EVAL_SEED, RECIPES, run_recipe
 from specframe.verifiers import GreedyVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.medusa import MedusaConfig, MedusaProposer
@@ -489,21 +490,22 @@ def test_medusa_resume_is_exact(tiny, tmp_path):
 # --- recipe -----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["draft", "medusa"])
+@pytest.mark.parametrize("kind", ["draft", "medusa", "eagle"])
 def test_run_recipe_end_to_end(kind, tiny_free, tmp_path_factory):
     tiny = tiny_free  # no EOS: the held-out evaluation runs the full 96 tokens per prompt
     corpus = tmp_path_factory.getbasetemp() / "recipe-corpus"  # shared by both recipes: built once
     cs = replace(CS, num_prompts=16, batch_size=8)
-    settings = (DraftSettings(layers=[0], vocab_subset=32, epochs=1, batch_size=8) if kind == "draft"
-                else MedusaSettings(num_heads=2, epochs=1, batch_positions=16))
+    settings = {"draft": DraftSettings(layers=[0], vocab_subset=32, epochs=1, batch_size=8),
+                "medusa": MedusaSettings(num_heads=2, epochs=1, batch_positions=16),
+                "eagle": EagleSettings(vocab_subset=32, epochs=1, batch_size=8, autocast=False)}[kind]
     out = tmp_path_factory.mktemp(kind)
     phases = set()
     record = run_recipe(kind, tiny, "tiny", out, corpus, cs, settings, lambda ph, d, n, info: phases.add(ph),
                         eval_prompts=2)
     assert {"corpus", "train", "eval"} <= phases
     names = {p.name for p in out.iterdir()}
-    weights = {"model.safetensors", "config.json", "specframe-draft.json"} if kind == "draft" else \
-        {"medusa.safetensors", "medusa.json"}
+    weights = {"draft": {"model.safetensors", "config.json", "specframe-draft.json"},
+               "medusa": {"medusa.safetensors", "medusa.json"}, "eagle": {"eagle.safetensors", "eagle.json"}}[kind]
     assert {"README.md", "recipe.json", "loss.png", "train-log.jsonl"} | weights <= names
     assert "ckpt.pt" not in names
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -512,8 +514,8 @@ def test_run_recipe_end_to_end(kind, tiny_free, tmp_path_factory):
     assert saved["recipe"] == kind and saved["corpus"]["records"] == 16
     assert saved["corpus"]["settings"] == json.loads(json.dumps(cs.__dict__))
     ev = saved["eval"]
-    proposer = "draft-model" if kind == "draft" else "medusa"
-    assert ev["prompts"] == 2
+    proposer = RECIPES[kind]
+    assert ev["prompts"] == 2 and ev["mix"] == "pydoc"
     assert ev[proposer]["tau"] >= 1.0
     assert ev["none"]["tau"] == 1.0
     assert ev[proposer]["tokens"] == ev["none"]["tokens"] == 2 * 96
@@ -525,7 +527,7 @@ def test_run_recipe_end_to_end(kind, tiny_free, tmp_path_factory):
 
 def test_run_recipe_unknown_kind(tiny, tmp_path):
     with pytest.raises(ConfigError, match="unknown recipe"):
-        run_recipe("eagle", tiny, "tiny", tmp_path / "o", tmp_path / "c", CS, DS, lambda *a: None)
+        run_recipe("bogus", tiny, "tiny", tmp_path / "o", tmp_path / "c", CS, DS, lambda *a: None)
     assert not (tmp_path / "c").exists()
 
 

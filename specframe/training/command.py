@@ -19,21 +19,42 @@ err = Console(stderr=True, highlight=False)
 
 _MODEL = typer.Option("smollm2-135m-instruct", "--model", help="Target: built-in name, model folder or .gguf file.")
 _OUTPUT = typer.Option(..., "--output", help="Folder for the weights, model card, loss log (resumes if present).")
-_CORPUS = typer.Option(None, "--corpus", help="Corpus folder (shared by recipes; default OUTPUT/corpus).")
+_CORPUS = typer.Option(
+    None, "--corpus", help="Corpus folder (shared by recipes; default: the corpus shipped for the target, else "
+    "OUTPUT/corpus). An existing corpus is used with the settings it was built with.")
 _PROMPTS = typer.Option(1152, "--prompts", help="Training prompts to answer with the target.")
 _NEW = typer.Option(160, "--max-new-tokens", help="Longest target answer per prompt.")
 _SEED = typer.Option(0, "--seed", help="Seed of the prompts, initialisation and batch order.")
 _DTYPE = typer.Option("bfloat16", "--dtype", help="Target dtype for the corpus and hidden states.")
 _EVAL = typer.Option(12, "--eval-prompts", help="Held-out prompts for the τ in the model card.")
+_MIX = typer.Option("broad", "--mix", help="Prompt mix of a new corpus: broad or pydoc.")
+
+
+def _corpus_settings(corpus: Path, model: str, prompts: int, max_new_tokens: int, seed: int, dtype: str, mix: str):
+    """The settings of an existing corpus folder (it is reused as it is, finished if incomplete), else new ones."""
+    import json
+
+    from .corpus import CorpusSettings
+
+    meta = corpus / "corpus.json"
+    if not meta.is_file():
+        return CorpusSettings(model, prompts, max_new_tokens, 64 if mix == "broad" else 32, seed, dtype, mix)
+    try:
+        cs = CorpusSettings(**json.loads(meta.read_text())["settings"])
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(f"{meta} is not a specframe corpus description: rebuild it with `specframe train corpus`")
+    if cs.model != model:
+        raise ConfigError(f"the corpus in {corpus} holds answers of {cs.model!r}, not of {model!r}: build one for this "
+                          "target with `specframe train corpus --model ...`")
+    return cs
 
 
 def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: int, max_new_tokens: int,
-         seed: int, dtype: str, eval_prompts: int, settings) -> None:
+         seed: int, dtype: str, eval_prompts: int, settings, mix: str = "broad") -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from ..models import load_target, resolve_model
-    from .corpus import CorpusSettings
-    from .recipe import run_recipe
+    from .recipe import RECIPES, run_recipe
 
     if prompts < 16:
         raise ConfigError(f"--prompts must be >= 16, got {prompts}")
@@ -50,8 +71,11 @@ def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: i
     hf_logging.disable_progress_bar()
     with err.status(f"loading {model} ...", spinner="dots"):
         target = load_target(model, dtype=dtype, log=lambda s: err.print(s, markup=False))
-    corpus = corpus or output / "corpus"
-    cs = CorpusSettings(source.name, prompts, max_new_tokens, 32, seed, dtype)
+    if corpus is None:  # the corpus shipped for this target, else a new one in the output folder
+        from specframe_plugins.weights import shipped
+
+        corpus = shipped(source.name, "corpus") or output / "corpus"
+    cs = _corpus_settings(corpus, source.name, prompts, max_new_tokens, seed, dtype, mix)
     cols = (TextColumn("{task.description:>7}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*cols, console=err) as progress:
@@ -64,7 +88,7 @@ def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: i
 
         record = run_recipe(kind, target, source.name, output, corpus, cs, settings, bar, eval_prompts)
     ev = record["eval"]
-    name = "draft-model" if kind == "draft" else "medusa"
+    name = RECIPES[kind]
     err.print(f"wrote {output} (weights, README.md model card, loss.png, recipe.json) in {record['wall_s'] / 60:.1f} min")
     err.print(f"held-out τ {ev[name]['tau']:.2f} ({ev[name]['tok_s']:.1f} tok/s vs none {ev['none']['tok_s']:.1f}: "
               f"{ev['speedup']:.2f}x)")
@@ -118,7 +142,7 @@ def corpus(
 @train_app.command("draft")
 def draft(
     model: str = _MODEL, output: Path = _OUTPUT, corpus: Optional[Path] = _CORPUS, prompts: int = _PROMPTS,
-    max_new_tokens: int = _NEW, seed: int = _SEED, dtype: str = _DTYPE, eval_prompts: int = _EVAL,
+    max_new_tokens: int = _NEW, seed: int = _SEED, dtype: str = _DTYPE, eval_prompts: int = _EVAL, mix: str = _MIX,
     layers: str = typer.Option("0,1", "--layers", help="Target layers the draft starts from (comma-separated)."),
     vocab_subset: int = typer.Option(8192, "--vocab-subset", help="Output head size: most frequent tokens kept."),
     epochs: int = typer.Option(6, "--epochs", help="Passes over the corpus."),
@@ -138,7 +162,42 @@ def draft(
         if epochs < 1 or vocab_subset < 16 or not lr > 0:
             raise ConfigError("--epochs must be >= 1, --vocab-subset >= 16 and --lr > 0")
         s = DraftSettings(layers=ids, vocab_subset=vocab_subset, epochs=epochs, lr=lr, seed=seed, soft_labels=not hard_labels)
-        _run("draft", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s)
+        _run("draft", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix)
+    except SpecframeError as exc:
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(2)
+
+
+@train_app.command("eagle")
+def eagle(
+    model: str = _MODEL, output: Path = _OUTPUT, corpus: Optional[Path] = _CORPUS, prompts: int = _PROMPTS,
+    max_new_tokens: int = _NEW, seed: int = _SEED, dtype: str = _DTYPE, eval_prompts: int = _EVAL, mix: str = _MIX,
+    epochs: int = typer.Option(1, "--epochs", help="Passes over the corpus."),
+    lr: float = typer.Option(5e-4, "--lr", help="Peak learning rate (AdamW, cosine)."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Sequences per step."),
+    max_len: int = typer.Option(384, "--max-len", help="Longest training sequence (cut from the left)."),
+    ttt_steps: int = typer.Option(3, "--ttt-steps", help="Training-time test: drafter passes unrolled per step."),
+    vocab_subset: int = typer.Option(8192, "--vocab-subset", help="Output head size: most frequent tokens kept."),
+    feature_layers: str = typer.Option("", "--feature-layers", help="Target hidden_states indices to fuse "
+                                       "(comma-separated; default: a low, a middle and a high layer)."),
+    max_records: int = typer.Option(0, "--max-records", help="Train on the first N corpus records only (0 = all)."),
+) -> None:
+    """Train an EAGLE-style drafter on the target's own features and greedy answers (training-time test)."""
+    from .eagle import EagleSettings
+
+    try:
+        try:
+            layers = tuple(int(x) for x in feature_layers.split(",") if x.strip()) or None
+        except ValueError:
+            raise ConfigError(f"--feature-layers must be comma-separated integers, got {feature_layers!r}") from None
+        if epochs < 1 or vocab_subset < 16 or not lr > 0 or batch_size < 1 or max_len < 8 or ttt_steps < 1:
+            raise ConfigError("--epochs, --batch-size and --ttt-steps must be >= 1, --max-len >= 8, --vocab-subset >= 16 "
+                              "and --lr > 0")
+        if max_records < 0:
+            raise ConfigError(f"--max-records must be >= 0, got {max_records}")
+        s = EagleSettings(vocab_subset=vocab_subset, epochs=epochs, batch_size=batch_size, max_len=max_len, lr=lr,
+                          ttt_steps=ttt_steps, feature_layers=layers, max_records=max_records, seed=seed)
+        _run("eagle", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix)
     except SpecframeError as exc:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)
         raise typer.Exit(2)
@@ -147,7 +206,7 @@ def draft(
 @train_app.command("medusa")
 def medusa(
     model: str = _MODEL, output: Path = _OUTPUT, corpus: Optional[Path] = _CORPUS, prompts: int = _PROMPTS,
-    max_new_tokens: int = _NEW, seed: int = _SEED, dtype: str = _DTYPE, eval_prompts: int = _EVAL,
+    max_new_tokens: int = _NEW, seed: int = _SEED, dtype: str = _DTYPE, eval_prompts: int = _EVAL, mix: str = _MIX,
     heads: int = typer.Option(4, "--heads", help="Number of Medusa heads."),
     epochs: int = typer.Option(3, "--epochs", help="Passes over the corpus positions."),
     lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate (AdamW, cosine)."),
@@ -159,7 +218,7 @@ def medusa(
         if heads < 1 or epochs < 1 or not lr > 0:
             raise ConfigError("--heads and --epochs must be >= 1 and --lr > 0")
         s = MedusaSettings(num_heads=heads, epochs=epochs, lr=lr, seed=seed)
-        _run("medusa", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s)
+        _run("medusa", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix)
     except SpecframeError as exc:
         err.print(f"error: {exc}", markup=False, soft_wrap=True)
         raise typer.Exit(2)

@@ -16,24 +16,27 @@ from typing import Any, Callable
 import torch
 
 from ..errors import ConfigError
-from .corpus import CorpusSettings, build_corpus, read_corpus
+from .corpus import CorpusSettings, build_corpus, mix_prompts, read_corpus
 from .draft import DraftSettings, finish_draft, train_draft
+from .eagle import EagleSettings, finish_eagle, train_eagle
 from .medusa import MedusaSettings, finish_medusa, train_medusa
-from .prompts import build_prompts
 from .teacher import teacher_pass
 
+RECIPES = {"draft": "draft-model", "medusa": "medusa", "eagle": "eagle"}  # recipe -> the proposer it trains
 EVAL_SEED = 10_001  # held-out prompts: same templates and source, another seed
 
 
 def evaluate_tau(target: Any, proposer_name: str, options: dict, num_prompts: int = 12, max_new_tokens: int = 96,
-                 progress: Callable[[int, int], None] | None = None) -> dict:
-    """Greedy τ (tokens per target forward) and tok/s of a proposer on held-out prompts, vs ``none``."""
+                 progress: Callable[[int, int], None] | None = None, mix: str = "pydoc") -> dict:
+    """Greedy τ (tokens per target forward) and tok/s of a proposer on held-out prompts of the corpus ``mix``
+    (another seed), vs ``none``."""
     from ..engine import Engine
     from ..registry import build_registry
     from ..verifiers import GreedyVerifier
 
     reg = build_registry()
-    prompts = [target.encode_prompt(p["text"]) for p in build_prompts(num_prompts, EVAL_SEED)]
+    held_out = mix_prompts(CorpusSettings("", num_prompts, 8, 1, EVAL_SEED, "", mix))
+    prompts = [target.encode_prompt(p["text"]) for p in held_out]
     res = {}
     for name, opts in ((proposer_name, options), ("none", {})):
         cls = reg.proposer(name)
@@ -50,23 +53,23 @@ def evaluate_tau(target: Any, proposer_name: str, options: dict, num_prompts: in
                 progress(i + 1 + (0 if name != "none" else len(prompts)), 2 * len(prompts))
         res[name] = {"tau": toks / max(1, fwd), "tok_s": toks / max(secs, 1e-9), "tokens": toks}
     res["speedup"] = res[proposer_name]["tok_s"] / max(res["none"]["tok_s"], 1e-9)
-    res["prompts"], res["max_new_tokens"] = num_prompts, max_new_tokens
+    res["prompts"], res["max_new_tokens"], res["mix"] = num_prompts, max_new_tokens, mix
     return res
 
 
 def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: Path, corpus_settings: CorpusSettings,
-               settings: DraftSettings | MedusaSettings, bar: Callable[[str, int, int, str], None],
+               settings: DraftSettings | MedusaSettings | EagleSettings, bar: Callable[[str, int, int, str], None],
                eval_prompts: int = 12) -> dict:
     """Build the corpus (or finish it), train, save, evaluate, write ``README.md`` (model card) and
     ``recipe.json`` in ``output``. Returns the summary written to ``recipe.json``."""
-    if kind not in ("draft", "medusa"):
-        raise ConfigError(f"unknown recipe {kind!r}: use draft or medusa")
+    if kind not in RECIPES:
+        raise ConfigError(f"unknown recipe {kind!r}: use one of {', '.join(RECIPES)}")
     t0 = time.perf_counter()
     build_corpus(target, corpus, corpus_settings, progress=lambda d, n: bar("corpus", d, n, ""))
     t_corpus = time.perf_counter() - t0
     records = list(read_corpus(corpus))
     teacher = None
-    if kind == "medusa" or getattr(settings, "soft_labels", False):
+    if kind == "medusa" or (kind == "draft" and getattr(settings, "soft_labels", False)):
         teacher = teacher_pass(target, corpus, records, progress=lambda d, n: bar("teacher", d, n, ""))
     n_resp = sum(len(r["response_ids"]) for r in records)
     n_prompt = sum(len(r["prompt_ids"]) for r in records)
@@ -76,6 +79,12 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
         model = summary.pop("draft")
         finish_draft(model, output, target_name, target.vocab_size)
         proposer, options = "draft-model", {"model": str(output)}
+    elif kind == "eagle":
+        summary = train_eagle(target, records, output, settings,
+                              progress=lambda s, n, loss: bar("train", s, n, f"loss {loss:.3f}"))
+        model = summary.pop("drafter")
+        finish_eagle(model, output)
+        proposer, options = "eagle", {"weights": str(output)}
     else:
         summary = train_medusa(target, records, output, settings,
                                progress=lambda ph, s, n, loss: bar(ph, s, n, f"loss {loss:.3f}" if ph == "train" else ""),
@@ -83,7 +92,8 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
         model = summary.pop("heads")
         finish_medusa(model, output, target_name)
         proposer, options = "medusa", {"heads": str(output)}
-    ev = evaluate_tau(target, proposer, options, eval_prompts, progress=lambda d, n: bar("eval", d, n, ""))
+    ev = evaluate_tau(target, proposer, options, eval_prompts, progress=lambda d, n: bar("eval", d, n, ""),
+                      mix=corpus_settings.mix)
     record = {
         "recipe": kind, "target": target_name, "target_dtype": str(target.dtype).replace("torch.", ""),
         "corpus": {"settings": asdict(corpus_settings), "sources": _sources(corpus), "records": len(records),
@@ -105,12 +115,17 @@ def _sources(corpus: Path) -> dict:
 def model_card(r: dict) -> str:
     kind = r["recipe"]
     c, s, res, ev = r["corpus"], r["settings"], r["result"], r["eval"]
-    proposer = "draft-model" if kind == "draft" else "medusa"
+    proposer = RECIPES[kind]
     what = (
         f"A {len(s['layers'])}-layer draft for `{r['target']}`: the target's own layers {s['layers']} as the "
         f"starting point, the target's embeddings and tokenizer, and an output head over the {s['vocab_subset']} most "
         "frequent tokens of the corpus (rows of the target's output embedding; FR-Spec style)."
         if kind == "draft" else
+        f"An EAGLE-style drafter for `{r['target']}`: one decoder layer over the fused hidden states of target layers "
+        f"{res.get('feature_layers')} (EAGLE-3 fusion) and the next token's embedding, trained with a "
+        f"{s['ttt_steps']}-step training-time test; output head = the target's LM-head rows of the "
+        f"{s['vocab_subset']} most frequent corpus tokens (FR-Spec)."
+        if kind == "eagle" else
         f"{s['num_heads']} Medusa-1 heads ({s['num_layers']} residual block each) for `{r['target']}`, feeding the "
         "target's own LM head."
     )
@@ -131,11 +146,12 @@ def model_card(r: dict) -> str:
         "```", json.dumps(s), "```", "",
         f"{res['steps']} steps; final loss {res.get('final_loss', res.get('final_loss_head0')):.3f}, top-1 accuracy "
         f"{res.get('final_acc', res.get('final_acc_head0')):.3f} (mean of the last 20 steps"
-        + ("" if kind == "draft" else ", head 0") + f"); training {res['train_s'] / 60:.1f} min "
+        + {"draft": "", "medusa": ", head 0", "eagle": ", pass 1"}[kind] + f"); training {res['train_s'] / 60:.1f} min "
         f"on {r['machine']}; whole recipe run {r['wall_s'] / 60:.1f} min.", "",
         "![loss curve](loss.png)", "",
         "## Measured τ", "",
-        f"Greedy, {ev['prompts']} held-out prompts (same templates, seed {EVAL_SEED}), {ev['max_new_tokens']} new "
+        f"Greedy, {ev['prompts']} held-out prompts (the `{ev.get('mix', 'pydoc')}` mix, seed {EVAL_SEED}), "
+        f"{ev['max_new_tokens']} new "
         f"tokens, target in {r['target_dtype']}:", "",
         "| proposer | τ | tok/s |", "|---|---|---|",
         f"| {proposer} | {ev[proposer]['tau']:.2f} | {ev[proposer]['tok_s']:.1f} |",
