@@ -19,7 +19,9 @@ def bench(
     limit_per_category: Optional[int] = typer.Option(None, "--limit-per-category", help="First N questions per category."),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Overrides the config."),
     output: Path = typer.Option(Path("bench-out"), "--output", help="Directory for results.json, report.md, PNGs."),
-    profile: bool = typer.Option(False, "--profile", help="Measure the target's cost curve v(n) too."),
+    profile: Optional[bool] = typer.Option(
+        None, "--profile/--no-profile",
+        help="Measure the target's cost curve v(n) too (default: when the config has a `profile:` section)."),
 ) -> None:
     """Compare strategies side by side on Spec-Bench questions, against HF transformers peers."""
     from ..cli import _fail
@@ -31,10 +33,23 @@ def bench(
         _fail(str(exc))
 
 
+def print_table(table: Any, console: Any = None) -> None:
+    """Print a rich table without cutting a header or cell: into a file or pipe at the width the table needs (rich
+    would otherwise assume 80 columns and shorten names with "…"); on a terminal narrower than the table, cells
+    wrap (the columns fold) instead of being cut."""
+    from rich.console import Console
+
+    console = console or Console()
+    if not console.is_terminal:
+        needed = console.measure(table, options=console.options.update_width(10_000)).maximum
+        if needed > console.width:
+            console = Console(file=console.file, width=needed, color_system=None, highlight=False)
+    console.print(table)
+
+
 def _bench(config, questions, categories, limit_per_category, max_new_tokens, output, profile) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-    from rich.table import Table
 
     from ..config import SpecframeConfig, resolve_merge, resolve_proposers, resolve_router
     from ..models import check_device, resolve_model
@@ -42,7 +57,7 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
     from ..registry import build_registry
     from .config import ProfileConfig, load_bench_config
     from .costmodel import measure_cost_curve
-    from .report import aggregate, render_markdown, speedup_rows
+    from .report import aggregate, render_markdown, speedup_table
     from .runner import BenchRunner, environment, lossless_check, select_questions
 
     err = Console(stderr=True, highlight=False)
@@ -58,13 +73,16 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
                             questions=str(questions) if questions else None, categories=cats)
     if profile and cfg.profile is None:
         cfg = cfg.model_copy(update={"profile": ProfileConfig()})
+    elif profile is False:
+        cfg = cfg.model_copy(update={"profile": None})
     if not cfg.questions:
         raise ConfigError("no questions: pass --questions F.jsonl or set `questions` in the bench config")
     prompts = read_prompts(cfg.questions)
     chosen = select_questions(prompts, cfg.categories, cfg.limit_per_category)
     if not chosen:
-        found = sorted({str(p.category) for p in prompts})
-        raise ConfigError(f"--categories {cfg.categories} match no question; the file has: {', '.join(found)}")
+        found = sorted({str(p.category) for p in prompts if p.category is not None})
+        has = f"the file has: {', '.join(found)}" if found else "the file's questions have no `category`"
+        raise ConfigError(f"--categories {cfg.categories} match no question; {has}")
     registry = build_registry()
     for s in cfg.strategies:
         if s.proposers is not None:
@@ -86,6 +104,10 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
     assistant_names = {s.name: s.options["assistant_model"] for s in cfg.strategies if s.peer == "hf-assisted"}
     for name in assistant_names.values():
         resolve_model(name)
+
+    if profile is None and cfg.profile is not None:
+        err.print(f"measuring the cost curve v(n) too: {config} has a `profile:` section (--no-profile skips it)",
+                  markup=False, soft_wrap=True)
 
     # 2. load once
     import logging
@@ -154,13 +176,7 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
     (output / "results.json").write_text(json.dumps(results, indent=1))
     plots = write_plots(summary, output)
     (output / "report.md").write_text(render_markdown(results, plots))
-    header, rows = speedup_rows(summary)
-    table = Table(title=f"speedup over none — {cfg.model} {cfg.dtype}, {len(chosen)} questions")
-    for h in header:
-        table.add_column(h, justify="right" if h != "strategy" else "left")
-    for r in rows:
-        table.add_row(*r)
-    Console().print(table)
+    print_table(speedup_table(summary, f"speedup over none — {cfg.model} {cfg.dtype}, {len(chosen)} questions"))
     mism = [m for m in lossless or [] if m["kind"] == "specframe"]
     bad = sorted({m["strategy"] for m in mism if not m["near_tie"]})
     if lossless is None:
