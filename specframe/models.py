@@ -5,6 +5,10 @@ them once into a cache entry (``model.safetensors`` + config + tokenizer files) 
 (default ``~/.cache/specframe``); later loads read that entry in about a second. An entry is written to a
 temporary folder and renamed into place only when complete, and a ``specframe-entry.json`` manifest with
 every file's size is checked on each load, so a partial or corrupt entry is rebuilt.
+
+An entry is keyed by the GGUF's content (its SHA-256), not by where the file lies: the same weights installed in
+two venvs share one entry. The hash is read once per file and remembered in ``models/gguf-hashes.json`` by
+path, size and modification time, so a later load does not read the GGUF again.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import torch
 from .errors import ConfigError, ModelNotInstalledError, UnknownModelError
 
 MANIFEST = "specframe-entry.json"
-ENTRY_VERSION = 1
+ENTRY_VERSION = 2  # 2: keyed by the GGUF's content (1 was keyed by its path)
+HASHES = "gguf-hashes.json"
 
 
 @dataclass(frozen=True)
@@ -104,9 +109,41 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECFRAME_CACHE") or Path.home() / ".cache" / "specframe")
 
 
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes, remembered in the cache (``models/gguf-hashes.json``) by resolved path, size
+    and modification time, so an unchanged file is read only once."""
+    path = path.resolve()
+    st = path.stat()
+    stamp = f"{path}:{st.st_size}:{st.st_mtime_ns}"
+    memo_path = cache_root() / "models" / HASHES
+    try:
+        memo = json.loads(memo_path.read_text())
+        if not isinstance(memo, dict):
+            memo = {}
+    except (OSError, ValueError):
+        memo = {}
+    if isinstance(memo.get(stamp), str):
+        return memo[stamp]
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    memo = {k: v for k, v in memo.items() if Path(k.rsplit(":", 2)[0]).exists()}  # forget files that are gone
+    memo[stamp] = digest.hexdigest()
+    try:  # written whole or not at all; a lost update only costs one more read of the file later
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=memo_path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(memo, f)
+        os.replace(tmp, memo_path)
+    except OSError:
+        pass
+    return memo[stamp]
+
+
 def _entry_dir(gguf: Path) -> Path:
-    st = gguf.stat()
-    key = hashlib.sha256(f"{gguf}:{st.st_size}:{ENTRY_VERSION}".encode()).hexdigest()[:16]
+    """The cache entry of a GGUF file: named by its stem, keyed by its content (see the module docstring)."""
+    key = hashlib.sha256(f"{file_sha256(gguf)}:{ENTRY_VERSION}".encode()).hexdigest()[:16]
     return cache_root() / "models" / f"{gguf.stem}-{key}"
 
 
@@ -137,7 +174,8 @@ def _convert_gguf(gguf: Path, entry: Path, log: Callable[[str], None]) -> None:
         model.generation_config.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
-        (tmp / MANIFEST).write_text(json.dumps({"version": ENTRY_VERSION, "source": str(gguf), "files": files}))
+        (tmp / MANIFEST).write_text(json.dumps({"version": ENTRY_VERSION, "source": str(gguf),
+                                                "sha256": file_sha256(gguf), "files": files}))
         if entry.exists():
             shutil.rmtree(entry)
         os.replace(tmp, entry)
