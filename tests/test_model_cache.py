@@ -62,3 +62,64 @@ def test_the_hash_is_read_once_per_file(tmp_path, conversions, monkeypatch):
         assert models.file_sha256(a) == digest
     (tmp_path / "cache" / "models" / models.HASHES).write_text("not json")  # a damaged memo is rebuilt, not fatal
     assert models.file_sha256(a) == digest
+
+
+@pytest.fixture
+def tiny_builtin(tmp_path, monkeypatch):
+    """A built-in target "tiny" (a tiny llama directory) with a shipped small draft: ``(target dir, draft dir)``."""
+    import torch
+
+    from specframe.learned.small_draft import build_from_target
+
+    from .support import VOCAB, build_model, build_tokenizer
+
+    monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path / "cache"))
+    target_dir, draft_dir = tmp_path / "tiny", tmp_path / "weights" / "tiny" / "draft-model"
+    model = build_model("llama")
+    model.save_pretrained(target_dir)
+    build_tokenizer().save_pretrained(target_dir)
+    build_from_target(model, [1], torch.arange(0, VOCAB, 2)).save(draft_dir, "tiny", VOCAB)
+    monkeypatch.setitem(models.BUILTIN_MODELS, "tiny", lambda: ModelSource("tiny", directory=target_dir))
+    monkeypatch.setattr(models, "_shipped_draft", lambda target: draft_dir if target == "tiny" else None)
+    return target_dir, draft_dir
+
+
+def test_a_shipped_draft_is_a_builtin_model_exported_once_on_first_use(tiny_builtin, monkeypatch):
+    import torch
+
+    from specframe.learned import small_draft
+
+    from .support import VOCAB, build_model
+
+    _, draft_dir = tiny_builtin
+    assert "tiny-draft" in models.builtin_names()
+    entry = model_directory(models.resolve_model("tiny-draft"))
+    model, tok = models.load_model(entry, torch.float32, "cpu")  # a self-contained transformers model
+    assert model.config.vocab_size == VOCAB and tok is not None and len(tok) == VOCAB
+    with monkeypatch.context() as m:
+        m.setattr(small_draft, "export_standalone", lambda *a: pytest.fail("exported again"))
+        assert model_directory(models.resolve_model("tiny-draft")) == entry
+    small_draft.build_from_target(build_model("llama", seed=1), [0], torch.arange(VOCAB)).save(draft_dir, "tiny", VOCAB)
+    assert model_directory(models.resolve_model("tiny-draft")) != entry  # new weights, new entry
+
+
+def test_a_failed_export_leaves_nothing_behind(tiny_builtin, monkeypatch, tmp_path):
+    from specframe.errors import ConfigError
+    from specframe.learned import small_draft
+
+    def broken(directory, target, tokenizer, out):
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        raise ConfigError("cannot export")
+
+    monkeypatch.setattr(small_draft, "export_standalone", broken)
+    with pytest.raises(ConfigError, match="cannot export"):
+        model_directory(models.resolve_model("tiny-draft"))
+    assert not [p.name for p in (tmp_path / "cache" / "models").iterdir() if p.name.startswith(("tiny-draft", ".tmp"))]
+
+
+def test_an_unknown_draft_name_lists_the_builtin_ones(tiny_builtin):
+    from specframe.errors import UnknownModelError
+
+    with pytest.raises(UnknownModelError, match=r"unknown model 'gemma3-270m-draft': use a built-in name \(.*tiny-draft"):
+        models.resolve_model("gemma3-270m-draft")

@@ -9,7 +9,7 @@ from typing import Any, List, Optional
 import typer
 from pydantic import ValidationError
 
-from ..errors import ConfigError
+from ..errors import ConfigError, SpecframeError
 
 
 def bench(
@@ -47,12 +47,45 @@ def print_table(table: Any, console: Any = None) -> None:
     console.print(table)
 
 
+def validate_bench_config(cfg: Any, registry: Any) -> None:
+    """Check everything a bench config names before any model loads: each strategy's proposers (and merge policy
+    and router when combined or set) against the installed plugins, the device, the model and every
+    ``hf-assisted`` assistant model (a built-in name, or a path that exists).
+
+    Raises:
+        ConfigError: a bad option or device; UnknownProposerError / UnknownMergePolicyError / UnknownRouterError:
+            a name no installed plugin provides; UnknownModelError / ModelNotInstalledError: a model or assistant
+            that cannot be found.
+    """
+    from ..config import SpecframeConfig, resolve_merge, resolve_proposers, resolve_router
+    from ..models import check_device, resolve_model
+
+    for s in cfg.strategies:
+        if s.proposers is not None:
+            combo = {k: v for k, v in (("merge", s.merge), ("router", s.router)) if v is not None}
+            try:
+                scfg = SpecframeConfig.model_validate({"proposers": s.proposers, **combo})
+            except ValidationError as exc:
+                raise ConfigError(f"strategy {s.name!r}: {exc.errors()[0]['msg']}") from None
+            resolve_proposers(scfg, registry)
+            if len(s.proposers) > 1 or combo:
+                resolve_merge(scfg.merge, registry)
+                resolve_router(scfg.router, registry)
+    check_device(cfg.device)
+    resolve_model(cfg.model)
+    for s in cfg.strategies:
+        if s.peer == "hf-assisted":
+            try:
+                resolve_model(s.options["assistant_model"])
+            except SpecframeError as exc:
+                raise type(exc)(f"strategy {s.name!r}: assistant_model: {exc}") from None
+
+
 def _bench(config, questions, categories, limit_per_category, max_new_tokens, output, profile) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from ..config import SpecframeConfig, resolve_merge, resolve_proposers, resolve_router
-    from ..models import check_device, resolve_model
+    from ..config import SpecframeConfig
     from ..prompts import read_prompts
     from ..registry import build_registry
     from .config import ProfileConfig, load_bench_config
@@ -84,26 +117,12 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
         has = f"the file has: {', '.join(found)}" if found else "the file's questions have no `category`"
         raise ConfigError(f"--categories {cfg.categories} match no question; {has}")
     registry = build_registry()
-    for s in cfg.strategies:
-        if s.proposers is not None:
-            combo = {k: v for k, v in (("merge", s.merge), ("router", s.router)) if v is not None}
-            try:
-                scfg = SpecframeConfig.model_validate({"proposers": s.proposers, **combo})
-            except ValidationError as exc:
-                raise ConfigError(f"strategy {s.name!r}: {exc.errors()[0]['msg']}") from None
-            resolve_proposers(scfg, registry)
-            if len(s.proposers) > 1 or combo:
-                resolve_merge(scfg.merge, registry)
-                resolve_router(scfg.router, registry)
-    check_device(cfg.device)
-    resolve_model(cfg.model)
+    validate_bench_config(cfg, registry)
     try:  # an unwritable output fails now, not after the run
         output.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--output {output}: cannot create the directory ({exc.strerror})") from None
     assistant_names = {s.name: s.options["assistant_model"] for s in cfg.strategies if s.peer == "hf-assisted"}
-    for name in assistant_names.values():
-        resolve_model(name)
 
     if profile is None and cfg.profile is not None:
         err.print(f"measuring the cost curve v(n) too: {config} has a `profile:` section (--no-profile skips it)",
