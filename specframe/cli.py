@@ -163,6 +163,16 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, me
             f"{given} set how two or more combined proposers share the tree; with one proposer "
             f"({cfg.proposers[0]['name']}) there is nothing to merge: add another --proposer, or drop {given}"
         )
+    if cfg.sampling.temperature == 0:
+        for flag, value in (("--top-p", top_p), ("--top-k", top_k)):
+            if value is not None:
+                raise ConfigError(f"{flag} filters the distribution that sampling draws from; at temperature 0 "
+                                  f"decoding is greedy (argmax) and never uses it: add --temperature > 0, or drop {flag}")
+    if cfg.device != "cpu":
+        for flag, value in (("--threads", threads), ("--prepack", prepack)):
+            if value is not None:
+                raise ConfigError(f"{flag} sets how a CPU target runs; with --device {cfg.device} it has no effect: "
+                                  f"drop {flag}, or use --device cpu")
     if prompts_file is None:
         for flag, value in (("--limit", limit), ("--category", category)):
             if value is not None:

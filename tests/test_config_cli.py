@@ -315,6 +315,9 @@ def test_cli_prompt_too_long(tiny_model_dir):
         (["hello", "--merge", "confidence"], ["--merge", "one proposer (ngram)", "add another --proposer"]),
         (["hello", "--proposer", "none", "--max-nodes", "8"], ["--max-nodes", "one proposer (none)"]),
         (["hello", "--merge", "priority", "--max-nodes", "8"], ["--merge and --max-nodes"]),
+        (["hello", "--top-p", "0.9"], ["--top-p", "temperature 0", "add --temperature > 0"]),
+        (["hello", "--top-k", "5", "--temperature", "0"], ["--top-k", "greedy"]),
+        (["hello", "--device", "cuda", "--threads", "2"], ["--threads", "--device cuda"]),
     ],
 )
 def test_options_that_would_be_ignored_are_refused(args, needles, no_model_load):
