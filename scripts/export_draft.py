@@ -2,7 +2,10 @@
 self-contained transformers model, e.g. the ``assistant_model`` of transformers' assisted generation (the
 ``hf-assisted`` peer in ``specframe bench``).
 
-    python scripts/export_draft.py --output runs/draft-standalone
+    python scripts/export_draft.py --draft runs/draft --output runs/draft-standalone
+
+The draft shipped for a built-in target needs no export by hand: the model name ``<target>-draft`` (e.g.
+``smollm2-135m-instruct-draft``) exports it into the model cache on first use (:mod:`specframe.models`).
 """
 
 from __future__ import annotations

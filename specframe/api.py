@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 from pydantic import ValidationError
 
 from .config import SpecframeConfig, _one_line, load_config, resolve_merge, resolve_proposers, resolve_router
-from .errors import ConfigError, UnknownProposerError
+from .errors import ConfigError, UnknownRouterError
 from .engine import Engine, GenerationResult, proposer_labels
 from .isolation import IsolationPolicy
 from .registry import Registry, build_registry
@@ -68,7 +68,7 @@ class Specframe:
             return None
         try:
             return self._router(router)
-        except UnknownProposerError:
+        except UnknownRouterError:
             if explicit:
                 raise
             return None

@@ -26,8 +26,19 @@ app = typer.Typer(
 err = Console(stderr=True, highlight=False)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        sys.stdout.write(f"specframe {__version__}\n")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print specframe's version and exit."),
+) -> None:
     """specframe: speculative decoding with pluggable proposers, exact output."""
 
 
@@ -146,14 +157,36 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, me
         cfg = load_config(None, base=cfg.model_dump(), merge=settings)
     if router is not None:
         cfg = load_config(None, base=cfg.model_dump(), router=router if router != cfg.router.name else None)
+    if len(cfg.proposers) < 2 and (merge is not None or max_nodes is not None):
+        given = " and ".join(f for f, v in (("--merge", merge), ("--max-nodes", max_nodes)) if v is not None)
+        raise ConfigError(
+            f"{given} set how two or more combined proposers share the tree; with one proposer "
+            f"({cfg.proposers[0]['name']}) there is nothing to merge: add another --proposer, or drop {given}"
+        )
+    if cfg.sampling.temperature == 0:
+        for flag, value in (("--top-p", top_p), ("--top-k", top_k)):
+            if value is not None:
+                raise ConfigError(f"{flag} filters the distribution that sampling draws from; at temperature 0 "
+                                  f"decoding is greedy (argmax) and never uses it: add --temperature > 0, or drop {flag}")
+    if cfg.device != "cpu":
+        for flag, value in (("--threads", threads), ("--prepack", prepack)):
+            if value is not None:
+                raise ConfigError(f"{flag} sets how a CPU target runs; with --device {cfg.device} it has no effect: "
+                                  f"drop {flag}, or use --device cpu")
+    if prompts_file is None:
+        for flag, value in (("--limit", limit), ("--category", category)):
+            if value is not None:
+                raise ConfigError(f"{flag} selects prompts of --prompts-file; with a PROMPT argument it has nothing "
+                                  f"to select: give --prompts-file, or drop {flag}")
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {limit}")
     prompts = read_prompts(prompts_file) if prompts_file is not None else [Prompt(prompt)]
     if category is not None:
-        found = sorted({str(p.category) for p in prompts})
+        found = sorted({str(p.category) for p in prompts if p.category is not None})
         prompts = [p for p in prompts if p.category == category]
         if not prompts:
-            raise ConfigError(f"--category {category!r} matches no prompt; the file has: {', '.join(found)}")
+            has = f"the file has: {', '.join(found)}" if found else "the file's prompts have no `category`"
+            raise ConfigError(f"--category {category!r} matches no prompt; {has}")
     prompts = prompts[:limit]
 
     from .registry import build_registry
@@ -182,6 +215,17 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, me
     _run(sf, prompts, encoded, stream, as_json)
 
 
+def answer_header(i: int, n: int, prompt) -> str:
+    """The line before each answer when several prompts are answered in plain text (stdout), e.g.
+    ``=== 2/5: question 81 (writing) ===``; ``--json`` records carry ``question_id`` instead."""
+    what = []
+    if prompt.question_id is not None:
+        what.append(f"question {prompt.question_id}")
+    if prompt.category is not None:
+        what.append(f"({prompt.category})")
+    return f"{'' if i == 1 else chr(10)}=== {i}/{n}{': ' + ' '.join(what) if what else ''} ===\n"
+
+
 def _run(sf, prompts, encoded, stream: bool, as_json: bool) -> None:
     from rich.progress import Progress
 
@@ -189,10 +233,13 @@ def _run(sf, prompts, encoded, stream: bool, as_json: bool) -> None:
         sys.stdout.write(piece)
         sys.stdout.flush()
 
-    show_progress = len(prompts) > 1 and not stream
+    several = len(prompts) > 1
+    show_progress = several and not stream
     with Progress(console=err, transient=True, disable=not show_progress) as progress:
         task = progress.add_task("generating", total=len(prompts))
-        for p, ids in zip(prompts, encoded):
+        for i, (p, ids) in enumerate(zip(prompts, encoded), 1):
+            if several and not as_json:
+                write(answer_header(i, len(prompts), p))
             result = sf.generate_result(ids, question_id=p.question_id, on_text=write if stream else None)
             if as_json:
                 sys.stdout.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")

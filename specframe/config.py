@@ -214,6 +214,7 @@ def resolve_proposers(config: SpecframeConfig, registry: Any) -> list[tuple[type
 
     Raises:
         UnknownProposerError: no installed plugin has that name (the message lists the installed ones).
+        DuplicateRegistrationError: two installed plugins register that name (the message names both).
         ConfigError: an option is unknown or out of range for that proposer, or two entries are the same
             proposer with the same options.
     """
@@ -238,7 +239,7 @@ def resolve_merge(settings: MergeSettings | dict[str, Any], registry: Any) -> tu
     """Validate ``merge:`` against its policy's config model.
 
     Raises:
-        UnknownProposerError: no installed plugin provides that policy (the message lists the installed ones).
+        UnknownMergePolicyError: no installed plugin provides that policy (the message lists the installed ones).
         ConfigError: an option is unknown or out of range for that policy.
     """
     data = settings.model_dump() if isinstance(settings, BaseModel) else dict(settings)
@@ -254,7 +255,7 @@ def resolve_router(settings: RouterSettings | dict[str, Any] | str | None, regis
     """Validate ``router:`` against its router's config model; None for ``router: none``.
 
     Raises:
-        UnknownProposerError: no installed plugin provides that router.
+        UnknownRouterError: no installed plugin provides that router (the message lists the installed ones).
         ConfigError: an option is unknown or out of range for that router.
     """
     if settings is None or isinstance(settings, str):

@@ -26,11 +26,28 @@ class ModelNotInstalledError(SpecframeError):
     """A built-in model's weight package is not installed; the message gives the pip command."""
 
 
-class UnknownProposerError(SpecframeError, KeyError):
-    """No installed plugin provides a proposer (or verifier, merge policy, router) of that name."""
+class UnknownNameError(SpecframeError, KeyError):
+    """No installed plugin provides a component of that kind and name; the message names the kind and lists the
+    installed ones. Catch this to handle any kind; each kind has its own subclass below."""
 
-    def __str__(self) -> str:
+    def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
+
+
+class UnknownProposerError(UnknownNameError):
+    """No installed plugin provides a proposer of that name."""
+
+
+class UnknownVerifierError(UnknownNameError):
+    """No installed plugin provides a verifier of that name."""
+
+
+class UnknownMergePolicyError(UnknownNameError):
+    """No installed plugin provides a merge policy of that name."""
+
+
+class UnknownRouterError(UnknownNameError):
+    """No installed plugin provides a router of that name."""
 
 
 class PluginError(SpecframeError):

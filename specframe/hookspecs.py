@@ -11,8 +11,10 @@ Two kinds of hooks:
   (checked once per request, see :mod:`specframe.observe`).
 
 A plugin is a module or object with functions marked ``@specframe.hookimpl``, found through the package
-entry-point group ``specframe`` (built-in plugins use the same group). A misspelt hook name fails when the
-registry is built (``PluginContractError``).
+entry-point group ``specframe`` (built-in plugins use the same group). An installed plugin with a misspelt hook
+name, a hook that raises or a class that breaks the contract is left out when the registry is built, listed with
+its error by ``specframe plugins``; one registered directly (``build_registry(extra_plugins=...)``) raises
+``PluginContractError``.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ def specframe_register_proposers(register: Callable[[type], None]) -> None:
         :class:`specframe.Proposer`).
 
     Dispatch: every implementation is called (not firstresult); return values are ignored.
-    When called: once, when a :class:`specframe.registry.Registry` is built. A name registered twice raises
-    :class:`specframe.errors.DuplicateRegistrationError` naming both distributions; a class that breaks the
-    contract raises :class:`specframe.errors.PluginContractError` naming the plugin and the fix.
+    When called: once, when a :class:`specframe.registry.Registry` is built. A name registered by two plugins
+    raises :class:`specframe.errors.DuplicateRegistrationError` naming both distributions when it is used; a
+    class that breaks the contract leaves the plugin out with a :class:`specframe.errors.PluginContractError`
+    message naming the plugin and the fix (raised at once for a plugin passed in ``extra_plugins``).
     """
 
 
@@ -54,7 +57,7 @@ def specframe_register_verifiers(register: Callable[[type], None]) -> None:
         ``cls.supports_trees`` is a ``bool``, ``cls().verify(...)`` follows :class:`specframe.Verifier`.
 
     Dispatch: every implementation is called; return values are ignored.
-    When called: once, when a registry is built. Duplicate names raise ``DuplicateRegistrationError``.
+    When called: once, when a registry is built. A duplicate name raises ``DuplicateRegistrationError`` when used.
     """
 
 
@@ -73,8 +76,8 @@ def specframe_register_merge_policies(register: Callable[[type], None]) -> None:
         badly.
 
     Dispatch: every implementation is called; return values are ignored.
-    When called: once, when a registry is built. Duplicate names raise ``DuplicateRegistrationError``; a class
-    that breaks the contract raises ``PluginContractError``.
+    When called: once, when a registry is built. A duplicate name raises ``DuplicateRegistrationError`` when used;
+    a class that breaks the contract leaves the plugin out (see :func:`specframe_register_proposers`).
     """
 
 
@@ -92,8 +95,8 @@ def specframe_register_routers(register: Callable[[type], None]) -> None:
         wall-clock timings unless ``greedy``).
 
     Dispatch: every implementation is called; return values are ignored.
-    When called: once, when a registry is built. Duplicate names raise ``DuplicateRegistrationError``; a class
-    that breaks the contract raises ``PluginContractError``.
+    When called: once, when a registry is built. A duplicate name raises ``DuplicateRegistrationError`` when used;
+    a class that breaks the contract leaves the plugin out (see :func:`specframe_register_proposers`).
     """
 
 

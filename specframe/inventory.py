@@ -1,9 +1,11 @@
 """What is installed: every plugin with its distribution, version, and the proposers / verifiers / merge policies /
-routers it provides (capabilities and a config summary). ``specframe plugins [--json]`` prints this.
+routers it provides (capabilities and a config summary), and for a plugin that failed to load, its error.
+``specframe plugins [--json]`` prints this.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
@@ -30,15 +32,24 @@ def _constraints(info: FieldInfo) -> str:
 
 
 def _default(info: FieldInfo) -> Any:
+    """The option's default as JSON (a ``default_factory`` is called: ``{}``, not ``<factory>``); ``repr`` of one
+    that JSON cannot hold."""
     if info.default_factory is not None:
-        return "<factory>"
-    if info.default is PydanticUndefined:
+        try:
+            value = info.default_factory()  # pydantic's factories take no argument unless they ask for the data
+        except TypeError:
+            return None
+    elif info.default is PydanticUndefined:
         return None
+    else:
+        value = info.default
+    if hasattr(value, "model_dump"):
+        value = value.model_dump(mode="json")
     try:
-        json.dumps(info.default)
-        return info.default
+        json.dumps(value)
+        return value
     except TypeError:
-        return repr(info.default)
+        return repr(value)
 
 
 def config_summary(config: type, skip: tuple[str, ...] = ("name",)) -> list[dict[str, Any]]:
@@ -59,7 +70,9 @@ def config_summary(config: type, skip: tuple[str, ...] = ("name",)) -> list[dict
 
 
 def _doc(cls: type) -> str:
-    return ((cls.__doc__ or "").strip().splitlines() or [""])[0]
+    """The docstring's first paragraph on one line (a summary wrapped over several lines is kept whole)."""
+    first = inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0]
+    return " ".join(first.split())
 
 
 def proposer_summary(cls: type) -> dict[str, Any]:
@@ -106,6 +119,8 @@ def plugin_summary(info: PluginInfo) -> dict[str, Any]:
         "merge_policies": [component_summary(c, "policy") for c in info.merge_policies],
         "routers": [component_summary(c, "name") for c in info.routers],
         "observes": list(info.observes),
+        "error": info.error,  # why it is left out (it failed to load); null = loaded
+        "conflicts": list(info.conflicts),  # names another plugin registers too (refused when used)
     }
 
 
@@ -129,6 +144,10 @@ def render_text(doc: dict[str, Any]) -> str:
     for p in doc["plugins"]:
         dist = f"{p['distribution']} {p['version']}".strip() or "registered directly"
         lines.append(f"{p['plugin']}  [{dist}]  {p['module']}")
+        if p.get("error"):
+            lines.append(f"  BROKEN, left out: {p['error']}")
+        for conflict in p.get("conflicts", []):
+            lines.append(f"  conflict: {conflict}")
         for v in p["verifiers"]:
             trees = "trees" if v["capabilities"]["tree_drafts"] else "chains"
             lines.append(f"  verifier {v['name']}: {v['summary']} ({trees})")

@@ -5,6 +5,15 @@ them once into a cache entry (``model.safetensors`` + config + tokenizer files) 
 (default ``~/.cache/specframe``); later loads read that entry in about a second. An entry is written to a
 temporary folder and renamed into place only when complete, and a ``specframe-entry.json`` manifest with
 every file's size is checked on each load, so a partial or corrupt entry is rebuilt.
+
+An entry is keyed by the GGUF's content (its SHA-256), not by where the file lies: the same weights installed in
+two venvs share one entry. The hash is read once per file and remembered in ``models/file-hashes.json`` by
+path, size and modification time, so a later load does not read the GGUF again.
+
+``<target>-draft`` (e.g. ``smollm2-135m-instruct-draft``) is a built-in name too: the small draft shipped for that
+target (``specframe_plugins/weights/<target>/draft-model``) exported as a self-contained transformers model — e.g.
+the ``assistant_model`` of the ``hf-assisted`` bench peer. It is exported on first use into a cache entry keyed
+by the draft's and the target's content (a few seconds), then loaded like any model directory.
 """
 
 from __future__ import annotations
@@ -24,14 +33,18 @@ import torch
 from .errors import ConfigError, ModelNotInstalledError, UnknownModelError
 
 MANIFEST = "specframe-entry.json"
-ENTRY_VERSION = 1
+ENTRY_VERSION = 2  # 2: keyed by the GGUF's content (1 was keyed by its path)
+HASHES = "file-hashes.json"
+DRAFT_SUFFIX = "-draft"  # `<built-in target>-draft`: the draft shipped for that target, as a transformers model
 
 
 @dataclass(frozen=True)
 class ModelSource:
     name: str  # display name
     gguf: Path | None = None  # a GGUF file to convert, or
-    directory: Path | None = None  # a transformers model directory
+    directory: Path | None = None  # a transformers model directory, or
+    draft: Path | None = None  # a specframe small draft to export, with
+    draft_of: str | None = None  # the built-in target it was trained for (its embeddings and tokenizer)
 
 
 def _package_dir(module: str) -> Path | None:
@@ -76,15 +89,34 @@ BUILTIN_MODELS: dict[str, Callable[[], ModelSource]] = {
 }
 
 
+def _shipped_draft(target: str) -> Path | None:
+    """The small draft shipped for the built-in target ``target`` (``specframe_plugins/weights``), or None."""
+    try:
+        from specframe_plugins.weights import shipped
+    except ImportError:  # the built-in plugins are not installed
+        return None
+    return shipped(target, "draft-model")
+
+
+def builtin_names() -> list[str]:
+    """Every built-in model name: the targets, then ``<target>-draft`` for each target with a shipped draft."""
+    return list(BUILTIN_MODELS) + [t + DRAFT_SUFFIX for t in BUILTIN_MODELS if _shipped_draft(t) is not None]
+
+
 def resolve_model(name_or_path: str) -> ModelSource:
     """Map a built-in name, a model directory or a ``.gguf`` file to a :class:`ModelSource`.
 
     Raises:
         UnknownModelError: neither a built-in name nor an existing path (lists the built-in names).
-        ModelNotInstalledError: a built-in model's package is missing (gives the pip command).
+        ModelNotInstalledError: a built-in model's package is missing (gives the pip command); for
+            ``<target>-draft``, the target's.
     """
     if name_or_path in BUILTIN_MODELS:
         return BUILTIN_MODELS[name_or_path]()
+    base = name_or_path.removesuffix(DRAFT_SUFFIX)
+    if base != name_or_path and base in BUILTIN_MODELS and (draft := _shipped_draft(base)) is not None:
+        BUILTIN_MODELS[base]()  # the export needs the target: a missing package fails now, not later
+        return ModelSource(name_or_path, draft=draft, draft_of=base)
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return ModelSource(path.stem, gguf=path.resolve())
@@ -95,7 +127,7 @@ def resolve_model(name_or_path: str) -> ModelSource:
         if len(ggufs) == 1:
             return ModelSource(ggufs[0].stem, gguf=ggufs[0].resolve())
     raise UnknownModelError(
-        f"unknown model {name_or_path!r}: use a built-in name ({', '.join(BUILTIN_MODELS)}) "
+        f"unknown model {name_or_path!r}: use a built-in name ({', '.join(builtin_names())}) "
         "or the path of a transformers model directory or a .gguf file"
     )
 
@@ -104,9 +136,41 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECFRAME_CACHE") or Path.home() / ".cache" / "specframe")
 
 
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes, remembered in the cache (``models/gguf-hashes.json``) by resolved path, size
+    and modification time, so an unchanged file is read only once."""
+    path = path.resolve()
+    st = path.stat()
+    stamp = f"{path}:{st.st_size}:{st.st_mtime_ns}"
+    memo_path = cache_root() / "models" / HASHES
+    try:
+        memo = json.loads(memo_path.read_text())
+        if not isinstance(memo, dict):
+            memo = {}
+    except (OSError, ValueError):
+        memo = {}
+    if isinstance(memo.get(stamp), str):
+        return memo[stamp]
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    memo = {k: v for k, v in memo.items() if Path(k.rsplit(":", 2)[0]).exists()}  # forget files that are gone
+    memo[stamp] = digest.hexdigest()
+    try:  # written whole or not at all; a lost update only costs one more read of the file later
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=memo_path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(memo, f)
+        os.replace(tmp, memo_path)
+    except OSError:
+        pass
+    return memo[stamp]
+
+
 def _entry_dir(gguf: Path) -> Path:
-    st = gguf.stat()
-    key = hashlib.sha256(f"{gguf}:{st.st_size}:{ENTRY_VERSION}".encode()).hexdigest()[:16]
+    """The cache entry of a GGUF file: named by its stem, keyed by its content (see the module docstring)."""
+    key = hashlib.sha256(f"{file_sha256(gguf)}:{ENTRY_VERSION}".encode()).hexdigest()[:16]
     return cache_root() / "models" / f"{gguf.stem}-{key}"
 
 
@@ -137,7 +201,8 @@ def _convert_gguf(gguf: Path, entry: Path, log: Callable[[str], None]) -> None:
         model.generation_config.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
-        (tmp / MANIFEST).write_text(json.dumps({"version": ENTRY_VERSION, "source": str(gguf), "files": files}))
+        (tmp / MANIFEST).write_text(json.dumps({"version": ENTRY_VERSION, "source": str(gguf),
+                                                "sha256": file_sha256(gguf), "files": files}))
         if entry.exists():
             shutil.rmtree(entry)
         os.replace(tmp, entry)
@@ -146,10 +211,47 @@ def _convert_gguf(gguf: Path, entry: Path, log: Callable[[str], None]) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _export_draft(source: ModelSource, log: Callable[[str], None]) -> Path:
+    """The cache entry of a shipped draft exported as a standalone transformers model (see the module docstring),
+    exported now if it is missing or incomplete."""
+    from .learned.small_draft import export_standalone
+
+    assert source.draft is not None and source.draft_of is not None
+    target_dir = model_directory(resolve_model(source.draft_of), log)
+    key = hashlib.sha256(f"{target_dir.name}:{ENTRY_VERSION}".encode())  # the target's entry is content-keyed
+    for f in sorted(p for p in source.draft.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors")):
+        key.update(f"{f.name}:{file_sha256(f)}".encode())
+    entry = cache_root() / "models" / f"{source.name}-{key.hexdigest()[:16]}"
+    if _entry_ok(entry):
+        return entry
+    log(f"exporting the draft shipped for {source.draft_of} once into {entry}")
+    target, tokenizer = load_model(target_dir, torch.float32, "cpu")
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
+    try:
+        out = export_standalone(source.draft, target, tokenizer, tmp / "export")
+        files = {p.name: p.stat().st_size for p in out.iterdir() if p.is_file()}
+        (out / MANIFEST).write_text(json.dumps({"version": ENTRY_VERSION, "source": str(source.draft),
+                                                "target": source.draft_of, "files": files}))
+        if entry.exists():
+            shutil.rmtree(entry)
+        os.replace(out, entry)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return entry
+
+
 def model_directory(source: ModelSource, log: Callable[[str], None] = lambda s: None) -> Path:
-    """A transformers-loadable directory for ``source``, converting a GGUF into the cache if needed."""
+    """A transformers-loadable directory for ``source``: a model directory as it is; a GGUF converted, or a
+    shipped draft exported, into the cache on first use.
+
+    Raises:
+        ConfigError: a shipped draft that does not fit its target (see :func:`specframe.learned.small_draft.export_standalone`).
+    """
     if source.directory is not None:
         return source.directory
+    if source.draft is not None:
+        return _export_draft(source, log)
     assert source.gguf is not None
     entry = _entry_dir(source.gguf)
     if not _entry_ok(entry):

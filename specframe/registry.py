@@ -6,10 +6,17 @@ there too. ``SPECFRAME_PLUGINS=ngram,specframe-recall`` loads only the named ent
 core verifiers always load; an empty value loads none). Every entry point is registered under its own name, so
 two distributions that both call their entry point ``ngram`` are both loaded (and then collide on the proposer
 name, loudly) instead of one silently shadowing the other.
+
+One broken installed plugin never disables the others: an entry point that fails to import, implements an unknown
+hook or registers a class that breaks the contract is left out, listed with its error (``PluginInfo.error``,
+``specframe plugins``) and logged once as a warning; a name two plugins register is refused when it is used
+(``DuplicateRegistrationError`` naming both), every other name works. Plugins passed in ``extra_plugins`` (code,
+not an installation) still raise at once.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -25,9 +32,15 @@ from .errors import (
     DuplicateRegistrationError,
     PluginContractError,
     PluginLoadError,
+    UnknownMergePolicyError,
+    UnknownNameError,
     UnknownProposerError,
+    UnknownRouterError,
+    UnknownVerifierError,
 )
 from .observe import Observers
+
+log = logging.getLogger("specframe")
 
 ALLOW_ENV = "SPECFRAME_PLUGINS"
 OBSERVER_HOOKS = ("specframe_observe_step", "specframe_observe_request")
@@ -46,6 +59,8 @@ class PluginInfo:
     merge_policies: list[type] = field(default_factory=list)
     routers: list[type] = field(default_factory=list)
     observes: list[str] = field(default_factory=list)  # observer hooks it implements
+    error: str | None = None  # why the plugin is left out (import error, contract break); None = loaded
+    conflicts: list[str] = field(default_factory=list)  # names it registers that another plugin registers too
 
     def describe(self) -> str:
         """E.g. ``recall (specframe-recall 0.1.0)``."""
@@ -64,40 +79,47 @@ class Registry:
     routers: dict[str, type] = field(default_factory=dict)
     origin: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, name) -> plugin description
     plugins: list[PluginInfo] = field(default_factory=list)
+    conflicts: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, name) -> why it is refused
     _requests: Any = field(default_factory=count, repr=False)
 
+    @property
+    def broken(self) -> list[PluginInfo]:
+        """Installed plugins left out because they failed to load (each with its ``error``)."""
+        return [p for p in self.plugins if p.error]
+
+    def _lookup(self, kind: str, table: dict[str, type], name: str, error: type[UnknownNameError],
+                hint: str = "") -> type:
+        if (kind, name) in self.conflicts:
+            raise DuplicateRegistrationError(self.conflicts[(kind, name)])
+        if name in table:
+            return table[name]
+        broken = ""
+        if self.broken:
+            broken = ("; left out because they failed to load (see `specframe plugins`): "
+                      + ", ".join(p.describe() for p in self.broken))
+        raise error(f"unknown {kind} {name!r}; installed: {', '.join(sorted(table)) or '(none)'}{hint}{broken}")
+
     def proposer(self, name: str) -> type:
-        try:
-            return self.proposers[name]
-        except KeyError:
-            raise UnknownProposerError(
-                f"unknown proposer {name!r}; installed: {', '.join(sorted(self.proposers)) or '(none)'}"
-            ) from None
+        """The proposer class registered as ``name``.
+
+        Raises:
+            UnknownProposerError: no loaded plugin provides it (lists the installed ones and any broken plugin).
+            DuplicateRegistrationError: two plugins register that name (names both).
+        """
+        return self._lookup("proposer", self.proposers, name, UnknownProposerError)
 
     def verifier(self, name: str) -> type:
-        try:
-            return self.verifiers[name]
-        except KeyError:
-            raise UnknownProposerError(
-                f"unknown verifier {name!r}; installed: {', '.join(sorted(self.verifiers)) or '(none)'}"
-            ) from None
+        """The verifier class registered as ``name`` (raises ``UnknownVerifierError``, else as :meth:`proposer`)."""
+        return self._lookup("verifier", self.verifiers, name, UnknownVerifierError)
 
     def merge_policy(self, name: str) -> type:
-        try:
-            return self.merge_policies[name]
-        except KeyError:
-            raise UnknownProposerError(
-                f"unknown merge policy {name!r}; installed: {', '.join(sorted(self.merge_policies)) or '(none)'}"
-            ) from None
+        """The merge policy class registered as ``name`` (raises ``UnknownMergePolicyError``, else as
+        :meth:`proposer`)."""
+        return self._lookup("merge policy", self.merge_policies, name, UnknownMergePolicyError)
 
     def router(self, name: str) -> type:
-        try:
-            return self.routers[name]
-        except KeyError:
-            raise UnknownProposerError(
-                f"unknown router {name!r}; installed: {', '.join(sorted(self.routers)) or '(none)'} "
-                "(or `router: none` for no router)"
-            ) from None
+        """The router class registered as ``name`` (raises ``UnknownRouterError``, else as :meth:`proposer`)."""
+        return self._lookup("router", self.routers, name, UnknownRouterError, " (or `router: none` for no router)")
 
     def observers(self) -> Observers | None:
         """The observer hook implementations for one new request, or None when no plugin implements one.
@@ -171,20 +193,45 @@ def _register(pm: pluggy.PluginManager, plugin: object, name: str, where: str) -
     return True
 
 
+def _unknown_hooks(pm: pluggy.PluginManager, plugin: object) -> list[str]:
+    """Hooks ``plugin`` implements that no hook spec declares (a misspelt hook name), as pluggy's check_pending."""
+    unknown = []
+    for caller in pm.get_hookcallers(plugin) or []:
+        if caller.spec is None and any(i.plugin is plugin and not i.optionalhook for i in caller.get_hookimpls()):
+            unknown.append(caller.name)
+    return sorted(unknown)
+
+
+def _known_hooks() -> str:
+    return ", ".join(sorted(n for n in dir(hookspecs) if n.startswith("specframe_")))
+
+
 def _load_entry_points(pm: pluggy.PluginManager, plugins: list[PluginInfo]) -> None:
+    """Import and register every allowed entry point. One that fails to import, has a hook with wrong arguments or
+    implements an unknown hook is left out: appended with its ``error`` set, not registered."""
     for ep, dist, version in _allowed(_entry_points()):
         info = PluginInfo(ep.name, dist, version, ep.value)
+        plugins.append(info)
+        if pm.get_plugin(ep.name) is not None:  # another distribution uses the same entry-point name
+            info.name = f"{dist}:{ep.name}"
         try:
             plugin = ep.load()
         except Exception as exc:  # noqa: BLE001 - any import error of a third-party module
-            raise PluginLoadError(
-                f"plugin {info.describe()} failed to import {ep.value!r}: {type(exc).__name__}: {exc}; "
-                f"fix or uninstall {dist}, or leave it out with {ALLOW_ENV}=<plugins to load>"
-            ) from None
-        if pm.get_plugin(ep.name) is not None:  # another distribution uses the same entry-point name
-            info.name = f"{dist}:{ep.name}"
-        if _register(pm, plugin, info.name, info.describe()):
-            plugins.append(info)
+            info.error = (f"failed to import {ep.value!r}: {type(exc).__name__}: {_one_line(exc)}; fix or uninstall "
+                          f"{dist}, or leave it out with {ALLOW_ENV}=<plugins to load>")
+            continue
+        try:
+            if not _register(pm, plugin, info.name, info.describe()):
+                plugins.remove(info)  # this very module is already registered under another entry point
+                continue
+        except PluginContractError as exc:
+            info.error = str(exc).removeprefix(f"plugin {info.describe()}: ")
+            continue
+        unknown = _unknown_hooks(pm, plugin)
+        if unknown:
+            pm.unregister(plugin)
+            info.error = (f"unknown hook {', '.join(map(repr, unknown))}; known hooks: {_known_hooks()}; fix the "
+                          "@specframe.hookimpl function")
 
 
 def _check_name(cls: type, kind: str, where: str) -> None:
@@ -266,8 +313,12 @@ def _check_router(cls: type, where: str) -> None:
 
 
 def _collect(reg: Registry, info: PluginInfo, plugin: object) -> None:
+    """Call ``plugin``'s registration hooks and add what it registers to ``reg``: all of it, or nothing when one
+    class breaks the contract (``PluginContractError``). A name another plugin already registered is recorded as a
+    conflict in both plugins and in ``reg.conflicts``, and refused when it is looked up."""
     hook = reg.plugin_manager.hook
     where = info.describe()
+    staged: list[tuple[str, type, dict[str, type], list[type]]] = []
     for kind, hook_name, table, found, check in (
         ("proposer", "specframe_register_proposers", reg.proposers, info.proposers, check_proposer_class),
         ("verifier", "specframe_register_verifiers", reg.verifiers, info.verifiers, _check_verifier),
@@ -281,19 +332,32 @@ def _collect(reg: Registry, info: PluginInfo, plugin: object) -> None:
 
             def register(cls: type, _kind=kind, _table=table, _found=found, _check=check) -> None:
                 _check_name(cls, _kind, where)
-                name = cls.name
-                if name in _table and _table[name] is not cls:
-                    raise DuplicateRegistrationError(
-                        f"{_kind} {name!r} is registered by both {reg.origin[(_kind, name)]} and {where}; "
-                        f"uninstall one, or load only one with {ALLOW_ENV}"
-                    )
                 _check(cls, where)
-                _table[name] = cls
-                reg.origin[(_kind, name)] = where
-                if cls not in _found:
-                    _found.append(cls)
+                staged.append((_kind, cls, _table, _found))
 
-            impl.function(register=register)
+            try:
+                impl.function(register=register)
+            except PluginContractError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a third-party hook that raises is a broken plugin
+                raise PluginContractError(
+                    f"plugin {where}: its {hook_name} hook raised {type(exc).__name__}: {_one_line(exc)}"
+                ) from None
+    for kind, cls, table, found in staged:
+        name = cls.name
+        if name in table and table[name] is not cls:
+            first = reg.origin[(kind, name)]
+            message = (f"{kind} {name!r} is registered by both {first} and {where}; uninstall one, or load only one "
+                       f"with {ALLOW_ENV}")
+            reg.conflicts[(kind, name)] = message
+            for other in reg.plugins:
+                if other.describe() in (first, where) and message not in other.conflicts:
+                    other.conflicts.append(message)
+        else:
+            table[name] = cls
+            reg.origin[(kind, name)] = where
+        if cls not in found:
+            found.append(cls)
     for hook_name in OBSERVER_HOOKS:
         if any(i.plugin is plugin for i in getattr(hook, hook_name).get_hookimpls()):
             info.observes.append(hook_name)
@@ -306,11 +370,14 @@ def build_registry(*, entry_points: bool = True, extra_plugins: tuple[object, ..
         entry_points: load plugins from the ``specframe`` entry-point group (filtered by ``SPECFRAME_PLUGINS``).
         extra_plugins: plugin modules or objects to register directly (tests, embedding applications).
 
+    An installed plugin that fails to import, implements an unknown hook or registers a class that breaks the
+    contract is left out: listed in ``registry.plugins`` with its ``error`` (``registry.broken``) and logged once as
+    a warning on the ``specframe`` logger. A name registered by two plugins is refused when looked up.
+
     Raises:
-        PluginLoadError: an entry point fails to import, or ``SPECFRAME_PLUGINS`` names a missing plugin.
-        PluginContractError: a hook implementation matches no hook spec (a misspelt hook or argument), or a
-            registered class breaks the proposer/verifier/merge policy/router contract.
-        DuplicateRegistrationError: two plugins register the same name (both distributions are named).
+        PluginLoadError: ``SPECFRAME_PLUGINS`` names a plugin that is not installed.
+        PluginContractError: a plugin in ``extra_plugins`` implements an unknown hook (a misspelt hook or argument)
+            or registers a class that breaks the proposer/verifier/merge policy/router contract.
     """
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
@@ -318,6 +385,7 @@ def build_registry(*, entry_points: bool = True, extra_plugins: tuple[object, ..
     _register(pm, verifiers, plugins[0].name, plugins[0].describe())
     if entry_points:
         _load_entry_points(pm, plugins)
+    installed = {info.name for info in plugins}
     for plugin in extra_plugins:
         name = getattr(plugin, "__name__", None) or f"{type(plugin).__name__}@{id(plugin):x}"
         if pm.get_plugin(name) is not None and pm.get_plugin(name) is not plugin:
@@ -329,10 +397,19 @@ def build_registry(*, entry_points: bool = True, extra_plugins: tuple[object, ..
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
         owner = next((i.describe() for i in plugins if pm.get_plugin(i.name) is exc.plugin), "a plugin")
-        raise PluginContractError(
-            f"plugin {owner}: {_one_line(exc)}; known hooks: {', '.join(sorted(n for n in dir(hookspecs) if n.startswith('specframe_')))}"
-        ) from None
+        raise PluginContractError(f"plugin {owner}: {_one_line(exc)}; known hooks: {_known_hooks()}") from None
     reg = Registry(pm, plugins=plugins)
     for info in plugins:
-        _collect(reg, info, pm.get_plugin(info.name))
+        if info.error:
+            continue
+        plugin = pm.get_plugin(info.name)
+        try:
+            _collect(reg, info, plugin)
+        except PluginContractError as exc:
+            if info.name not in installed:
+                raise  # code passed in directly: a bug to fix there, not an installation to work around
+            pm.unregister(plugin)
+            info.error = str(exc)
+    for info in reg.broken:
+        log.warning("plugin %s is left out: %s", info.describe(), info.error)
     return reg

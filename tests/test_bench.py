@@ -195,3 +195,70 @@ def test_near_tie_is_relative_to_the_dtype_precision():
     assert not is_near_tie(0.6, 20.0, torch.bfloat16)
     # float32: the same gaps are real decisions
     assert not is_near_tie(0.125, 20.0, torch.float32) and is_near_tie(0.0, 20.0, torch.float32)
+
+
+def test_an_mt_bench_category_asked_for_keeps_its_own_column(sf):
+    questions = QUESTIONS + [Prompt("ea eb ec ea eb", 5, "coding")]
+    assert category_group("coding") == MULTI_TURN  # no filter: Spec-Bench's layout
+    assert category_group("coding", ["coding"]) == "coding" and category_group("writing", ["coding"]) == MULTI_TURN
+    chosen = select_questions(questions, ["coding"], None)
+    assert [q.question_id for q in chosen] == [5]
+    cfg = _cfg(categories=["coding"], strategies=[{"name": "ngram", "proposers": ["ngram"]}], warmup=0,
+               max_new_tokens=4)
+    records = BenchRunner(sf, cfg).run(chosen)
+    assert {r["group"] for r in records} == {"coding"}
+    summary = aggregate(records, [s.name for s in cfg.strategies])
+    assert summary["columns"] == ["coding", "overall"]
+    assert MULTI_TURN not in render_markdown({"config": cfg.model_dump(), "environment": _env(), "summary": summary,
+                                              "records": records, "lossless": None, "profile": None}, [])
+
+
+def _env() -> dict:
+    return {"cpu": "cpu", "cpu_count": 2, "torch_threads": 1, "torch": "t", "transformers": "t", "specframe": "s",
+            "date": "d"}
+
+
+def test_the_printed_table_cuts_no_name():
+    import io
+
+    from rich.console import Console
+
+    from specframe.bench.command import print_table
+    from specframe.bench.report import speedup_table
+
+    cols = [MULTI_TURN, "translation", "summarization", "qa", "math_reasoning", "rag", "overall"]
+    cell = {"speedup": 1.5, "tau": 2.0, "tokens_per_s": 30.0}
+    summary = {"columns": cols, "strategies": {
+        name: {"by_column": {c: cell for c in cols}} for name in ("none", "ngram+medusa+draft-model")}}
+    out = io.StringIO()
+    print_table(speedup_table(summary, "speedup"), Console(file=out, width=80))  # a pipe: rich assumes 80 columns
+    text = out.getvalue()
+    assert "…" not in text
+    for name in cols + ["ngram+medusa+draft-model", "tokens/s overall"]:
+        assert name in text, name
+    folded = io.StringIO()
+    print_table(speedup_table(summary, "speedup"), Console(file=folded, width=60, force_terminal=True))
+    assert "…" not in folded.getvalue()  # a narrow terminal: wrapped, not cut
+
+
+@pytest.mark.parametrize("flag, measured", [(None, True), ("--no-profile", False), ("--profile", True)])
+def test_the_cost_profile_runs_when_asked_and_says_why(tmp_path, monkeypatch, flag, measured):
+    monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path / "cache"))
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["aa ab ac aa ab"]}) + "\n")
+    model_dir = tmp_path / "tiny-model"
+    build_model("llama").save_pretrained(model_dir)
+    build_tokenizer().save_pretrained(model_dir)
+    cfg = tmp_path / "b.yaml"
+    cfg.write_text(json.dumps({
+        "model": str(model_dir), "dtype": "float32", "threads": 1, "prepack": False, "chat": False, "warmup": 0,
+        "max_new_tokens": 3, "strategies": [{"name": "ngram", "proposers": ["ngram"]}],
+        **({"profile": {"context": 8, "max_tokens": 2, "repeats": 1}} if flag != "--profile" else {}),
+    }))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["bench", "--config", str(cfg), "--questions", str(q), "--output", str(out)]
+                             + ([flag] if flag else []))
+    assert res.exit_code == 0, (res.output, res.exception)
+    results = json.loads((out / "results.json").read_text())
+    assert (results["profile"] is not None) == measured
+    assert ("has a `profile:` section (--no-profile skips it)" in res.stderr) == (flag is None)

@@ -302,3 +302,75 @@ def test_cli_prompt_too_long(tiny_model_dir):
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "300 tokens" in last and "context is 256" in last
     assert "Traceback" not in result.output
+
+
+# --- options that would be ignored, --version, several answers ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["hello", "--limit", "3"], ["--limit", "--prompts-file"]),
+        (["hello", "--category", "writing"], ["--category", "--prompts-file"]),
+        (["hello", "--merge", "confidence"], ["--merge", "one proposer (ngram)", "add another --proposer"]),
+        (["hello", "--proposer", "none", "--max-nodes", "8"], ["--max-nodes", "one proposer (none)"]),
+        (["hello", "--merge", "priority", "--max-nodes", "8"], ["--merge and --max-nodes"]),
+        (["hello", "--top-p", "0.9"], ["--top-p", "temperature 0", "add --temperature > 0"]),
+        (["hello", "--top-k", "5", "--temperature", "0"], ["--top-k", "greedy"]),
+        (["hello", "--device", "cuda", "--threads", "2"], ["--threads", "--device cuda"]),
+    ],
+)
+def test_options_that_would_be_ignored_are_refused(args, needles, no_model_load):
+    line = assert_user_error(invoke(*args), *needles)
+    assert "None" not in line
+
+
+def test_merge_with_two_proposers_is_accepted(monkeypatch):
+    import specframe.api
+
+    class Loaded(Exception):
+        pass
+
+    def load(cfg, **kwargs):
+        raise Loaded(cfg.merge.policy)
+
+    monkeypatch.setattr(specframe.api, "load", load)
+    with pytest.raises(Loaded, match="confidence"):  # got past every check, with the policy asked for
+        runner.invoke(cli.app, ["generate", "hello", "--proposer", "ngram", "--proposer", "none", "--merge",
+                                "confidence", "--dtype", "float32"], catch_exceptions=False)
+
+
+def test_category_filter_on_a_file_without_categories(tmp_path, no_model_load):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question_id": 1, "turns": ["hi"]}\n')
+    line = assert_user_error(invoke("--prompts-file", str(path), "--category", "writing"), "'writing'",
+                             "have no `category`")
+    assert "None" not in line
+
+
+def test_version():
+    import specframe
+
+    result = runner.invoke(cli.app, ["--version"])
+    assert result.exit_code == 0 and result.stdout == f"specframe {specframe.__version__}\n"
+
+
+def test_several_answers_in_plain_text_are_separated(tiny_model_dir, tmp_path):
+    path, model = tiny_model_dir
+    tok = build_tokenizer()
+    second = [17, 3, 3, 44, 17, 3]
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(
+        json.dumps({"question_id": 7, "category": "qa", "turns": [" ".join(tok.convert_ids_to_tokens(PROMPT))]})
+        + "\n" + json.dumps({"turns": [" ".join(tok.convert_ids_to_tokens(second))]}) + "\n"
+    )
+    answers = [tok.decode(hf_greedy(model, p, 5), skip_special_tokens=True) for p in (PROMPT, second)]
+    common = ["--prompts-file", str(questions), "--model", str(path), "--dtype", "float32", "--no-chat",
+              "--max-new-tokens", "5"]
+    result = invoke(*common)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert result.stdout == f"=== 1/2: question 7 (qa) ===\n{answers[0]}\n\n=== 2/2 ===\n{answers[1]}\n"
+    streamed = invoke(*common, "--stream")
+    assert streamed.exit_code == 0 and streamed.stdout == result.stdout
+    one = invoke(*common, "--limit", "1")  # a single answer has no header
+    assert one.exit_code == 0 and one.stdout == answers[0] + "\n"

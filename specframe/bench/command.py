@@ -9,7 +9,7 @@ from typing import Any, List, Optional
 import typer
 from pydantic import ValidationError
 
-from ..errors import ConfigError
+from ..errors import ConfigError, SpecframeError
 
 
 def bench(
@@ -19,7 +19,9 @@ def bench(
     limit_per_category: Optional[int] = typer.Option(None, "--limit-per-category", help="First N questions per category."),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Overrides the config."),
     output: Path = typer.Option(Path("bench-out"), "--output", help="Directory for results.json, report.md, PNGs."),
-    profile: bool = typer.Option(False, "--profile", help="Measure the target's cost curve v(n) too."),
+    profile: Optional[bool] = typer.Option(
+        None, "--profile/--no-profile",
+        help="Measure the target's cost curve v(n) too (default: when the config has a `profile:` section)."),
 ) -> None:
     """Compare strategies side by side on Spec-Bench questions, against HF transformers peers."""
     from ..cli import _fail
@@ -31,18 +33,64 @@ def bench(
         _fail(str(exc))
 
 
+def print_table(table: Any, console: Any = None) -> None:
+    """Print a rich table without cutting a header or cell: into a file or pipe at the width the table needs (rich
+    would otherwise assume 80 columns and shorten names with "…"); on a terminal narrower than the table, cells
+    wrap (the columns fold) instead of being cut."""
+    from rich.console import Console
+
+    console = console or Console()
+    if not console.is_terminal:
+        needed = console.measure(table, options=console.options.update_width(10_000)).maximum
+        if needed > console.width:
+            console = Console(file=console.file, width=needed, color_system=None, highlight=False)
+    console.print(table)
+
+
+def validate_bench_config(cfg: Any, registry: Any) -> None:
+    """Check everything a bench config names before any model loads: each strategy's proposers (and merge policy
+    and router when combined or set) against the installed plugins, the device, the model and every
+    ``hf-assisted`` assistant model (a built-in name, or a path that exists).
+
+    Raises:
+        ConfigError: a bad option or device; UnknownProposerError / UnknownMergePolicyError / UnknownRouterError:
+            a name no installed plugin provides; UnknownModelError / ModelNotInstalledError: a model or assistant
+            that cannot be found.
+    """
+    from ..config import SpecframeConfig, resolve_merge, resolve_proposers, resolve_router
+    from ..models import check_device, resolve_model
+
+    for s in cfg.strategies:
+        if s.proposers is not None:
+            combo = {k: v for k, v in (("merge", s.merge), ("router", s.router)) if v is not None}
+            try:
+                scfg = SpecframeConfig.model_validate({"proposers": s.proposers, **combo})
+            except ValidationError as exc:
+                raise ConfigError(f"strategy {s.name!r}: {exc.errors()[0]['msg']}") from None
+            resolve_proposers(scfg, registry)
+            if len(s.proposers) > 1 or combo:
+                resolve_merge(scfg.merge, registry)
+                resolve_router(scfg.router, registry)
+    check_device(cfg.device)
+    resolve_model(cfg.model)
+    for s in cfg.strategies:
+        if s.peer == "hf-assisted":
+            try:
+                resolve_model(s.options["assistant_model"])
+            except SpecframeError as exc:
+                raise type(exc)(f"strategy {s.name!r}: assistant_model: {exc}") from None
+
+
 def _bench(config, questions, categories, limit_per_category, max_new_tokens, output, profile) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-    from rich.table import Table
 
-    from ..config import SpecframeConfig, resolve_merge, resolve_proposers, resolve_router
-    from ..models import check_device, resolve_model
+    from ..config import SpecframeConfig
     from ..prompts import read_prompts
     from ..registry import build_registry
     from .config import ProfileConfig, load_bench_config
     from .costmodel import measure_cost_curve
-    from .report import aggregate, render_markdown, speedup_rows
+    from .report import aggregate, render_markdown, speedup_table
     from .runner import BenchRunner, environment, lossless_check, select_questions
 
     err = Console(stderr=True, highlight=False)
@@ -58,34 +106,27 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
                             questions=str(questions) if questions else None, categories=cats)
     if profile and cfg.profile is None:
         cfg = cfg.model_copy(update={"profile": ProfileConfig()})
+    elif profile is False:
+        cfg = cfg.model_copy(update={"profile": None})
     if not cfg.questions:
         raise ConfigError("no questions: pass --questions F.jsonl or set `questions` in the bench config")
     prompts = read_prompts(cfg.questions)
     chosen = select_questions(prompts, cfg.categories, cfg.limit_per_category)
     if not chosen:
-        found = sorted({str(p.category) for p in prompts})
-        raise ConfigError(f"--categories {cfg.categories} match no question; the file has: {', '.join(found)}")
+        found = sorted({str(p.category) for p in prompts if p.category is not None})
+        has = f"the file has: {', '.join(found)}" if found else "the file's questions have no `category`"
+        raise ConfigError(f"--categories {cfg.categories} match no question; {has}")
     registry = build_registry()
-    for s in cfg.strategies:
-        if s.proposers is not None:
-            combo = {k: v for k, v in (("merge", s.merge), ("router", s.router)) if v is not None}
-            try:
-                scfg = SpecframeConfig.model_validate({"proposers": s.proposers, **combo})
-            except ValidationError as exc:
-                raise ConfigError(f"strategy {s.name!r}: {exc.errors()[0]['msg']}") from None
-            resolve_proposers(scfg, registry)
-            if len(s.proposers) > 1 or combo:
-                resolve_merge(scfg.merge, registry)
-                resolve_router(scfg.router, registry)
-    check_device(cfg.device)
-    resolve_model(cfg.model)
+    validate_bench_config(cfg, registry)
     try:  # an unwritable output fails now, not after the run
         output.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--output {output}: cannot create the directory ({exc.strerror})") from None
     assistant_names = {s.name: s.options["assistant_model"] for s in cfg.strategies if s.peer == "hf-assisted"}
-    for name in assistant_names.values():
-        resolve_model(name)
+
+    if profile is None and cfg.profile is not None:
+        err.print(f"measuring the cost curve v(n) too: {config} has a `profile:` section (--no-profile skips it)",
+                  markup=False, soft_wrap=True)
 
     # 2. load once
     import logging
@@ -154,13 +195,7 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
     (output / "results.json").write_text(json.dumps(results, indent=1))
     plots = write_plots(summary, output)
     (output / "report.md").write_text(render_markdown(results, plots))
-    header, rows = speedup_rows(summary)
-    table = Table(title=f"speedup over none — {cfg.model} {cfg.dtype}, {len(chosen)} questions")
-    for h in header:
-        table.add_column(h, justify="right" if h != "strategy" else "left")
-    for r in rows:
-        table.add_row(*r)
-    Console().print(table)
+    print_table(speedup_table(summary, f"speedup over none — {cfg.model} {cfg.dtype}, {len(chosen)} questions"))
     mism = [m for m in lossless or [] if m["kind"] == "specframe"]
     bad = sorted({m["strategy"] for m in mism if not m["near_tie"]})
     if lossless is None:

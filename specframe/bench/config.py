@@ -43,7 +43,8 @@ class Strategy(BaseModel):
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="Peer options: prompt_lookup_num_tokens, max_matching_ngram_size (prompt lookup); "
-        "assistant_model (a model name or path for hf-assisted), num_assistant_tokens.",
+        "assistant_model (a model name or path for hf-assisted, e.g. smollm2-135m-instruct-draft: the draft shipped "
+        "for that target, exported on first use), num_assistant_tokens.",
     )
 
     @field_validator("proposers", mode="before")

@@ -150,6 +150,19 @@ def speedup_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def speedup_table(summary: dict[str, Any], title: str) -> Any:
+    """The main table (:func:`speedup_rows`) as a rich Table whose columns fold rather than cut their text."""
+    from rich.table import Table
+
+    header, rows = speedup_rows(summary)
+    table = Table(title=title)
+    for h in header:
+        table.add_column(h, justify="right" if h != "strategy" else "left", overflow="fold")
+    for r in rows:
+        table.add_row(*r)
+    return table
+
+
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]

@@ -19,18 +19,23 @@ MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", 
 MULTI_TURN = "multi-turn conversation"
 
 
-def category_group(category: str | None) -> str:
-    """Spec-Bench reports the eight MT-bench categories together as multi-turn conversation."""
-    return MULTI_TURN if category in MT_BENCH else str(category)
+def category_group(category: str | None, categories: list[str] | None = None) -> str:
+    """The report column of a question's category. Spec-Bench reports the eight MT-bench categories together as
+    multi-turn conversation; an MT-bench category named in ``categories`` (``--categories coding``) keeps its own
+    column, so the report says what was run."""
+    if category in MT_BENCH and category not in (categories or ()):
+        return MULTI_TURN
+    return str(category)
 
 
 def select_questions(prompts: list[Prompt], categories: list[str] | None, limit_per_category: int | None) -> list[Prompt]:
-    """Filter by category (a name or ``multi-turn conversation``) and keep the first N per category."""
+    """Filter by category (a name or ``multi-turn conversation``) and keep the first N per report column (see
+    :func:`category_group`)."""
     out, seen = [], {}
     for p in prompts:
         if categories and p.category not in categories and category_group(p.category) not in categories:
             continue
-        key = category_group(p.category)
+        key = category_group(p.category, categories)
         if limit_per_category is not None and seen.get(key, 0) >= limit_per_category:
             continue
         seen[key] = seen.get(key, 0) + 1
@@ -115,7 +120,7 @@ class BenchRunner:
                 for rep in range(c.repeats):
                     for s in c.strategies:  # interleaved: A B C A B C ...
                         rec = self.run_one(s, ids, seed, c.max_new_tokens)
-                        rec.update(question_id=q.question_id, category=q.category, group=category_group(q.category),
+                        rec.update(question_id=q.question_id, category=q.category, group=category_group(q.category, c.categories),
                                    strategy=s.name, kind="peer" if s.peer else "specframe", seed=seed, repeat=rep,
                                    prompt_tokens=len(ids), plain=s.proposers == [{"name": BASELINE}])
                         records.append(rec)

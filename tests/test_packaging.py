@@ -1,0 +1,78 @@
+"""The wheel built from the repository: every package ships (found, not listed by hand), ``plugins/`` ships as
+``specframe_plugins`` with the shipped weights, and nothing else lands at the top level (no ``plugins``,
+``contrib`` or ``tests`` package, no training corpus). Built offline from a copy of the tree, with this venv's
+setuptools (``--no-build-isolation``), so nothing is downloaded and the source tree is not written to."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import specframe
+
+ROOT = Path(__file__).resolve().parents[1]
+SKIP = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
+                              "runs", "out", "bench-*", ".benchmarks")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> tuple[Path, set[str]]:
+    src = tmp_path_factory.mktemp("src") / "specframe"
+    shutil.copytree(ROOT, src, ignore=SKIP)
+    corpus = src / "plugins" / "weights" / "smollm2-135m-instruct" / "corpus"
+    (corpus / "shards").mkdir(parents=True)
+    for name in ("manifest.json", "part-0.jsonl", "shards/part-1.jsonl", "shards/part-2.jsonl.gz"):
+        (corpus / name).write_text("{}\n")
+    out = tmp_path_factory.mktemp("dist")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(out),
+         str(src)], capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (path,) = out.glob("specframe-*.whl")
+    return path, set(zipfile.ZipFile(path).namelist())
+
+
+def _packages(folder: Path, installed_as: str) -> set[str]:
+    return {f"{installed_as}/{p.parent.relative_to(folder).as_posix()}/__init__.py".replace("/./", "/")
+            for p in folder.rglob("__init__.py") if "__pycache__" not in p.parts}
+
+
+def test_every_package_ships(wheel):
+    _, names = wheel
+    expected = _packages(ROOT / "specframe", "specframe") | _packages(ROOT / "plugins", "specframe_plugins")
+    assert "specframe/bench/__init__.py" in expected
+    assert not expected - names, f"packages missing from the wheel: {sorted(expected - names)}"
+    modules = {f"specframe/{p.relative_to(ROOT / 'specframe').as_posix()}" for p in (ROOT / "specframe").rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert not modules - names, f"modules missing from the wheel: {sorted(modules - names)}"
+
+
+def test_only_specframe_packages_at_the_top_level(wheel):
+    _, names = wheel
+    top = {n.split("/")[0] for n in names}
+    assert top == {"specframe", "specframe_plugins", f"specframe-{specframe.__version__}.dist-info"}, top
+
+
+def test_shipped_weights_ship_and_the_corpus_does_not(wheel):
+    _, names = wheel
+    shipped = {f"specframe_plugins/{p.relative_to(ROOT / 'plugins').as_posix()}"
+               for p in (ROOT / "plugins" / "weights").glob("*/*/*") if p.is_file() and "corpus" not in p.parts}
+    assert shipped and not shipped - names, sorted(shipped - names)
+    assert not [n for n in names if "/corpus/" in n]
+
+
+def test_entry_points_name_modules_that_ship(wheel):
+    path, names = wheel
+    with zipfile.ZipFile(path) as z:
+        text = z.read(f"specframe-{specframe.__version__}.dist-info/entry_points.txt").decode()
+    targets = [line.split("=", 1)[1].strip().split(":")[0] for line in text.splitlines() if "=" in line]
+    assert "specframe.cli" in targets and "specframe_plugins.ngram" in targets
+    for module in targets:
+        as_path = module.replace(".", "/")
+        assert f"{as_path}.py" in names or f"{as_path}/__init__.py" in names, module
