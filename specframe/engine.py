@@ -258,6 +258,9 @@ class _Request:
         accepted = result.accepted_nodes[0]
         # 5. commit, stop checks per token, KV rollback to the committed length minus the newest token
         committed = self.stops.feed([*draft.token_ids[0, list(accepted)].tolist(), result.next_token[0]])
+        # a stop inside the accepted block: only its committed nodes count as accepted, everywhere below (metrics,
+        # attribution, feedback, observers); the committed tokens are the accepted path's first ones
+        accepted = accepted[: len(committed)]
         self._store_features(feats, self.length - 1, [0, *(a + 1 for a in accepted)])
         self._commit(committed)
         if tree:

@@ -268,7 +268,8 @@ def test_eos_inside_a_draft_block(model, tokenizer, reference, monkeypatch):
     assert result.finish_reason == "stop"
     assert len(proposer.outcomes) == 1
     outcome = proposer.outcomes[0]
-    assert outcome.draft.num_nodes == k and outcome.num_accepted == k  # all accepted, then cut at the EOS
+    # all k nodes passed verification, but only those up to the EOS were committed: only they count as accepted
+    assert outcome.draft.num_nodes == k and outcome.accepted_nodes == (tuple(range(j + 1)),)
     assert outcome.committed == (tuple(reference[: j + 1]),)
     assert outcome.finished
     assert result.text == text_of(reference[: j + 1])  # (the EOS here is an ordinary word of the tokenizer)
@@ -306,10 +307,48 @@ def test_stop_string_inside_a_block(target, reference, words):
     assert len(proposer.outcomes) == 1
     outcome = proposer.outcomes[0]
     assert outcome.finished and outcome.committed == (tuple(reference[: j + 1]),)
-    assert outcome.num_accepted == outcome.draft.num_nodes == j + 4
+    assert outcome.draft.num_nodes == j + 4 and outcome.accepted_nodes == (tuple(range(j + 1)),)
     check_metrics(result)
     r = plain_generate(target, PROMPT, N_NEW, stop_strings=[stop])
     assert (r.token_ids, r.text, r.finish_reason) == (result.token_ids, result.text, "stop")
+
+
+@pytest.mark.parametrize("stop_kind", ["eos", "stop-string"])
+@pytest.mark.parametrize("combined", [False, True], ids=["alone", "combined"])
+def test_nothing_after_a_stop_is_counted(model, tokenizer, reference, monkeypatch, stop_kind, combined):
+    """A draft block accepted past the stop: only its nodes up to the stop count as accepted — in the request's
+    metrics, acceptance by position, each proposer's credit, its on_verified feedback and observer events."""
+    from specframe.observe import Observers
+    from specframe_plugins.merge import PriorityConfig, PriorityPolicy
+
+    j = first_new_token_index(reference, 2)
+    stops: dict = {}
+    if stop_kind == "eos":
+        monkeypatch.setattr(model.generation_config, "eos_token_id", reference[j])
+    else:
+        stops["stop_strings"] = [text_of(reference[j : j + 1])]
+    target = Target(model, tokenizer)
+    k = j + 4  # the first block: all k nodes pass verification, 3 of them after the stop
+    scripted = ScriptedProposer(target.info, reference, k=k)
+    proposers = [scripted, ScriptedProposer(target.info, reference, k=k)] if combined else [scripted]
+    merge = PriorityPolicy(PriorityConfig(max_nodes=64)) if combined else None
+    events: list = []
+    observer = Observers(0, [("recorder", lambda event: events.append(event))], [])
+    result = Engine(target, proposers, GreedyVerifier(), merge=merge).generate(
+        PROMPT, max_new_tokens=N_NEW, observer=observer, **stops)
+    assert result.token_ids == reference[: j + 1] and result.finish_reason == "stop"
+    m = result.metrics
+    assert (m.target_forwards, m.drafted_tokens) == (1, k)
+    assert m.accepted_tokens == j + 1 and m.accepted_by_position == [1] * (j + 1) + [0] * (k - j - 1)
+    assert m.acceptance_rate == pytest.approx((j + 1) / k)
+    for label, pm in m.proposers.items():
+        assert pm.accepted_tokens == j + 1, label
+        assert pm.accepted_by_position == [1] * (j + 1) + [0] * (k - j - 1), label
+        assert pm.wasted_nodes == k - (j + 1), label
+    assert scripted.outcomes[0].accepted_nodes == (tuple(range(j + 1)),)
+    assert [(e.drafted, e.accepted, e.committed) for e in events] == [(k, j + 1, tuple(reference[: j + 1]))]
+    assert all(step.accepted == j + 1 for step in events[0].attribution)
+    check_metrics(result)
 
 
 def test_stop_string_spanning_steps(target, reference):
