@@ -22,8 +22,9 @@ from .metrics import ProposerMetrics, RequestMetrics
 
 log = logging.getLogger("specframe")
 
-# Fault kinds, as counted in ``RequestMetrics.proposer_fault_kinds``.
-RAISED, MALFORMED, TIMEOUT = "raised", "malformed", "timeout"
+# Fault kinds, as counted in ``RequestMetrics.proposer_fault_kinds``; "refused": the target's verification forward
+# raised on a draft (a tree mask or length it cannot take), counted by the engine, not against one proposer.
+RAISED, MALFORMED, TIMEOUT, REFUSED = "raised", "malformed", "timeout", "refused"
 
 
 @dataclass(frozen=True, slots=True)
