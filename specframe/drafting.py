@@ -83,6 +83,8 @@ class Drafting:
         for p, label, ok in zip(proposers, labels, trees_ok):
             own = metrics.proposers.setdefault(label, ProposerMetrics())
             guard = FaultGuard(p.name, origins.get(label, ""), isolation, metrics, own)
+            if getattr(p, "build_error", None) is not None:  # an UnbuiltProposer: left out of the whole request
+                guard.unbuilt()
             self.slots.append(_Slot(p, label, guard, own, ok))
         self.merged_trees_ok = merged_trees_ok
         self.off = False  # the target refused a chain draft: no more drafts this request (see restrict)
@@ -90,6 +92,7 @@ class Drafting:
         self.router = router  # a lone proposer is routed too: its draft is trimmed to what pays on this machine
         # the merged tree's node cap; a lone proposer's draft has none beyond its step budget
         self.max_nodes = int(getattr(self.policy, "max_nodes", 0) or 0) if self.policy is not None else 1 << 16
+        self._update_disabled()
 
     # --- per request ---------------------------------------------------------------------------------------
     def start(self, state: DecodeState, seed: int) -> None:
@@ -240,7 +243,7 @@ class Drafting:
                 return check_plan(self.policy.plan(drafts, self.max_nodes), len(drafts))
             except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
                 self._plugin_fault("merge policy", self.policy, "plan", exc)
-                self.policy = _FallbackPolicy(self.max_nodes)
+                self.policy = FallbackPolicy(self.max_nodes)
         return [(j, d.num_nodes) for j, d in enumerate(drafts)]
 
     def _plugin(self, kind: str, obj: Any, method: str, *args: Any) -> Any:
@@ -250,7 +253,7 @@ class Drafting:
             return obj
         except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
             self._plugin_fault(kind, obj, method, exc)
-            return _FallbackPolicy(self.max_nodes) if kind == "merge policy" else None
+            return FallbackPolicy(self.max_nodes) if kind == "merge policy" else None
 
     @staticmethod
     def _plugin_fault(kind: str, obj: Any, method: str, exc: BaseException) -> None:
@@ -259,7 +262,7 @@ class Drafting:
                     "the proposers' order" if kind == "merge policy" else "no router (every proposer, full budget)")
 
 
-class _FallbackPolicy:
+class FallbackPolicy:
     """Stands in for a faulty merge policy: proposers in the configured order, each draft whole."""
 
     name = "fallback"

@@ -149,7 +149,7 @@ class Engine:
             PromptTooLongError: the prompt leaves no room in the target's context.
         """
         if max_new_tokens < 1:
-            raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if not prompt_ids:
             raise ConfigError("the prompt is empty: give at least one token")
         if len(prompt_ids) >= self.target.max_context:

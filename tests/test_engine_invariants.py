@@ -540,7 +540,7 @@ def test_a_faulty_proposer_cannot_change_the_output(target, reference, mode, cap
 
 def test_generate_rejects_bad_requests(target):
     engine = greedy_engine(target, NoProposer(NoneConfig(), target.info))
-    with pytest.raises(ConfigError, match="--max-new-tokens"):
+    with pytest.raises(ConfigError, match="^max_new_tokens must be >= 1"):
         engine.generate(PROMPT, max_new_tokens=0)
     with pytest.raises(ConfigError, match="empty"):
         engine.generate([], max_new_tokens=4)
