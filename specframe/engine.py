@@ -29,7 +29,7 @@ from .merge import MergedDraft
 from .metrics import RequestMetrics
 from .observe import Observers
 from .sampling import SamplingParams
-from .stopping import StopChecker, TextStream
+from .stopping import StopChecker, TextStream, without_incomplete_character
 from .tree import node_depths, tree_attention_mask, tree_position_ids
 
 log = logging.getLogger("specframe")
@@ -227,7 +227,8 @@ class _Request:
                 self.between_steps()
         m.wall_s = time.perf_counter() - t_start
         generated = self.stops.generated
-        text = e.target.decode(generated) if e.target.tokenizer is not None else ""
+        # a character the last tokens began but did not finish is left out (its bytes stay in token_ids)
+        text = without_incomplete_character(e.target.decode(generated)) if e.target.tokenizer is not None else ""
         if self.stops.stop_text_at is not None:
             text = text[: self.stops.stop_text_at]
         if self.stream:

@@ -625,3 +625,47 @@ def test_hidden_state_is_the_last_processed_position(target, prompt):
             continue
         # the cache holds all but the newest token, so the last processed position is len(tokens) - 2
         torch.testing.assert_close(hidden[0], last_layer[len(tokens) - 2], rtol=1e-4, atol=1e-5)
+
+
+def byte_tokenizer(eos: int | None = None):
+    """A byte-level tokenizer with one token per byte (id = byte value): any non-ASCII character spans tokens.
+    ``eos``: the byte whose token is the (special, not decoded) EOS."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok,
+                                   eos_token=None if eos is None else bytes_to_unicode()[eos])
+
+
+@pytest.mark.parametrize("finish", ["length", "eos"])
+def test_a_character_cut_by_the_budget_is_left_out_of_text_and_stream(finish, monkeypatch):
+    """When generation ends inside a multi-byte character the text ended in U+FFFD. As transformers' TextStreamer
+    holds an incomplete character back while it may still complete, specframe holds it back for good once it can
+    no longer complete: not in ``text``, never streamed; its bytes stay in ``token_ids``."""
+    model = build_model("llama", vocab_size=256, seed=4)
+    tok = byte_tokenizer()
+    prompt = tok("naïve café, 東京 — ")["input_ids"]
+    ref = hf_greedy(model, prompt, 60)
+    # a byte that starts a multi-byte character (for "eos": followed by a byte not seen before, made the EOS)
+    lead = [i for i, t in enumerate(ref[:-1]) if 0xC2 <= t <= 0xF4 and ref[i + 1] not in ref[: i + 1]]
+    assert lead, "the reference has no multi-byte lead byte: pick another seed"
+    cut = lead[0] + 1
+    if finish == "eos":  # the next token is an EOS: the model ended inside the character
+        monkeypatch.setattr(model.generation_config, "eos_token_id", ref[cut])
+        tok = byte_tokenizer(eos=ref[cut])
+        cut += 1
+    target = Target(model, tok)
+    pieces: list[str] = []
+    result = greedy_engine(target, NgramProposer(NgramConfig(), target.info)).generate(
+        prompt, max_new_tokens=cut if finish == "length" else 60, on_text=pieces.append)
+    assert result.token_ids == ref[:cut] and result.finish_reason == ("length" if finish == "length" else "stop")
+    decoded = tok.decode(result.token_ids, skip_special_tokens=True)
+    assert decoded.endswith("\ufffd")  # what the text was before
+    assert result.text == decoded.rstrip("\ufffd") and not result.text.endswith("\ufffd")
+    assert "".join(pieces) == result.text
+    assert all(not p.endswith("\ufffd") for p in pieces)
