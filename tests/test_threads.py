@@ -15,7 +15,7 @@ import specframe
 from specframe.registry import build_registry
 from specframe.target import Target
 
-from .support import PROMPT, PROMPT_2, build_model, build_tokenizer
+from .support import PROMPT, PROMPT_2, WORDS, build_model, build_tokenizer
 
 TIMINGS = {"wall_s", "prefill_s", "propose_s", "forward_s", "verify_s", "other_s", "tokens_per_s", "draft_s"}
 
@@ -49,7 +49,10 @@ def requests(draft: str) -> list[dict]:
     out = []
     for i in range(12):
         kw = dict(kinds[i % len(kinds)])
-        kw.update(prompt=PROMPT if i % 2 == 0 else PROMPT_2, max_new_tokens=24 + i, stop=["hh"] if i % 5 == 4 else None)
+        prompt = PROMPT if i % 2 == 0 else PROMPT_2
+        if i % 3 == 0:  # text: the tokenizer is shared too
+            prompt = " ".join(WORDS[t] for t in prompt)
+        kw.update(prompt=prompt, max_new_tokens=24 + i, stop=["hh"] if i % 5 == 4 else None)
         out.append(kw)
     return out
 
