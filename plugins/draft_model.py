@@ -41,6 +41,7 @@ from specframe.errors import ConfigError
 from specframe.kv_cache import cache_length, new_cache, rollback
 from specframe.learned.small_draft import is_small_draft, load_small_draft
 from specframe.sampling import probs_from_logits
+from specframe.sharing import folder_key, shared
 
 from .weights import weights_folder
 
@@ -98,6 +99,7 @@ class _HFDraft:
             tok = AutoTokenizer.from_pretrained(directory)
         if tok is not None and target.tokenizer is not None:
             check_vocabularies(target.tokenizer, tok)
+        self.checked_against = target.tokenizer  # (keeps it, whose id is part of the sharing key, alive)
         self.vocab = int(self.model.get_output_embeddings().weight.shape[0])
         self.token_map: Tensor | None = None
         self.config = self.model.config
@@ -109,6 +111,7 @@ class _HFDraft:
 class _SmallDraft:
     def __init__(self, directory: Path, target: TargetInfo) -> None:
         self.model = load_small_draft(directory, target.model, target.dtype, target.device)
+        self.target_model = target.model  # (keeps it, whose id is part of the sharing key, alive)
         self.token_map = self.model.token_map
         self.vocab = int(self.token_map.numel())
         self.config = self.model.config
@@ -143,12 +146,17 @@ class DraftModelProposer(ProposerBase):
         )
         if not (folder / "config.json").is_file():
             raise ConfigError(f"draft model folder {folder} has no config.json")
+        # the draft's weights are loaded once per folder and placement and shared by every option set (k, schedule,
+        # ...) and every request: this object only holds the draft's KV cache and the request's schedule state
+        placement = (str(target.dtype), str(target.device))
         if is_small_draft(folder):
             if target.model is None:
                 raise ConfigError("a specframe small draft needs the target model's embeddings (TargetInfo.model)")
-            self.draft: Any = _SmallDraft(folder, target)
+            key = ("draft-model/small", folder_key(folder), *placement, id(target.model))
+            self.draft: Any = shared(key, lambda: _SmallDraft(folder, target))
         else:
-            self.draft = _HFDraft(folder, target)
+            key = ("draft-model/hf", folder_key(folder), *placement, id(target.tokenizer))
+            self.draft = shared(key, lambda: _HFDraft(folder, target))
         self.max_context = int(getattr(self.draft.config, "max_position_embeddings", 0) or 1 << 30)
         tm = self.draft.token_map
         self._token_map_list = None if tm is None else tm.tolist()

@@ -39,6 +39,7 @@ from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, Targ
 from specframe.errors import ConfigError
 from specframe.learned.eagle_drafter import EagleDrafter
 from specframe.sampling import probs_from_logits
+from specframe.sharing import folder_key, shared
 
 from .weights import weights_folder
 
@@ -49,6 +50,18 @@ class EagleConfig(ProposerConfig):
     depth: int = Field(6, ge=1, le=32, description="Draft levels (longest path; the chain length under sampling).")
     top_k: int = Field(4, ge=1, le=16, description="Nodes expanded per level and children per expanded node.")
     max_nodes: int = Field(16, ge=1, le=256, description="Most tree nodes per step (the verification width).")
+
+
+class _EagleWeights:
+    """Read-only after loading: the drafter, the target's input embeddings and the LM-head rows of its subset."""
+
+    def __init__(self, folder: Any, target: TargetInfo) -> None:
+        head = target.model.get_output_embeddings().weight
+        self.drafter = EagleDrafter.load(folder, int(head.shape[1]), target.vocab_size).to(
+            device=target.device, dtype=target.dtype)
+        self.embed = target.model.get_input_embeddings()  # (keeps the target model, part of the key, alive)
+        self.token_map = self.drafter.token_map.to(target.device)
+        self.head_rows = head.detach()[self.token_map].to(target.dtype).contiguous()  # [S, H]
 
 
 class EagleProposer(ProposerBase):
@@ -68,14 +81,11 @@ class EagleProposer(ProposerBase):
             config.weights, target.name, "eagle", "EAGLE drafter is",
             "train one with `specframe train eagle` and set `weights: DIR` in the proposer config",
         )
-        head = target.model.get_output_embeddings().weight
-        self.drafter = EagleDrafter.load(folder, int(head.shape[1]), target.vocab_size).to(
-            device=target.device, dtype=target.dtype)
+        # the drafter and LM-head rows are loaded once per folder and placement, shared by every option set
+        key = ("eagle", folder_key(folder), str(target.dtype), str(target.device), id(target.model))
+        self._weights = w = shared(key, lambda: _EagleWeights(folder, target))
+        self.drafter, self.embed, self.token_map, self.head_rows = w.drafter, w.embed, w.token_map, w.head_rows
         self.feature_layers = tuple(self.drafter.spec.feature_layers)
-        self.embed = target.model.get_input_embeddings()
-        tm = self.drafter.token_map
-        self.token_map = tm.to(target.device)
-        self.head_rows = head.detach()[self.token_map].to(target.dtype).contiguous()  # [S, H]
         self.trees = bool(target.supports_trees)
         self._past: tuple[Tensor, Tensor] | None = None
         self._done = 0  # committed positions whose drafter entries are in the cache

@@ -21,7 +21,7 @@ target (see ``specframe_plugins/weights/<target>/medusa/README.md``).
 from __future__ import annotations
 
 import heapq
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import torch
 from pydantic import Field
@@ -29,6 +29,7 @@ from pydantic import Field
 from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, hookimpl
 from specframe.errors import ConfigError
 from specframe.learned.medusa_heads import MedusaHeads
+from specframe.sharing import folder_key, shared
 
 from .weights import weights_folder
 
@@ -73,6 +74,21 @@ def grow_tree(top_ids: list[list[int]], top_probs: list[list[float]], max_nodes:
     return ids, parents
 
 
+class _MedusaWeights:
+    """Read-only after loading: the heads, and (unless ``full_vocab``) the LM-head rows of their token subset."""
+
+    def __init__(self, folder: Any, hidden: int, lm_head: Any, target: TargetInfo, full_vocab: bool) -> None:
+        heads = MedusaHeads.load(folder, hidden)
+        self.heads = heads.to(device=target.device, dtype=target.dtype)
+        self.lm_head = lm_head  # (keeps the target model, whose id is part of the sharing key, alive)
+        self.token_map = None if full_vocab else heads.token_map
+        self.w_sub = self.b_sub = None
+        if self.token_map is not None:  # [S, H] rows (and bias) of the LM head, in the target's dtype and device
+            self.w_sub = lm_head.weight.detach()[self.token_map.to(lm_head.weight.device)].contiguous()
+            bias = getattr(lm_head, "bias", None)
+            self.b_sub = None if bias is None else bias.detach()[self.token_map.to(bias.device)]
+
+
 class MedusaProposer(ProposerBase):
     """Medusa-1 heads -> best-first token tree (see the module docstring)."""
 
@@ -92,15 +108,12 @@ class MedusaProposer(ProposerBase):
             config.heads, target.name, "medusa", "Medusa heads are",
             "train them with `specframe train medusa` and set `heads: DIR` in the proposer config",
         )
-        heads = MedusaHeads.load(folder, hidden)
-        self.num_heads = min(config.num_heads or heads.num_heads, heads.num_heads)
-        self.heads = heads.to(device=target.device, dtype=target.dtype)
-        self.lm_head = lm_head
-        self.token_map = None if config.full_vocab else heads.token_map
-        if self.token_map is not None:  # [S, H] rows (and bias) of the LM head, in the target's dtype and device
-            self.w_sub = lm_head.weight.detach()[self.token_map.to(lm_head.weight.device)].contiguous()
-            bias = getattr(lm_head, "bias", None)
-            self.b_sub = None if bias is None else bias.detach()[self.token_map.to(bias.device)]
+        # the heads and LM-head rows are loaded once per folder and placement, shared by every option set
+        key = ("medusa", folder_key(folder), hidden, str(target.dtype), str(target.device), id(target.model),
+               config.full_vocab)
+        self._weights = w = shared(key, lambda: _MedusaWeights(folder, hidden, lm_head, target, config.full_vocab))
+        self.num_heads = min(config.num_heads or w.heads.num_heads, w.heads.num_heads)
+        self.heads, self.lm_head, self.token_map, self.w_sub, self.b_sub = w.heads, lm_head, w.token_map, w.w_sub, w.b_sub
         self.trees = bool(target.supports_trees)
 
     @torch.inference_mode()

@@ -11,6 +11,14 @@ Worked example (``min_n=1, max_n=3, k=3``)::
 
     tokens = [5, 6, 7, 8, 9, 5, 6, 7]
     suffix [5, 6, 7] occurred at positions 0..2, followed by [8, 9, 5]  ->  proposes [8, 9, 5]
+
+A continuation that runs into the end of the context continues through the repeat (an overlapping copy, as in
+LZ77): the occurrence ending at ``end`` says the text repeats with period ``p = len(tokens) - 1 - end``, so the
+proposal goes on with its own first tokens, up to ``k``. On periodic text the most recent occurrence is one
+period back, and without this the draft would stop after one period (2 tokens for ``[5, 9]`` repeated)::
+
+    tokens = [5, 9, 5, 9, 5, 9], k = 5
+    suffix [5, 9] last occurred at 2..3, followed by [5, 9] (the end)  ->  proposes [5, 9, 5, 9, 5]
 """
 
 from __future__ import annotations
@@ -42,6 +50,18 @@ class NgramConfig(ProposerConfig):
         return self
 
 
+def continuation(tokens: list[int], end: int, k: int) -> list[int]:
+    """Up to ``k`` tokens after position ``end``, continuing through the repeat past the end of ``tokens``.
+
+    Example: ``continuation([5, 9, 5, 9], 1, 5) == [5, 9, 5, 9, 5]`` (period 2).
+    """
+    out = tokens[end + 1 : end + 1 + k]
+    period = len(tokens) - 1 - end  # > 0: the occurrence ends before the last token
+    while len(out) < k:
+        out.append(out[len(out) - period])
+    return out
+
+
 def find_continuation(tokens: list[int], min_n: int, max_n: int, k: int, match: str = "recent") -> list[int]:
     """Reference (non-incremental) prompt lookup.
 
@@ -52,8 +72,9 @@ def find_continuation(tokens: list[int], min_n: int, max_n: int, k: int, match: 
         match: ``"recent"`` copies after the most recent earlier occurrence, ``"first"`` after the first.
 
     Returns:
-        Up to ``k`` tokens that followed the chosen earlier occurrence of the longest matching suffix;
-        ``[]`` when no suffix of length in ``[min_n, max_n]`` occurred before.
+        The ``k`` tokens that followed the chosen earlier occurrence of the longest matching suffix, continued
+        through the repeat where they reach the end of ``tokens`` (:func:`continuation`); ``[]`` when no suffix of
+        length in ``[min_n, max_n]`` occurred before.
 
     Example: ``find_continuation([5, 6, 7, 8, 9, 5, 6, 7], 1, 3, 3) == [8, 9, 5]``.
     """
@@ -64,7 +85,7 @@ def find_continuation(tokens: list[int], min_n: int, max_n: int, k: int, match: 
         ends = range(length - 2, n - 2, -1) if match == "recent" else range(n - 1, length - 1)
         for end in ends:
             if tokens[end - n + 1 : end + 1] == suffix:
-                return tokens[end + 1 : end + 1 + k]
+                return continuation(tokens, end, k)
     return []
 
 
@@ -104,7 +125,7 @@ class NgramIndex:
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
             end = self.last_end[n].get(tuple(toks[length - n :]))
             if end is not None:
-                return toks[end + 1 : end + 1 + k]
+                return continuation(toks, end, k)
         return []
 
 
@@ -124,7 +145,7 @@ class NgramIndex:
             if ends:
                 out: list[list[int]] = []
                 for end in ends if self.first else reversed(ends):
-                    cont = toks[end + 1 : end + 1 + k]
+                    cont = continuation(toks, end, k)
                     if cont not in out:
                         out.append(cont)
                         if len(out) == branches:

@@ -39,7 +39,8 @@ from .errors import ConfigError
 class SamplingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    temperature: float = Field(0.0, ge=0, description="0 = greedy; > 0 samples (speculative sampling).")
+    temperature: float = Field(0.0, ge=0, allow_inf_nan=False,
+                               description="0 = greedy (so is any value below 1e-5); above samples (speculative sampling).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus filter, in (0, 1]; 1 = off.")
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 = off.")
     seed: int = Field(0, ge=0, lt=2**63, description="Seed of the per-request torch.Generator, in [0, 2**63).")

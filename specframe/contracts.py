@@ -67,6 +67,14 @@ class DraftTree:
         expected = torch.arange(-1, n - 1, dtype=self.parent.dtype, device=self.parent.device)
         return bool((self.parent == expected).all())
 
+    def leading_chain(self) -> "DraftTree":
+        """The longest prefix that is a chain (``parent[i] == i - 1``): what a tree draft keeps where only chains
+        can be verified. For a trie of continuations inserted in order, the first continuation."""
+        n = self.num_nodes
+        expected = torch.arange(-1, n - 1, dtype=self.parent.dtype, device=self.parent.device)
+        same = (self.parent == expected).all(0)
+        return self.truncate(n if bool(same.all()) else int(same.to(torch.int64).argmin()))
+
     def truncate(self, max_nodes: int) -> "DraftTree":
         """The first ``max_nodes`` nodes; in topological order that prefix is still a valid tree."""
         if self.num_nodes <= max_nodes:

@@ -37,11 +37,12 @@ _EMPTY = DraftTree.empty()  # shared: a no-node draft (zero-size tensors cannot 
 class _Slot:
     """One proposer in one request: its guard, attribution and this step's draft."""
 
-    __slots__ = ("proposer", "label", "guard", "metrics", "trees_ok", "draft", "asked", "budget", "draft_s", "fault",
-                 "proposed")
+    __slots__ = ("proposer", "label", "guard", "metrics", "trees_ok", "branches", "draft", "asked", "budget", "draft_s",
+                 "fault", "proposed")
 
     def __init__(self, proposer: Any, label: str, guard: FaultGuard, metrics: ProposerMetrics, trees_ok: bool) -> None:
         self.proposer, self.label, self.guard, self.metrics, self.trees_ok = proposer, label, guard, metrics, trees_ok
+        self.branches = bool(getattr(proposer, "produces_trees", False))  # declares trees: may return them
         self.clear()
 
     def clear(self) -> None:
@@ -82,12 +83,16 @@ class Drafting:
         for p, label, ok in zip(proposers, labels, trees_ok):
             own = metrics.proposers.setdefault(label, ProposerMetrics())
             guard = FaultGuard(p.name, origins.get(label, ""), isolation, metrics, own)
+            if getattr(p, "build_error", None) is not None:  # an UnbuiltProposer: left out of the whole request
+                guard.unbuilt()
             self.slots.append(_Slot(p, label, guard, own, ok))
         self.merged_trees_ok = merged_trees_ok
+        self.off = False  # the target refused a chain draft: no more drafts this request (see restrict)
         self.policy = policy if len(self.slots) > 1 else None
         self.router = router  # a lone proposer is routed too: its draft is trimmed to what pays on this machine
         # the merged tree's node cap; a lone proposer's draft has none beyond its step budget
         self.max_nodes = int(getattr(self.policy, "max_nodes", 0) or 0) if self.policy is not None else 1 << 16
+        self._update_disabled()
 
     # --- per request ---------------------------------------------------------------------------------------
     def start(self, state: DecodeState, seed: int) -> None:
@@ -105,7 +110,7 @@ class Drafting:
         step can only commit the target's own token) nobody is asked and the tree is empty."""
         for s in self.slots:
             s.clear()
-        if budget < 1:
+        if budget < 1 or self.off:
             return MergedDraft.single(_EMPTY, len(self.slots))
         budgets = self._route(budget)
         seen: list[DraftTree | None] = [None] * len(self.slots)
@@ -146,8 +151,9 @@ class Drafting:
             if timeout is not None and elapsed > timeout:
                 raise ProposerTimeoutError(f"propose took {elapsed:.3f} s, over the {timeout:g} s budget")
             draft = draft.truncate(budget) if isinstance(draft, DraftTree) else draft
-            check_draft(draft, self.vocab_size, s.trees_ok, 1)
-            return draft
+            check_draft(draft, self.vocab_size, s.trees_ok or s.branches, 1)
+            # a proposer that declares trees, where the target or verifier takes chains only: its leading chain
+            return draft if s.trees_ok else draft.leading_chain()
         except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
             s.guard.fault("propose", exc)
             s.fault = True
@@ -183,6 +189,15 @@ class Drafting:
         if self.router is not None:
             self.router = self._plugin("router", self.router, "on_step", report)
         return report
+
+    def restrict(self, chains_only: bool) -> None:
+        """After the target refused a draft (its forward raised): ``chains_only`` — no branching drafts for the rest
+        of the request (tree drafts keep their leading chain); otherwise no drafts at all (target-only steps)."""
+        self.merged_trees_ok = False
+        for s in self.slots:
+            s.trees_ok = False
+        if not chains_only:
+            self.off = True
 
     # --- plumbing ------------------------------------------------------------------------------------------
     def _call(self, s: _Slot, method: str, arg: Any) -> None:
@@ -228,7 +243,7 @@ class Drafting:
                 return check_plan(self.policy.plan(drafts, self.max_nodes), len(drafts))
             except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
                 self._plugin_fault("merge policy", self.policy, "plan", exc)
-                self.policy = _FallbackPolicy(self.max_nodes)
+                self.policy = FallbackPolicy(self.max_nodes)
         return [(j, d.num_nodes) for j, d in enumerate(drafts)]
 
     def _plugin(self, kind: str, obj: Any, method: str, *args: Any) -> Any:
@@ -238,7 +253,7 @@ class Drafting:
             return obj
         except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
             self._plugin_fault(kind, obj, method, exc)
-            return _FallbackPolicy(self.max_nodes) if kind == "merge policy" else None
+            return FallbackPolicy(self.max_nodes) if kind == "merge policy" else None
 
     @staticmethod
     def _plugin_fault(kind: str, obj: Any, method: str, exc: BaseException) -> None:
@@ -247,7 +262,7 @@ class Drafting:
                     "the proposers' order" if kind == "merge policy" else "no router (every proposer, full budget)")
 
 
-class _FallbackPolicy:
+class FallbackPolicy:
     """Stands in for a faulty merge policy: proposers in the configured order, each draft whole."""
 
     name = "fallback"

@@ -20,15 +20,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .contracts import DecodeState, MergePolicy, Proposer, Router, StepReport, Verifier
+from .contracts import DecodeState, DraftTree, MergePolicy, Proposer, Router, StepReport, Verifier
 from .drafting import Drafting
 from .errors import ConfigError, PromptTooLongError
-from .isolation import IsolationPolicy
-from .kv_cache import cache_length, compact, rollback
+from .isolation import REFUSED, IsolationPolicy
+from .kv_cache import cache_length, compact, restore, rollback
+from .merge import MergedDraft
 from .metrics import RequestMetrics
 from .observe import Observers
 from .sampling import SamplingParams
-from .stopping import StopChecker, TextStream
+from .stopping import StopChecker, TextStream, without_incomplete_character
 from .tree import node_depths, tree_attention_mask, tree_position_ids
 
 log = logging.getLogger("specframe")
@@ -148,7 +149,7 @@ class Engine:
             PromptTooLongError: the prompt leaves no room in the target's context.
         """
         if max_new_tokens < 1:
-            raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if not prompt_ids:
             raise ConfigError("the prompt is empty: give at least one token")
         if len(prompt_ids) >= self.target.max_context:
@@ -157,6 +158,10 @@ class Engine:
             )
         return _Request(self, prompt_ids, max_new_tokens, sampling, seed, tuple(stop_strings), on_text, observer,
                         between_steps).run()
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0]
 
 
 def proposer_labels(names: Sequence[str]) -> list[str]:
@@ -222,7 +227,8 @@ class _Request:
                 self.between_steps()
         m.wall_s = time.perf_counter() - t_start
         generated = self.stops.generated
-        text = e.target.decode(generated) if e.target.tokenizer is not None else ""
+        # a character the last tokens began but did not finish is left out (its bytes stay in token_ids)
+        text = without_incomplete_character(e.target.decode(generated)) if e.target.tokenizer is not None else ""
         if self.stops.stop_text_at is not None:
             text = text[: self.stops.stop_text_at]
         if self.stream:
@@ -237,27 +243,27 @@ class _Request:
         # recovered or bonus token, so the drafts may hold remaining - 1 tokens)
         t0 = time.perf_counter()
         merged = self.drafting.propose(state, remaining - 1)
-        draft = merged.tree
-        n = draft.num_nodes
         # 2-3. one target forward over [newest committed token] + draft nodes
         t1 = time.perf_counter()
-        newest = self.buf[:, self.length - 1 : self.length]
-        ids = torch.cat([newest, draft.token_ids], 1).to(self.device) if n else newest.to(self.device)
         base = cache_length(self.cache) + 1  # cached past + the newest token
-        tree = n > 1 and not draft.is_chain()
-        if tree:  # one forward scores every branch: tree mask + per-node positions
-            parent = draft.parent[0].tolist()
-            mask = tree_attention_mask(parent, base - 1, e.target.dtype, self.device)
-            pos = tree_position_ids(parent, base - 1, self.device)
-            logits, hidden, feats = self._forward(ids, e._want_hidden, attention_mask=mask, position_ids=pos)
-        else:
-            logits, hidden, feats = self._forward(ids, want_hidden=e._want_hidden)
+        try:
+            logits, hidden, feats, parent = self._score(merged.tree, base)
+        except Exception as exc:  # noqa: BLE001 - a draft the target cannot take must not end the request
+            if not merged.tree.num_nodes:
+                raise  # the target fails on its own: not a draft's doing
+            merged = self._draft_refused(merged, base, exc)
+            logits, hidden, feats, parent = self._score(merged.tree, base)
+        draft = merged.tree
+        n, tree = draft.num_nodes, parent is not None
         # 4. accept
         t2 = time.perf_counter()
         result = e.verifier.verify(draft, logits, self.sampling, state.generator)
         accepted = result.accepted_nodes[0]
         # 5. commit, stop checks per token, KV rollback to the committed length minus the newest token
         committed = self.stops.feed([*draft.token_ids[0, list(accepted)].tolist(), result.next_token[0]])
+        # a stop inside the accepted block: only its committed nodes count as accepted, everywhere below (metrics,
+        # attribution, feedback, observers); the committed tokens are the accepted path's first ones
+        accepted = accepted[: len(committed)]
         self._store_features(feats, self.length - 1, [0, *(a + 1 for a in accepted)])
         self._commit(committed)
         if tree:
@@ -278,6 +284,36 @@ class _Request:
         m.propose_s += t1 - t0
         m.forward_s += t2 - t1
         m.verify_s += t3 - t2
+
+    def _score(self, draft: DraftTree, base: int) -> tuple[Any, Any, Any, list[int] | None]:
+        """The verification forward over ``[newest committed token] + draft``: ``(logits, hidden, features, parent)``,
+        ``parent`` the tree's parent list when the draft branches (scored with a tree mask), else None."""
+        newest = self.buf[:, self.length - 1 : self.length]
+        n = draft.num_nodes
+        ids = torch.cat([newest, draft.token_ids], 1).to(self.device) if n else newest.to(self.device)
+        if n > 1 and not draft.is_chain():  # one forward scores every branch: tree mask + per-node positions
+            parent = draft.parent[0].tolist()
+            mask = tree_attention_mask(parent, base - 1, self.e.target.dtype, self.device)
+            pos = tree_position_ids(parent, base - 1, self.device)
+            return (*self._forward(ids, self.e._want_hidden, attention_mask=mask, position_ids=pos), parent)
+        return (*self._forward(ids, want_hidden=self.e._want_hidden), None)
+
+    def _draft_refused(self, merged: MergedDraft, base: int, exc: Exception) -> MergedDraft:
+        """The target's forward raised on this step's draft (a shape or mask it cannot take): restore the KV cache,
+        warn, and go on without drafts of that shape — chains only after a tree, no drafts after a chain. Returns
+        the empty draft the step is verified with instead (a target-only step: output unchanged)."""
+        restore(self.cache, base - 1)
+        was_tree = not merged.tree.is_chain()
+        self.drafting.restrict(chains_only=was_tree)
+        m = self.metrics
+        m.proposer_faults += 1
+        m.proposer_fault_kinds[REFUSED] = m.proposer_fault_kinds.get(REFUSED, 0) + 1
+        log.warning(
+            "the target's forward raised %s on a %s draft of %d nodes from %s: %s; this step goes on without it and "
+            "the rest of the request %s, output is unaffected", type(exc).__name__, "tree" if was_tree else "chain",
+            merged.tree.num_nodes, "+".join(self.e.labels), _first_line(exc),
+            "drafts chains only" if was_tree else "decodes from the target alone")
+        return MergedDraft.single(DraftTree.empty(), len(self.e.proposers))
 
     def _forward(self, ids: torch.Tensor, want_hidden: bool, **kw: Any) -> tuple[Any, Any, Any]:
         if self.e._layers:

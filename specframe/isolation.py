@@ -22,8 +22,10 @@ from .metrics import ProposerMetrics, RequestMetrics
 
 log = logging.getLogger("specframe")
 
-# Fault kinds, as counted in ``RequestMetrics.proposer_fault_kinds``.
-RAISED, MALFORMED, TIMEOUT = "raised", "malformed", "timeout"
+# Fault kinds, as counted in ``RequestMetrics.proposer_fault_kinds``; "refused": the target's verification forward
+# raised on a draft (a tree mask or length it cannot take), counted by the engine, not against one proposer;
+# "build": the proposer raised while it was built (it is left out of the request, see UnbuiltProposer).
+RAISED, MALFORMED, TIMEOUT, REFUSED, BUILD = "raised", "malformed", "timeout", "refused", "build"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,28 @@ class IsolationPolicy:
             raise ConfigError(f"propose_timeout_s must be > 0 seconds (or null for none), got {self.propose_timeout_s}")
         if self.max_faults < 1:
             raise ConfigError(f"max_faults must be >= 1, got {self.max_faults}")
+
+
+class UnbuiltProposer:
+    """Stands in for a proposer whose constructor (or factory) raised something other than a
+    :class:`~specframe.errors.SpecframeError` (those are the user's to fix and stop with one error line): a plugin
+    fault. The request runs with it disabled from the start — counted once as a ``build`` fault in the metrics,
+    never called — so the other proposers draft alone, or, alone, the request decodes from the target (output
+    unchanged). The warning is given once, where it was built (:mod:`specframe.api`)."""
+
+    needs_hidden_states = produces_trees = provides_draft_probs = False
+
+    def __init__(self, name: str, error: BaseException) -> None:
+        self.name, self.build_error = name, error
+
+    def start(self, state: object) -> None:  # pragma: no cover - never called (disabled from the start)
+        raise self.build_error
+
+    def propose(self, state: object, budget: int) -> object:  # pragma: no cover - never called
+        raise self.build_error
+
+    def on_verified(self, outcome: object) -> None:  # pragma: no cover - never called
+        raise self.build_error
 
 
 def fault_kind(exc: BaseException) -> str:
@@ -74,6 +98,17 @@ class FaultGuard:
         self.name, self.plugin, self.policy, self.metrics, self.own = name, plugin, policy, metrics, own
         self.faults = 0
         self.disabled = False
+
+    def unbuilt(self) -> None:
+        """The proposer could not be built (:class:`UnbuiltProposer`): one ``build`` fault, disabled from the start,
+        no warning (given once when it was built)."""
+        m = self.metrics
+        self.faults, self.disabled = self.faults + 1, True
+        m.proposer_faults += 1
+        m.proposer_fault_kinds[BUILD] = m.proposer_fault_kinds.get(BUILD, 0) + 1
+        if self.own is not None:
+            self.own.faults += 1
+            self.own.disabled = True
 
     def fault(self, where: str, exc: BaseException) -> None:
         """Record a fault in ``where`` (``start`` | ``propose`` | ``on_verified``); warn on the first one."""

@@ -35,6 +35,15 @@ def rollback(cache: DynamicCache, length: int) -> None:
     cache.crop(-(current - length))  # negative = number to remove; 0 still trims sliding-window layers
 
 
+def restore(cache: DynamicCache, length: int) -> None:
+    """Undo a forward that raised partway: each layer drops what it appended beyond ``length`` positions (the
+    layers before the failing one grew, the others did not); sliding-window layers go back to their window."""
+    for layer in cache.layers:
+        extra = int(layer.get_seq_length()) - length
+        if extra > 0:
+            layer.crop(-extra)
+
+
 def compact(cache: DynamicCache, base_len: int, keep: list[int]) -> None:
     """Keep only the accepted path of a verified token tree.
 

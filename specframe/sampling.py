@@ -14,16 +14,28 @@ from torch import Tensor
 
 from .errors import ConfigError
 
+# A temperature below this decodes greedily, as 0 does (vLLM's threshold, ``_SAMPLING_EPS``). Dividing logits by a
+# smaller one overflows float32 for large logits (1e-45 gives inf, then NaN probabilities) and, for any logit gap
+# above 1e-3, makes the distribution one-hot up to rounding anyway: what changes is only the choice among tokens
+# whose logits lie within ~1e-4 of the top one (greedy takes the first).
+GREEDY_BELOW = 1e-5
+
+
+def is_greedy_temperature(temperature: float) -> bool:
+    """True when ``temperature`` decodes greedily: 0, or any value below :data:`GREEDY_BELOW`."""
+    return temperature < GREEDY_BELOW
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How tokens are chosen from the target distribution.
 
-    ``temperature == 0`` means greedy decoding (argmax of the raw logits); ``top_k == 0`` and ``top_p == 1``
-    disable those filters.
+    ``temperature`` below :data:`GREEDY_BELOW` (1e-5; 0 included) means greedy decoding (argmax of the raw
+    logits); ``top_k == 0`` and ``top_p == 1`` disable those filters. Messages name the Python parameters (the CLI
+    checks its own flags first).
 
     Raises:
-        ConfigError: temperature < 0, top_p outside (0, 1], or top_k < 0.
+        ConfigError: temperature negative or not finite, top_p outside (0, 1], or top_k < 0.
     """
 
     temperature: float = 0.0
@@ -31,16 +43,16 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):
+            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
-            raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
-            raise ConfigError(f"--top-k must be >= 0 (0 = off), got {self.top_k}")
+            raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0
+        return is_greedy_temperature(self.temperature)
 
 
 def warp_logits(logits: Tensor, params: SamplingParams) -> Tensor:
@@ -48,11 +60,15 @@ def warp_logits(logits: Tensor, params: SamplingParams) -> Tensor:
 
     Args:
         logits: ``[..., V]`` any float dtype.
-        params: sampling parameters; must not be greedy.
+        params: sampling parameters. Greedy ones (a temperature below :data:`GREEDY_BELOW`) give the limit of the
+            warp as the temperature goes to 0: the argmax (first, at ties) stays 0, every other entry ``-inf``.
 
     Returns:
         ``[..., V]`` float32 warped logits; filtered entries are ``-inf``. At least one entry per row stays finite.
     """
+    if params.is_greedy:  # never divide by a temperature this small: it overflows to inf and NaN probabilities
+        x = torch.full(logits.shape, float("-inf"), dtype=torch.float32, device=logits.device)
+        return x.scatter_(-1, logits.argmax(-1, keepdim=True), 0.0)
     x = logits.float() / params.temperature
     vocab = x.shape[-1]
     if 0 < params.top_k < vocab:

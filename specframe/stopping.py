@@ -69,12 +69,28 @@ class StopChecker:
         return min(hits) if hits else None
 
 
+REPLACEMENT = "\ufffd"  # what a tokenizer decodes the bytes of an incomplete UTF-8 character to
+
+
+def without_incomplete_character(text: str) -> str:
+    """``text`` without the replacement characters (U+FFFD) at its very end.
+
+    Byte-level tokenizers split a multi-byte character over several tokens; decoded before its last byte, the
+    character shows as U+FFFD. transformers' ``TextStreamer`` never prints such a character while the next token
+    may complete it; when the token budget (or an EOS) ends generation inside one, it can no longer complete, so
+    specframe leaves it out of ``text`` and of the stream alike (its bytes stay in ``token_ids``). A replacement
+    character at the very end is taken to be an incomplete one, as vLLM's and TGI's detokenizers do.
+    """
+    return text.rstrip(REPLACEMENT)
+
+
 @dataclass
 class TextStream:
     """Turns committed token ids into text pieces, each character exactly once.
 
-    Holds back text that ends in an incomplete multi-byte character (U+FFFD) and, with stop strings, the tail
-    that could still become a stop string.
+    Holds back text that ends in an incomplete multi-byte character (U+FFFD), as transformers' ``TextStreamer``
+    does, and, with stop strings, the tail that could still become a stop string. The final piece comes from the
+    request's ``text`` (see :func:`without_incomplete_character`), so the pieces always add up to it.
     """
 
     decode: Callable[[list[int]], str]
@@ -85,7 +101,7 @@ class TextStream:
     def update(self, generated: list[int], final: bool = False, final_text: str | None = None) -> None:
         text = final_text if final_text is not None else self.decode(generated)
         if not final:
-            if text.endswith("\ufffd"):
+            if text.endswith(REPLACEMENT):
                 return
             text = text[: max(len(self.sent), len(text) - self.holdback)]
         if text.startswith(self.sent) and len(text) > len(self.sent):

@@ -20,6 +20,34 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset([eos] if isinstance(eos, int) else eos)
 
 
+# layer kinds one tree mask serves: full causal attention, and layers without attention or a cache of their own
+_TREE_LAYER_TYPES = frozenset({"full_attention", "dummy"})
+
+
+def tree_obstacle(config: Any) -> str | None:
+    """Why one token-tree mask cannot serve every layer of a model with this config, or None when it can.
+
+    Decided as transformers decides it when it builds the model's KV cache and attention masks: the attention kind
+    of each decoder layer (``layer_types``, or inferred from ``sliding_window`` / ``attention_chunk_size`` when a
+    config has none, as for Mistral, Mixtral, Phi-3 or Starcoder2), and the cache layer class it gets. A sliding or
+    chunked window, a linear-attention or recurrent layer, or any cache layer other than the plain growing one sees
+    another key range than the tree mask describes, so such targets verify chains only.
+    """
+    from transformers import DynamicCache
+    from transformers.cache_utils import DummyLayer, DynamicLayer, get_layer_types_and_kwargs
+
+    text = config.get_text_config(decoder=True)
+    layer_types, _ = get_layer_types_and_kwargs(text)
+    other = sorted({str(t) for t in layer_types} - _TREE_LAYER_TYPES)
+    if other:
+        return f"layers of kind {', '.join(other)}"
+    kinds = sorted({type(layer).__name__ for layer in DynamicCache(config=config).layers
+                    if type(layer) not in (DynamicLayer, DummyLayer)})
+    if kinds:
+        return f"cache layers {', '.join(kinds)}"
+    return None
+
+
 class Target:
     """A transformers causal LM as the speculative-decoding target.
 
@@ -38,12 +66,9 @@ class Target:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.eos_token_ids = _eos_ids(model, tokenizer)
-        # a tree mask is one [N+1, T] mask for every layer; sliding-window layers see a different key range
-        cfg = model.config
-        sliding = any("sliding" in str(t) for t in (getattr(cfg, "layer_types", None) or [])) or bool(
-            getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None)
-        )
-        self.supports_trees = not sliding
+        # a tree mask is one [N+1, T] mask for every layer: only full-attention layers can take it
+        self.tree_obstacle = tree_obstacle(model.config)
+        self.supports_trees = self.tree_obstacle is None
         self.info = TargetInfo(
             vocab_size=self.vocab_size,
             eos_token_ids=self.eos_token_ids,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -365,9 +366,19 @@ class ThreadGovernor:
     last_check: float = 0.0
     last_load: float = 0.0
     warned: bool = False
+    _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)  # requests on several threads
 
     def check(self, force: bool = False) -> float:
-        """Others' load in cores (the latest sample); adjusts threads when ``auto``."""
+        """Others' load in cores (the latest sample); adjusts threads when ``auto``. Called from several threads at
+        once (one Specframe serving them), one check runs and the others return the latest sample."""
+        if not self._lock.acquire(blocking=False):
+            return self.last_load
+        try:
+            return self._check(force)
+        finally:
+            self._lock.release()
+
+    def _check(self, force: bool) -> float:
         now = time.monotonic()
         if not force and now - self.last_check < self.every_s:
             return self.last_load

@@ -107,10 +107,13 @@ def check_metrics(result: GenerationResult) -> None:
     assert sum(m.drafted_by_position) == m.drafted_tokens
     assert sum(m.accepted_by_position) == m.accepted_tokens
     assert all(a <= d for a, d in zip(m.accepted_by_position, m.drafted_by_position))
-    # each forward commits at most accepted + 1 tokens; exactly that unless a stop cut the last block
-    assert m.new_tokens <= m.accepted_tokens + m.target_forwards
+    # each forward commits its counted accepted nodes + 1 token; a stop inside the last block commits (and counts)
+    # only the accepted nodes up to the stop, so that block may lack its recovered/bonus token, never more
+    assert m.accepted_tokens + m.target_forwards - 1 <= m.new_tokens <= m.accepted_tokens + m.target_forwards
     if result.finish_reason == "length":
         assert m.new_tokens == m.accepted_tokens + m.target_forwards
+    for pm in m.proposers.values():  # credited acceptance never counts a node after the stop
+        assert pm.accepted_tokens <= m.accepted_tokens and sum(pm.accepted_by_position) == pm.accepted_tokens
     assert result.finish_reason in ("stop", "length")
     # the engine turns a proposer's exception into a target-only step, so a test proposer's failed assertion
     # would otherwise go unnoticed

@@ -55,3 +55,63 @@ def test_unknown_verifier_and_bad_combinations_fail_at_load():
     with pytest.raises(KeyError, match="unknown merge policy 'nope'; installed: confidence, priority"):
         specframe.load(target=target, registry=build_registry(), proposers=[{"name": "ngram"}, {"name": "none"}],
                        merge={"policy": "nope"})
+
+
+# --- Python API edges: names as the caller spells them ------------------------------------------------------------
+
+
+def test_a_proposer_name_string_is_accepted(sf):
+    """``proposers="ngram"`` was read one character at a time ("unknown proposer 'n'")."""
+    want = sf.generate("aa ab ac aa ab", max_new_tokens=8, proposers=[{"name": "ngram"}])
+    for spelled in ("ngram", ["ngram"], ("ngram",)):
+        rec = sf.generate("aa ab ac aa ab", max_new_tokens=8, proposers=spelled)
+        assert (rec["token_ids"], list(rec["metrics"]["proposers"])) == (want["token_ids"], ["ngram"])
+    mixed = sf.generate("aa ab ac aa ab", max_new_tokens=8, proposers=["ngram", {"name": "none"}])
+    assert list(mixed["metrics"]["proposers"]) == ["ngram", "none"] and mixed["token_ids"] == want["token_ids"]
+    with pytest.raises(ConfigError, match="^proposers: give at least one proposer"):
+        sf.generate("aa", proposers=[])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_new_tokens": 0}, "max_new_tokens must be a whole number >= 1, got 0"),
+    ({"max_new_tokens": 2.5}, "max_new_tokens must be a whole number >= 1"),
+    ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
+    ({"temperature": "hot"}, "temperature must be a number, got 'hot'"),
+    ({"top_p": 1.5}, "top_p must be in (0, 1]"),
+    ({"top_k": -2}, "top_k must be >= 0"),
+    ({"top_k": 1.5}, "top_k must be a whole number"),
+    ({"seed": -1}, "seed must be a whole number in [0, 2**63)"),
+    ({"seed": 2**64}, "seed must be a whole number in [0, 2**63)"),
+    ({"stop": [""]}, "stop must be a non-empty string or a list of them"),
+    ({"stop": 5}, "stop must be a non-empty string or a list of them"),
+    ({"on_text": "print"}, "on_text must be a function"),
+])
+def test_bad_arguments_name_the_python_parameter(sf, kwargs, message):
+    """Errors raised from Python named CLI flags ("--max-new-tokens must be >= 1"); now the parameter as spelled."""
+    with pytest.raises(ConfigError) as info:
+        sf.generate("aa ab", **kwargs)
+    assert str(info.value).startswith(message) and "--" not in str(info.value)
+
+
+def test_prompt_token_ids_outside_the_vocabulary(sf):
+    with pytest.raises(ConfigError, match=r"^prompt: token id 999 is outside the model's vocabulary \[0, 64\)"):
+        sf.generate([1, 2, 999])
+
+
+def test_unknown_keyword_names_the_method_called_and_the_closest_one(sf):
+    """An unknown keyword surfaced as a TypeError naming an internal method (generate_result)."""
+    with pytest.raises(TypeError) as info:
+        sf.generate("aa", max_tokens=4)
+    msg = str(info.value)
+    assert msg.startswith("generate() got an unexpected keyword argument 'max_tokens' (did you mean 'max_new_tokens'?)")
+    assert "generate_result" not in msg
+    with pytest.raises(TypeError, match=r"^load\(\) got an unexpected keyword argument 'temprature' \(did you mean "
+                                        r"'temperature'\?\)"):
+        specframe.load(target=sf.target, registry=sf.registry, temprature=0.5)
+    # every keyword generate_result takes is accepted by generate
+    import inspect
+
+    from specframe.api import _GENERATE_KEYWORDS
+
+    params = [n for n, p in inspect.signature(sf.generate_result).parameters.items() if p.kind is p.KEYWORD_ONLY]
+    assert tuple(params) == _GENERATE_KEYWORDS

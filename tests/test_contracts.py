@@ -170,17 +170,25 @@ def test_metrics_record_steps():
 @pytest.mark.parametrize(
     "kwargs, flag",
     [
-        ({"temperature": -0.1}, "--temperature"),
-        ({"temperature": float("nan")}, "--temperature"),
-        ({"top_p": 0.0}, "--top-p"),
-        ({"top_p": 1.01}, "--top-p"),
-        ({"top_k": -1}, "--top-k"),
+        ({"temperature": -0.1}, "^temperature must"),
+        ({"temperature": float("nan")}, "^temperature must"),
+        ({"temperature": float("inf")}, "^temperature must be a finite"),
+        ({"top_p": 0.0}, "^top_p must"),
+        ({"top_p": 1.01}, "^top_p must"),
+        ({"top_k": -1}, "^top_k must"),
     ],
 )
 def test_sampling_params_validation(kwargs, flag):
+    """Python-side messages name the parameter as Python spells it (the CLI checks its --flags itself)."""
     with pytest.raises(ConfigError, match=flag):
         SamplingParams(**kwargs)
 
 
 def test_sampling_params_greedy():
     assert SamplingParams().is_greedy and not SamplingParams(temperature=0.5).is_greedy
+    # below the documented threshold a temperature is greedy: dividing by it would overflow
+    from specframe.sampling import GREEDY_BELOW
+
+    assert GREEDY_BELOW == 1e-5
+    assert SamplingParams(temperature=1e-45).is_greedy and SamplingParams(temperature=9.9e-6).is_greedy
+    assert not SamplingParams(temperature=1e-5).is_greedy

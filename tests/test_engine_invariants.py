@@ -268,7 +268,8 @@ def test_eos_inside_a_draft_block(model, tokenizer, reference, monkeypatch):
     assert result.finish_reason == "stop"
     assert len(proposer.outcomes) == 1
     outcome = proposer.outcomes[0]
-    assert outcome.draft.num_nodes == k and outcome.num_accepted == k  # all accepted, then cut at the EOS
+    # all k nodes passed verification, but only those up to the EOS were committed: only they count as accepted
+    assert outcome.draft.num_nodes == k and outcome.accepted_nodes == (tuple(range(j + 1)),)
     assert outcome.committed == (tuple(reference[: j + 1]),)
     assert outcome.finished
     assert result.text == text_of(reference[: j + 1])  # (the EOS here is an ordinary word of the tokenizer)
@@ -306,10 +307,48 @@ def test_stop_string_inside_a_block(target, reference, words):
     assert len(proposer.outcomes) == 1
     outcome = proposer.outcomes[0]
     assert outcome.finished and outcome.committed == (tuple(reference[: j + 1]),)
-    assert outcome.num_accepted == outcome.draft.num_nodes == j + 4
+    assert outcome.draft.num_nodes == j + 4 and outcome.accepted_nodes == (tuple(range(j + 1)),)
     check_metrics(result)
     r = plain_generate(target, PROMPT, N_NEW, stop_strings=[stop])
     assert (r.token_ids, r.text, r.finish_reason) == (result.token_ids, result.text, "stop")
+
+
+@pytest.mark.parametrize("stop_kind", ["eos", "stop-string"])
+@pytest.mark.parametrize("combined", [False, True], ids=["alone", "combined"])
+def test_nothing_after_a_stop_is_counted(model, tokenizer, reference, monkeypatch, stop_kind, combined):
+    """A draft block accepted past the stop: only its nodes up to the stop count as accepted — in the request's
+    metrics, acceptance by position, each proposer's credit, its on_verified feedback and observer events."""
+    from specframe.observe import Observers
+    from specframe_plugins.merge import PriorityConfig, PriorityPolicy
+
+    j = first_new_token_index(reference, 2)
+    stops: dict = {}
+    if stop_kind == "eos":
+        monkeypatch.setattr(model.generation_config, "eos_token_id", reference[j])
+    else:
+        stops["stop_strings"] = [text_of(reference[j : j + 1])]
+    target = Target(model, tokenizer)
+    k = j + 4  # the first block: all k nodes pass verification, 3 of them after the stop
+    scripted = ScriptedProposer(target.info, reference, k=k)
+    proposers = [scripted, ScriptedProposer(target.info, reference, k=k)] if combined else [scripted]
+    merge = PriorityPolicy(PriorityConfig(max_nodes=64)) if combined else None
+    events: list = []
+    observer = Observers(0, [("recorder", lambda event: events.append(event))], [])
+    result = Engine(target, proposers, GreedyVerifier(), merge=merge).generate(
+        PROMPT, max_new_tokens=N_NEW, observer=observer, **stops)
+    assert result.token_ids == reference[: j + 1] and result.finish_reason == "stop"
+    m = result.metrics
+    assert (m.target_forwards, m.drafted_tokens) == (1, k)
+    assert m.accepted_tokens == j + 1 and m.accepted_by_position == [1] * (j + 1) + [0] * (k - j - 1)
+    assert m.acceptance_rate == pytest.approx((j + 1) / k)
+    for label, pm in m.proposers.items():
+        assert pm.accepted_tokens == j + 1, label
+        assert pm.accepted_by_position == [1] * (j + 1) + [0] * (k - j - 1), label
+        assert pm.wasted_nodes == k - (j + 1), label
+    assert scripted.outcomes[0].accepted_nodes == (tuple(range(j + 1)),)
+    assert [(e.drafted, e.accepted, e.committed) for e in events] == [(k, j + 1, tuple(reference[: j + 1]))]
+    assert all(step.accepted == j + 1 for step in events[0].attribution)
+    check_metrics(result)
 
 
 def test_stop_string_spanning_steps(target, reference):
@@ -501,7 +540,7 @@ def test_a_faulty_proposer_cannot_change_the_output(target, reference, mode, cap
 
 def test_generate_rejects_bad_requests(target):
     engine = greedy_engine(target, NoProposer(NoneConfig(), target.info))
-    with pytest.raises(ConfigError, match="--max-new-tokens"):
+    with pytest.raises(ConfigError, match="^max_new_tokens must be >= 1"):
         engine.generate(PROMPT, max_new_tokens=0)
     with pytest.raises(ConfigError, match="empty"):
         engine.generate([], max_new_tokens=4)
@@ -586,3 +625,47 @@ def test_hidden_state_is_the_last_processed_position(target, prompt):
             continue
         # the cache holds all but the newest token, so the last processed position is len(tokens) - 2
         torch.testing.assert_close(hidden[0], last_layer[len(tokens) - 2], rtol=1e-4, atol=1e-5)
+
+
+def byte_tokenizer(eos: int | None = None):
+    """A byte-level tokenizer with one token per byte (id = byte value): any non-ASCII character spans tokens.
+    ``eos``: the byte whose token is the (special, not decoded) EOS."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok,
+                                   eos_token=None if eos is None else bytes_to_unicode()[eos])
+
+
+@pytest.mark.parametrize("finish", ["length", "eos"])
+def test_a_character_cut_by_the_budget_is_left_out_of_text_and_stream(finish, monkeypatch):
+    """When generation ends inside a multi-byte character the text ended in U+FFFD. As transformers' TextStreamer
+    holds an incomplete character back while it may still complete, specframe holds it back for good once it can
+    no longer complete: not in ``text``, never streamed; its bytes stay in ``token_ids``."""
+    model = build_model("llama", vocab_size=256, seed=4)
+    tok = byte_tokenizer()
+    prompt = tok("naïve café, 東京 — ")["input_ids"]
+    ref = hf_greedy(model, prompt, 60)
+    # a byte that starts a multi-byte character (for "eos": followed by a byte not seen before, made the EOS)
+    lead = [i for i, t in enumerate(ref[:-1]) if 0xC2 <= t <= 0xF4 and ref[i + 1] not in ref[: i + 1]]
+    assert lead, "the reference has no multi-byte lead byte: pick another seed"
+    cut = lead[0] + 1
+    if finish == "eos":  # the next token is an EOS: the model ended inside the character
+        monkeypatch.setattr(model.generation_config, "eos_token_id", ref[cut])
+        tok = byte_tokenizer(eos=ref[cut])
+        cut += 1
+    target = Target(model, tok)
+    pieces: list[str] = []
+    result = greedy_engine(target, NgramProposer(NgramConfig(), target.info)).generate(
+        prompt, max_new_tokens=cut if finish == "length" else 60, on_text=pieces.append)
+    assert result.token_ids == ref[:cut] and result.finish_reason == ("length" if finish == "length" else "stop")
+    decoded = tok.decode(result.token_ids, skip_special_tokens=True)
+    assert decoded.endswith("\ufffd")  # what the text was before
+    assert result.text == decoded.rstrip("\ufffd") and not result.text.endswith("\ufffd")
+    assert "".join(pieces) == result.text
+    assert all(not p.endswith("\ufffd") for p in pieces)

@@ -22,6 +22,7 @@ INFO = TargetInfo(
 
 def test_docstring_worked_example():
     assert find_continuation([5, 6, 7, 8, 9, 5, 6, 7], 1, 3, 3) == [8, 9, 5]
+    assert find_continuation([5, 9, 5, 9, 5, 9], 1, 3, 5) == [5, 9, 5, 9, 5]  # through the repeat
     # "first" copies after the earliest occurrence, "recent" after the latest
     assert find_continuation([1, 2, 3, 1, 2, 4, 1, 2], 2, 2, 2, "first") == [3, 1]
     assert find_continuation([1, 2, 3, 1, 2, 4, 1, 2], 2, 2, 2, "recent") == [4, 1]
@@ -30,14 +31,17 @@ def test_docstring_worked_example():
 @pytest.mark.parametrize(
     "tokens, min_n, max_n, k, expected",
     [
-        ([5, 6, 7, 8, 9, 5, 6, 7], 1, 3, 10, [8, 9, 5, 6, 7]),  # continuation runs to the end of the tokens
+        # the continuation runs into the end of the tokens: it goes on through the repeat (period 5)
+        ([5, 6, 7, 8, 9, 5, 6, 7], 1, 3, 10, [8, 9, 5, 6, 7, 8, 9, 5, 6, 7]),
         ([5, 6, 7, 8, 9, 5, 6, 7], 1, 3, 1, [8]),  # k caps the draft
         ([1, 2, 3, 1, 2, 4, 1, 2], 1, 2, 3, [4, 1, 2]),  # most recent occurrence of [1, 2] wins
         ([1, 2, 3, 9, 2, 4, 1, 2], 1, 2, 3, [3, 9, 2]),  # longest suffix [1, 2] beats the later [2]
         ([1, 2, 3, 9, 2, 4, 1, 2], 1, 1, 3, [4, 1, 2]),  # max_n = 1: only [2], most recent
         ([1, 2, 3, 4], 1, 4, 3, []),  # no earlier occurrence of any suffix
         ([1, 2, 3, 9, 2, 4, 7, 2], 2, 3, 3, []),  # [2] recurs but min_n = 2 and [7, 2] does not
-        ([7, 7, 7, 7], 1, 3, 5, [7]),  # overlapping occurrence [7, 7, 7] ending at 2, followed by one 7
+        ([7, 7, 7, 7], 1, 3, 5, [7] * 5),  # overlapping occurrence [7, 7, 7] ending at 2: period 1
+        ([5, 9] * 3, 1, 4, 8, [5, 9] * 4),  # the issue's case: k = 8 drafts 8, not one period (2)
+        ([1, 2, 3, 1, 2, 3, 1, 2], 1, 4, 5, [3, 1, 2, 3, 1]),  # mid-period: continues from the match
         ([4], 1, 3, 3, []),  # a single token has nothing before it
         ([], 1, 3, 3, []),
     ],
@@ -113,6 +117,24 @@ def test_proposer_follows_the_growing_sequence():
     assert proposer.propose(_state(tokens, 6), budget=2).token_ids.tolist() == [[8, 9]]  # budget caps k
     tokens += [1]
     assert proposer.propose(_state(tokens, 6), budget=8).num_nodes == 0  # no match: an empty draft
+
+
+@pytest.mark.parametrize("branches", [1, 3])
+def test_drafts_continue_through_a_repeat_up_to_k(branches):
+    """On periodic text the most recent occurrence is one period back; the draft used to stop after one period
+    (2 tokens for [5, 9] repeated, with k = 8), now it is k long — index, tree and reference agree."""
+    from specframe_plugins.ngram import continuation
+
+    assert continuation([5, 9, 5, 9], 1, 5) == [5, 9, 5, 9, 5]
+    proposer = NgramProposer(NgramConfig(k=8, branches=branches), INFO)
+    tokens = [3, 4] + [5, 9] * 3
+    proposer.start(_state(tokens, 2))
+    draft = proposer.propose(_state(tokens, 2), budget=16)
+    assert draft.token_ids[0, :8].tolist() == [5, 9] * 4
+    assert proposer.propose(_state(tokens, 2), budget=5).token_ids.tolist()[0][:5] == [5, 9, 5, 9, 5]
+    index = NgramIndex(1, 4).track_all()
+    index.extend(tokens)
+    assert index.lookup_many(8, 3)[0] == index.lookup(8) == [5, 9] * 4
 
 
 def test_start_resets_the_index():

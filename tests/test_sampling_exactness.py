@@ -279,3 +279,45 @@ def test_engine_sampling_is_calibrated(peaky_target, proposer):
     z = (chosen - expected).sum() / variance.sqrt()
     assert abs(z.item()) < 4, f"calibration z-score {z.item():+.2f}"
     assert chosen.mean().item() > 0.15  # the distributions are sharp, so (2) is a demanding check
+
+
+# --- temperatures too small to divide by ------------------------------------------------------------------------
+
+TINY_TEMPERATURES = [1e-45, 1e-38, 1e-30, 5e-6]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_tiny_temperatures_never_give_nan_probabilities(dtype):
+    """Below GREEDY_BELOW (1e-5) the warp is the temperature -> 0 limit (one-hot at the argmax) in every dtype;
+    at and above it, dividing cannot overflow for any logit a model gives."""
+    logits = (torch.randn(8, V, generator=gen(1)) * 40).to(dtype)
+    for t in [*TINY_TEMPERATURES, 1e-5, 2e-5]:
+        for k, top_p in [(0, 1.0), (3, 0.9)]:
+            probs = probs_from_logits(logits, SamplingParams(temperature=t, top_k=k, top_p=top_p))
+            assert torch.isfinite(probs).all() and torch.allclose(probs.sum(-1), torch.ones(8)), (t, k, top_p)
+            if t < 1e-5:
+                assert torch.equal(probs.argmax(-1), logits.float().argmax(-1)) and bool((probs.max(-1).values == 1).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", TINY_TEMPERATURES)
+def test_a_temperature_too_small_to_divide_by_decodes_greedily(dtype, temperature, tmp_path_factory):
+    """``--temperature 1e-45 --dtype float32`` ended in "probability tensor contains either inf, nan or element < 0":
+    now it is greedy decoding, token for token, with every proposer (deterministic, sampled drafts, combined)."""
+    import specframe
+    from specframe.registry import build_registry
+
+    from .support import PROMPT, build_tokenizer
+
+    model = build_model("llama").to(dtype)
+    folder = tmp_path_factory.getbasetemp() / f"tiny-t-draft-{str(dtype).split('.')[-1]}"
+    if not folder.exists():
+        build_model("llama", seed=1).to(dtype).save_pretrained(folder)
+        build_tokenizer().save_pretrained(folder)
+    sf = specframe.load(target=Target(model, build_tokenizer()), registry=build_registry())
+    greedy = sf.generate(PROMPT, max_new_tokens=16, temperature=0.0, proposers=["none"])["token_ids"]
+    for proposers in (["none"], ["ngram"], [{"name": "draft-model", "model": str(folder)}],
+                      ["ngram", {"name": "draft-model", "model": str(folder)}]):
+        rec = sf.generate(PROMPT, max_new_tokens=16, temperature=temperature, seed=5, proposers=proposers)
+        assert rec["token_ids"] == greedy, proposers
+        assert rec["metrics"]["proposer_faults"] == 0, proposers

@@ -202,11 +202,158 @@ def test_engine_tree_sampling_is_seeded_and_fault_free():
     assert all(r.metrics.proposer_faults == 0 for r in runs)
 
 
-def test_sliding_window_target_turns_tree_drafts_into_target_only_steps():
+def test_sliding_window_target_verifies_the_leading_chain_of_tree_drafts():
     model = build_model("qwen2-sliding")
     target = Target(model, build_tokenizer())
     assert not target.supports_trees
     ref = hf_greedy(model, PROMPT, 12)
     res = Engine(target, [ScriptedTree(ref, target.info)], GreedyVerifier()).generate(PROMPT, max_new_tokens=12)
     assert res.token_ids == ref
-    assert res.metrics.proposer_faults >= 1 and res.metrics.drafted_tokens == 0
+    # a proposer that declares trees is not at fault where only chains can be verified: its leading chain (the
+    # first branch, bad0 -> bad1) is verified instead of the tree
+    assert res.metrics.proposer_faults == 0
+    assert res.metrics.drafted_by_position[0] == res.metrics.drafted_by_position[1] > 0
+    assert len(res.metrics.drafted_by_position) == 2 and res.metrics.accepted_tokens == 0  # (that branch is wrong)
+    check_metrics(res)
+
+
+def test_leading_chain():
+    tree = DraftTree(torch.tensor([[7, 8, 9, 10, 11]]), torch.tensor([PARENT]))
+    assert tree.leading_chain().token_ids.tolist() == [[7, 8]]
+    chain = DraftTree.chain([1, 2, 3])
+    assert chain.leading_chain() is chain
+    assert DraftTree.empty().leading_chain().num_nodes == 0
+    assert DraftTree(torch.tensor([[1, 2]]), torch.tensor([[-1, -1]])).leading_chain().token_ids.tolist() == [[1]]
+
+
+_COMMON = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=256, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+
+
+def _config(kind: str):
+    import transformers as tf
+
+    return {
+        "llama": lambda: tf.LlamaConfig(**_COMMON),
+        "mistral-no-window": lambda: tf.MistralConfig(**_COMMON, sliding_window=None),
+        "qwen2-window-off": lambda: tf.Qwen2Config(**_COMMON, sliding_window=8),
+        "qwen3": lambda: tf.Qwen3Config(**_COMMON),
+        "mistral": lambda: tf.MistralConfig(**_COMMON, sliding_window=8),  # no layer_types: inferred
+        "mixtral": lambda: tf.MixtralConfig(**_COMMON, sliding_window=8),
+        "phi3": lambda: tf.Phi3Config(**_COMMON, sliding_window=8),
+        "starcoder2": lambda: tf.Starcoder2Config(**_COMMON, sliding_window=8),
+        "qwen2-window-on": lambda: tf.Qwen2Config(**_COMMON, use_sliding_window=True, sliding_window=8,
+                                                  max_window_layers=1),
+        "gemma3": lambda: tf.Gemma3TextConfig(**_COMMON, sliding_window=8),
+        "gpt-oss": lambda: tf.GptOssConfig(**_COMMON, sliding_window=8),
+        "llama4-chunked": lambda: tf.Llama4TextConfig(**_COMMON, attention_chunk_size=8),
+    }[kind]()
+
+
+@pytest.mark.parametrize("kind,trees", [
+    ("llama", True), ("mistral-no-window", True), ("qwen2-window-off", True), ("qwen3", True),
+    ("mistral", False), ("mixtral", False), ("phi3", False), ("starcoder2", False), ("qwen2-window-on", False),
+    ("gemma3", False), ("gpt-oss", False), ("llama4-chunked", False),
+])
+def test_tree_support_follows_the_attention_transformers_gives_each_layer(kind, trees):
+    from specframe.target import tree_obstacle
+
+    assert (tree_obstacle(_config(kind)) is None) == trees
+
+
+def _mistral(window: int = 8):
+    from transformers import MistralForCausalLM
+
+    torch.manual_seed(0)
+    model = MistralForCausalLM(_config("mistral")).float().eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_ngram_branches_on_a_sliding_window_mistral(temperature):
+    """The issue's case: a Mistral-style config (sliding_window 8, no layer_types), an 11-token prompt and
+    ``{name: ngram, branches: 4}`` crashed the request; now its drafts are verified as chains, exactly."""
+    from specframe_plugins.ngram import NgramConfig, NgramProposer
+
+    model = _mistral()
+    target = Target(model, build_tokenizer())
+    assert not target.supports_trees and not target.info.supports_trees
+    sampling = SamplingParams(temperature=temperature)
+    verifier = GreedyVerifier() if sampling.is_greedy else SpeculativeSamplingVerifier()
+    res = Engine(target, [NgramProposer(NgramConfig(branches=4), target.info)], verifier).generate(
+        PROMPT, max_new_tokens=40, sampling=sampling, seed=3)
+    assert len(PROMPT) == 11 and res.finish_reason == "length"
+    assert res.metrics.proposer_faults == 0 and res.metrics.accepted_tokens > 0
+    if sampling.is_greedy:
+        assert res.token_ids == hf_greedy(model, PROMPT, 40)
+        check_metrics(res)
+
+
+class _Refusing:
+    """Makes the target's last decoder layer raise, after the prefill, on inputs of more than ``limit`` positions (or,
+    with ``limit`` None, on a tree mask): a shape its attention cannot take. The layers before it have grown the
+    KV cache by then."""
+
+    def __init__(self, target, limit: int | None = None) -> None:
+        self.target, self.limit = target, limit
+        self.layer = target.model.model.layers[-1]
+        self.refused = self.calls = 0
+        self.tree = False
+
+    def __enter__(self):
+        inner_layer, inner_forward = self.layer.forward, self.target.forward_features
+
+        def layer_forward(hidden_states, *args, **kwargs):
+            self.calls += 1
+            too_long = self.limit is not None and hidden_states.shape[1] > self.limit
+            if self.calls > 1 and (too_long or (self.limit is None and self.tree)):
+                self.refused += 1
+                raise RuntimeError("this attention cannot take that input")
+            return inner_layer(hidden_states, *args, **kwargs)
+
+        def forward_features(*args, **kwargs):
+            self.tree = kwargs.get("attention_mask") is not None or (len(args) > 5 and args[5] is not None)
+            return inner_forward(*args, **kwargs)
+
+        self.layer.forward, self.target.forward_features = layer_forward, forward_features
+        return self
+
+    def __exit__(self, *exc):
+        del self.layer.forward, self.target.forward_features
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2-sliding"])
+@pytest.mark.parametrize("shape", ["tree", "chain"])
+def test_a_draft_the_target_refuses_is_not_a_crash(arch, shape, caplog):
+    """A target forward that raises on a draft's shape: the KV cache is restored, the step goes on without the
+    draft, and the request continues — chains only after a refused tree, no drafts after a refused chain."""
+    model = build_model(arch)
+    target = Target(model, build_tokenizer())
+    target.supports_trees = True  # as if the check had missed an attention kind
+    ref = hf_greedy(model, PROMPT, 24)
+    proposer = ScriptedTree(ref, target.info)
+    if shape == "chain":
+        from specframe_plugins.ngram import NgramConfig, NgramProposer
+
+        proposer = NgramProposer(NgramConfig(), target.info)
+    with _Refusing(target, limit=None if shape == "tree" else 2) as refusing:
+        res = Engine(target, [proposer], GreedyVerifier()).generate(PROMPT, max_new_tokens=24)
+    assert refusing.refused == 1
+    assert res.token_ids == ref
+    m = res.metrics
+    assert m.proposer_fault_kinds == {"refused": 1} and m.proposer_faults == 1
+    if shape == "tree":  # chains from then on: the leading (wrong) branch is drafted and rejected
+        assert m.drafted_tokens > 0
+    else:
+        assert m.drafted_tokens == 0
+    assert sum(1 for r in caplog.records if "target's forward raised" in r.getMessage()) == 1
+
+
+def test_a_target_that_fails_without_a_draft_still_raises():
+    model = build_model("llama")
+    target = Target(model, build_tokenizer())
+    from specframe_plugins.autoregressive import NoneConfig, NoProposer
+
+    with _Refusing(target, limit=0), pytest.raises(RuntimeError, match="cannot take"):
+        Engine(target, [NoProposer(NoneConfig(), target.info)], GreedyVerifier()).generate(PROMPT, max_new_tokens=4)

@@ -10,6 +10,7 @@ import typer
 from pydantic import ValidationError
 
 from ..errors import ConfigError, SpecframeError
+from ..sampling import is_greedy_temperature
 
 
 def bench(
@@ -171,7 +172,7 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
         task = progress.add_task("bench", total=runs + warm)
         runner = BenchRunner(by_strategy, cfg, assistants)
         records = runner.run(chosen, advance=lambda s: progress.update(task, advance=1, description=f"bench {s:>16}"))
-    lossless = lossless_check(by_strategy.__getitem__, records, chosen, cfg.chat) if cfg.temperature == 0 else None
+    lossless = lossless_check(by_strategy.__getitem__, records, chosen, cfg.chat) if is_greedy_temperature(cfg.temperature) else None
     summary = aggregate(records, [s.name for s in cfg.strategies], prof)
     env = environment()
     env["machine"] = sf.machine_info()

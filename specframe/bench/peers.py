@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from ..sampling import is_greedy_temperature
+
 PROMPT_LOOKUP_DEFAULTS = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2}
 
 
@@ -73,7 +75,7 @@ def run_peer(
     model = target.model
     kwargs, run_options = peer_kwargs(peer, options, assistant)
     ids = torch.tensor([prompt_ids], device=model.device)
-    if temperature > 0:
+    if not is_greedy_temperature(temperature):  # (below 1e-5 is greedy, as in specframe: no NaN from HF's warper)
         kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k or None)
         torch.manual_seed(seed)  # HF generate samples from the global RNG
     else:
