@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -16,6 +17,16 @@ train_app = typer.Typer(
     help="Train learned proposers for a target (self-distillation on the CPU).",
 )
 err = Console(stderr=True, highlight=False)
+
+
+@contextlib.contextmanager
+def _one_error_line() -> Iterator[None]:
+    """A specframe error ends the command with one ``error: ...`` line and exit code 2."""
+    try:
+        yield
+    except SpecframeError as exc:
+        err.print(f"error: {exc}", markup=False, soft_wrap=True)
+        raise typer.Exit(2)
 
 _MODEL = typer.Option("smollm2-135m-instruct", "--model", help="Target: built-in name, model folder or .gguf file.")
 _OUTPUT = typer.Option(..., "--output", help="Folder for the weights, model card, loss log (resumes if present).")
@@ -109,7 +120,7 @@ def corpus(
     from ..models import load_target, resolve_model
     from .corpus import MIXES, CorpusSettings, build_corpus, corpus_stats, mix_prompts
 
-    try:
+    with _one_error_line():
         if prompts < 16 or max_new_tokens < 8 or batch_size < 1:
             raise ConfigError("--prompts must be >= 16, --max-new-tokens >= 8 and --batch-size >= 1")
         if mix not in MIXES:
@@ -134,9 +145,6 @@ def corpus(
         st = corpus_stats(output)
         err.print(f"wrote {output}: {st['records']} records, {st['prompt_tokens']} prompt + {st['response_tokens']} "
                   f"response tokens, {st['bytes'] / 2**20:.1f} MiB ({(time.perf_counter() - t0) / 60:.1f} min this run)")
-    except SpecframeError as exc:
-        err.print(f"error: {exc}", markup=False, soft_wrap=True)
-        raise typer.Exit(2)
 
 
 @train_app.command("draft")
@@ -154,7 +162,7 @@ def draft(
     """Distil a small draft model (a few of the target's layers, its embeddings and tokenizer) from the target."""
     from .draft import DraftSettings
 
-    try:
+    with _one_error_line():
         try:
             ids = [int(x) for x in layers.split(",") if x.strip()]
         except ValueError:
@@ -163,9 +171,6 @@ def draft(
             raise ConfigError("--epochs must be >= 1, --vocab-subset >= 16 and --lr > 0")
         s = DraftSettings(layers=ids, vocab_subset=vocab_subset, epochs=epochs, lr=lr, seed=seed, soft_labels=not hard_labels)
         _run("draft", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix)
-    except SpecframeError as exc:
-        err.print(f"error: {exc}", markup=False, soft_wrap=True)
-        raise typer.Exit(2)
 
 
 @train_app.command("eagle")
@@ -185,7 +190,7 @@ def eagle(
     """Train an EAGLE-style drafter on the target's own features and greedy answers (training-time test)."""
     from .eagle import EagleSettings
 
-    try:
+    with _one_error_line():
         try:
             layers = tuple(int(x) for x in feature_layers.split(",") if x.strip()) or None
         except ValueError:
@@ -198,9 +203,6 @@ def eagle(
         s = EagleSettings(vocab_subset=vocab_subset, epochs=epochs, batch_size=batch_size, max_len=max_len, lr=lr,
                           ttt_steps=ttt_steps, feature_layers=layers, max_records=max_records, seed=seed)
         _run("eagle", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix)
-    except SpecframeError as exc:
-        err.print(f"error: {exc}", markup=False, soft_wrap=True)
-        raise typer.Exit(2)
 
 
 @train_app.command("medusa")
@@ -214,11 +216,8 @@ def medusa(
     """Train Medusa-1 heads on the target's own answers (self-distillation)."""
     from .medusa import MedusaSettings
 
-    try:
+    with _one_error_line():
         if heads < 1 or epochs < 1 or not lr > 0:
             raise ConfigError("--heads and --epochs must be >= 1 and --lr > 0")
         s = MedusaSettings(num_heads=heads, epochs=epochs, lr=lr, seed=seed)
         _run("medusa", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix)
-    except SpecframeError as exc:
-        err.print(f"error: {exc}", markup=False, soft_wrap=True)
-        raise typer.Exit(2)

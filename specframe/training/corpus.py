@@ -182,25 +182,22 @@ def build_corpus(target: Any, out: Path, settings: CorpusSettings,
         if progress:
             progress(done, total)
 
-    for b, idx in enumerate(b1):
-        if not _stage1(out, b).exists():
-            answers = _generate(target, [ids[i] for i in idx], settings.max_new_tokens)
-            _write(_stage1(out, b), [json.dumps({"id": i, "kind": items[i]["kind"], "source": items[i]["source"],
-                                                 "turn": 1, "prompt_ids": ids[i], "response_ids": a})
-                                     for i, a in zip(idx, answers)])
-        tick()
+    def stage(path: Callable[[Path, int], Path], batches: list[list[int]], seqs: dict[int, list[int]], turn: int) -> None:
+        for b, idx in enumerate(batches):
+            if not path(out, b).exists():
+                answers = _generate(target, [seqs[i] for i in idx], settings.max_new_tokens)
+                _write(path(out, b), [json.dumps({"id": i, "kind": items[i]["kind"], "source": items[i]["source"],
+                                                  "turn": turn, "prompt_ids": seqs[i], "response_ids": a})
+                                      for i, a in zip(idx, answers)])
+            tick()
+
+    stage(_stage1, b1, dict(enumerate(ids)), 1)
     if not second:
         return out
     firsts = {r["id"]: r for b in range(len(b1)) for r in _read(_stage1(out, b)) if "followup" in items[r["id"]]}
     ids2 = {i: _second_turn(target, firsts[i], items[i]["text"], items[i]["followup"]) for i in second}
     lengths = [len(ids2.get(i, ())) for i in range(len(items))]
-    for b, idx in enumerate(_batches(lengths, second, settings.batch_size)):
-        if not _stage2(out, b).exists():
-            answers = _generate(target, [ids2[i] for i in idx], settings.max_new_tokens)
-            _write(_stage2(out, b), [json.dumps({"id": i, "kind": items[i]["kind"], "source": items[i]["source"],
-                                                 "turn": 2, "prompt_ids": ids2[i], "response_ids": a})
-                                     for i, a in zip(idx, answers)])
-        tick()
+    stage(_stage2, _batches(lengths, second, settings.batch_size), ids2, 2)
     return out
 
 
