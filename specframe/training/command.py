@@ -60,6 +60,14 @@ def _corpus_settings(corpus: Path, model: str, prompts: int, max_new_tokens: int
     return cs
 
 
+def _train_threads() -> int:
+    """Every usable core: training is throughput work that runs for minutes to hours, so the load seen at start
+    (which ``threads="auto"`` reacts to) is no guide; run it alone."""
+    from ..machine import usable_cores
+
+    return usable_cores()[0]
+
+
 def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: int, max_new_tokens: int,
          seed: int, dtype: str, eval_prompts: int, settings, mix: str = "broad") -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -81,7 +89,7 @@ def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: i
 
     hf_logging.disable_progress_bar()
     with err.status(f"loading {model} ...", spinner="dots"):
-        target = load_target(model, dtype=dtype, log=lambda s: err.print(s, markup=False))
+        target = load_target(model, dtype=dtype, log=lambda s: err.print(s, markup=False), threads=_train_threads())
     if corpus is None:  # the corpus shipped for this target, else a new one in the output folder
         from specframe_plugins.weights import shipped
 
@@ -134,7 +142,7 @@ def corpus(
         mix_prompts(cs)  # a missing source package fails here, before the model loads
         logging.getLogger("transformers").setLevel(logging.ERROR)
         with err.status(f"loading {model} ...", spinner="dots"):
-            target = load_target(model, dtype=dtype, log=lambda s: err.print(s, markup=False))
+            target = load_target(model, dtype=dtype, log=lambda s: err.print(s, markup=False), threads=_train_threads())
         cols = (TextColumn("corpus"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
         import time
 
