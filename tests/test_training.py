@@ -525,6 +525,21 @@ def test_run_recipe_end_to_end(kind, tiny_free, tmp_path_factory):
     assert len(list(read_corpus(corpus))) == 16
 
 
+@pytest.mark.parametrize("kind", ["medusa", "draft"])
+def test_run_recipe_max_records_and_no_teacher_for_medusa(kind, tiny_free, tmp_path_factory):
+    corpus = tmp_path_factory.getbasetemp() / "recipe-corpus"  # the corpus of test_run_recipe_end_to_end
+    cs = replace(CS, num_prompts=16, batch_size=8)
+    settings = {"medusa": MedusaSettings(num_heads=2, epochs=1, batch_positions=16, max_records=10),
+                "draft": DraftSettings(layers=[0], vocab_subset=32, epochs=1, batch_size=8, max_records=10)}[kind]
+    out = tmp_path_factory.mktemp(f"{kind}-sub")
+    record = run_recipe(kind, tiny_free, "tiny", out, corpus, cs, settings, lambda *a: None, eval_prompts=1)
+    first10 = list(read_corpus(corpus))[:10]
+    assert record["corpus"]["records"] == 10
+    assert record["corpus"]["response_tokens"] == sum(len(r["response_ids"]) for r in first10)
+    # medusa takes hidden states in its own forward; hard-label drafts need no teacher either
+    assert not list(corpus.glob("teacher-*"))
+
+
 def test_run_recipe_unknown_kind(tiny, tmp_path):
     with pytest.raises(ConfigError, match="unknown recipe"):
         run_recipe("bogus", tiny, "tiny", tmp_path / "o", tmp_path / "c", CS, DS, lambda *a: None)
@@ -545,6 +560,9 @@ runner = CliRunner()
         (["draft", "--dtype", "float16"], "--dtype"),
         (["draft", "--max-new-tokens", "4"], "--max-new-tokens"),
         (["medusa", "--heads", "0"], "--heads"),
+        (["medusa", "--batch-positions", "0"], "--batch-positions"),
+        (["medusa", "--max-records", "-1"], "--max-records"),
+        (["draft", "--max-records", "-1"], "--max-records"),
         (["draft", "--model", "nosuch"], "nosuch"),
         (["medusa", "--model", "nosuch"], "nosuch"),
     ],

@@ -39,6 +39,7 @@ _SEED = typer.Option(0, "--seed", help="Seed of the prompts, initialisation and 
 _DTYPE = typer.Option("bfloat16", "--dtype", help="Target dtype for the corpus and hidden states.")
 _EVAL = typer.Option(12, "--eval-prompts", help="Held-out prompts for the τ in the model card.")
 _MIX = typer.Option("broad", "--mix", help="Prompt mix of a new corpus: broad or pydoc.")
+_MAX_RECORDS = typer.Option(0, "--max-records", help="Train on the first N corpus records only (0 = all).")
 
 
 def _corpus_settings(corpus: Path, model: str, prompts: int, max_new_tokens: int, seed: int, dtype: str, mix: str):
@@ -166,6 +167,7 @@ def draft(
     hard_labels: bool = typer.Option(
         False, "--hard-labels", help="Train on the greedy answers only (no teacher pass; weaker, faster)."
     ),
+    max_records: int = _MAX_RECORDS,
 ) -> None:
     """Distil a small draft model (a few of the target's layers, its embeddings and tokenizer) from the target."""
     from .draft import DraftSettings
@@ -175,9 +177,10 @@ def draft(
             ids = [int(x) for x in layers.split(",") if x.strip()]
         except ValueError:
             raise ConfigError(f"--layers must be comma-separated integers, got {layers!r}") from None
-        if epochs < 1 or vocab_subset < 16 or not lr > 0:
-            raise ConfigError("--epochs must be >= 1, --vocab-subset >= 16 and --lr > 0")
-        s = DraftSettings(layers=ids, vocab_subset=vocab_subset, epochs=epochs, lr=lr, seed=seed, soft_labels=not hard_labels)
+        if epochs < 1 or vocab_subset < 16 or not lr > 0 or max_records < 0:
+            raise ConfigError("--epochs must be >= 1, --vocab-subset >= 16, --lr > 0 and --max-records >= 0")
+        s = DraftSettings(layers=ids, vocab_subset=vocab_subset, epochs=epochs, lr=lr, seed=seed, soft_labels=not hard_labels,
+                          max_records=max_records)
         _run("draft", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix)
 
 
@@ -193,7 +196,7 @@ def eagle(
     vocab_subset: int = typer.Option(8192, "--vocab-subset", help="Output head size: most frequent tokens kept."),
     feature_layers: str = typer.Option("", "--feature-layers", help="Target hidden_states indices to fuse "
                                        "(comma-separated; default: a low, a middle and a high layer)."),
-    max_records: int = typer.Option(0, "--max-records", help="Train on the first N corpus records only (0 = all)."),
+    max_records: int = _MAX_RECORDS,
 ) -> None:
     """Train an EAGLE-style drafter on the target's own features and greedy answers (training-time test)."""
     from .eagle import EagleSettings
@@ -220,12 +223,15 @@ def medusa(
     heads: int = typer.Option(4, "--heads", help="Number of Medusa heads."),
     epochs: int = typer.Option(3, "--epochs", help="Passes over the corpus positions."),
     lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate (AdamW, cosine)."),
+    batch_positions: int = typer.Option(256, "--batch-positions", help="Corpus positions per step."),
+    max_records: int = _MAX_RECORDS,
 ) -> None:
     """Train Medusa-1 heads on the target's own answers (self-distillation)."""
     from .medusa import MedusaSettings
 
     with _one_error_line():
-        if heads < 1 or epochs < 1 or not lr > 0:
-            raise ConfigError("--heads and --epochs must be >= 1 and --lr > 0")
-        s = MedusaSettings(num_heads=heads, epochs=epochs, lr=lr, seed=seed)
+        if heads < 1 or epochs < 1 or not lr > 0 or batch_positions < 1 or max_records < 0:
+            raise ConfigError("--heads, --epochs and --batch-positions must be >= 1, --lr > 0 and --max-records >= 0")
+        s = MedusaSettings(num_heads=heads, epochs=epochs, lr=lr, seed=seed, batch_positions=batch_positions,
+                           max_records=max_records)
         _run("medusa", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix)

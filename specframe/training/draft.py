@@ -33,6 +33,7 @@ class DraftSettings:
     warmup: int = 30
     seed: int = 0
     soft_labels: bool = False  # True: the target's top-K distribution at every position (needs the teacher pass)
+    max_records: int = 0  # 0: every record of the corpus
 
 
 def _examples(records: list[dict], max_len: int) -> list[tuple[list[int], int]]:

@@ -36,6 +36,7 @@ class MedusaSettings:
     warmup: int = 50
     seed: int = 0
     max_len: int = 640
+    max_records: int = 0  # 0: every record of the corpus
 
 
 @torch.inference_mode()

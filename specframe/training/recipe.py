@@ -68,8 +68,10 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
     build_corpus(target, corpus, corpus_settings, progress=lambda d, n: bar("corpus", d, n, ""))
     t_corpus = time.perf_counter() - t0
     records = list(read_corpus(corpus))
-    teacher = None
-    if kind == "medusa" or (kind == "draft" and getattr(settings, "soft_labels", False)):
+    if settings.max_records:  # the first N records: any prefix of the shards covers every prompt kind
+        records = records[: settings.max_records]
+    teacher = None  # medusa takes its hidden states in its own forward: the teacher's top-K is not needed for it
+    if kind == "draft" and settings.soft_labels:
         teacher = teacher_pass(target, corpus, records, progress=lambda d, n: bar("teacher", d, n, ""))
     n_resp = sum(len(r["response_ids"]) for r in records)
     n_prompt = sum(len(r["prompt_ids"]) for r in records)
