@@ -158,7 +158,7 @@ def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_ad
     from .driver import Request
     from .report import read_live
     from .sweep import Task, ray_available
-    from .trace import check_trace_matches, read_trace
+    from .trace import check_same_target, check_trace_matches, read_trace
 
     err = Console(stderr=True, highlight=False)
     # 1. validate everything before any model loads
@@ -172,7 +172,9 @@ def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_ad
         raise ConfigError(f"{config}: temperature {cfg.temperature}: replay is greedy only (a trace holds the target's "
                           "greedy continuation, which sampled output does not follow): set temperature: 0")
     trace = read_trace(traces)
-    check_trace_matches(trace, cfg.model, cfg.dtype, where=str(config))
+    from ..models import resolve_model
+
+    check_trace_matches(trace, resolve_model(cfg.model).name, cfg.dtype, where=str(config))
     if cfg.chat != trace.manifest["chat"]:
         raise TraceError(f"{config}: chat: {cfg.chat}, but the trace's prompts were encoded with chat: "
                          f"{trace.manifest['chat']}: set chat: {str(trace.manifest['chat']).lower()}")
@@ -218,8 +220,9 @@ def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_ad
         import logging
 
         logging.getLogger("transformers").setLevel(logging.ERROR)
-        target = with_trace_cost(load_target(trace.model, trace.dtype, cfg.device, threads=cfg.threads, prepack=False,
+        target = with_trace_cost(load_target(cfg.model, trace.dtype, cfg.device, threads=cfg.threads, prepack=False,
                                              measure=False), trace)
+        check_same_target(trace, target)
         sf = specframe_for(target, registry)
         for t in tasks:
             check_task(sf, trace, t)
@@ -229,7 +232,7 @@ def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_ad
     with _bar(err) as progress:
         if use_ray:
             bar = progress.add_task("replay (Ray)", total=len(tasks))
-            results_, where = run_on_ray(trace, tasks, cfg.device, ray_address,
+            results_, where = run_on_ray(trace, tasks, cfg.model, cfg.device, ray_address,
                                          advance=lambda s: progress.update(bar, advance=1, description=f"replay {s:>16}"))
         else:
             bar = progress.add_task("replay", total=len(tasks) * len(requests))

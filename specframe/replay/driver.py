@@ -177,6 +177,11 @@ class TraceTarget:
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
+    def forward_features(self, *args: Any, **kwargs: Any) -> Any:
+        """Never called (the trace answers for the forward); its presence tells the engine that features can be had,
+        so a proposer's ``feature_layers`` are checked against the trace rather than dropped."""
+        raise NotImplementedError("a trace target runs no forward: replay with a TraceScorer")
+
 
 def with_trace_cost(target: Any, trace: Trace) -> Any:
     """The loaded ``target`` with the trace's cost curve as ``info.cost`` (what routers read), so a replay decides as

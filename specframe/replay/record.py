@@ -57,14 +57,15 @@ class RecordingScorer(TargetScorer):
         return feats[:, :, self.own] if self.own else None
 
 
-def declared_needs(sf: Any, names: Sequence[str]) -> dict[int, str]:
-    """Layers to record for the proposers ``names`` (built through ``sf`` as a request would build them): layer ->
+def declared_needs(sf: Any, proposers: Sequence[str | dict[str, Any]]) -> dict[int, str]:
+    """Layers to record for ``proposers`` (names or proposer configs, each built through ``sf`` as a request would
+    build it): layer ->
     ``"all"`` (read as ``feature_layers``: every position) or ``"last"`` (the last layer, read as
     ``DecodeState.hidden``: from the prompt's last-but-one position on)."""
     out: dict[int, str] = {}
     last = int(sf.target.model.config.get_text_config().num_hidden_layers)
-    for name in names:
-        with sf.engine(proposers=[{"name": name}]) as engine:
+    for entry in proposers:
+        with sf.engine(proposers=[entry]) as engine:
             for layer in engine.feature_layers:
                 out[layer] = "all"
             if engine.wants_hidden:
@@ -73,7 +74,8 @@ def declared_needs(sf: Any, names: Sequence[str]) -> dict[int, str]:
 
 
 def record_trace(sf: Any, prompts: Sequence[Prompt], *, max_new_tokens: int, chat: bool = True,
-                 proposers: Sequence[dict[str, Any]] = ({"name": "none"},), features_for: Sequence[str] = (),
+                 proposers: Sequence[dict[str, Any]] = ({"name": "none"},),
+                 features_for: Sequence[str | dict[str, Any]] = (),
                  advance: Callable[[], None] = lambda: None) -> Trace:
     """Run the target once per prompt and return the trace (not yet written: :func:`~.trace.write_trace`).
 
@@ -83,7 +85,8 @@ def record_trace(sf: Any, prompts: Sequence[Prompt], *, max_new_tokens: int, cha
         max_new_tokens: tokens generated per question at most.
         chat: apply the chat template (as ``specframe bench`` does by default).
         proposers: the strategy that runs the target (any exact one; greedy output does not depend on it).
-        features_for: proposer names whose declared hidden-state needs are recorded (see the module docstring).
+        features_for: proposers (names or configs) whose declared hidden-state needs are recorded (see the module
+            docstring).
 
     Raises:
         ConfigError / UnknownProposerError: a bad recording strategy or ``features_for`` name.
@@ -128,7 +131,7 @@ def record_trace(sf: Any, prompts: Sequence[Prompt], *, max_new_tokens: int, cha
         "cost": {"ns": _ns(), "t_ms": {str(c): v for c, v in cost.t_ms.items()},
                  "source": "machine profile (specframe tune) of the settings the target ran with"} if cost else None,
         "features": {"layers": {str(k): v for k, v in layers.items()}, "dtype": str(target.dtype).removeprefix("torch."),
-                     "for": list(features_for)} if layers else None,
+                     "for": [e if isinstance(e, str) else e["name"] for e in features_for]} if layers else None,
         "questions": [{"question_id": q.question_id, "category": q.category, "prompt_tokens": len(q.prompt),
                        "new_tokens": len(q.generated), "finish_reason": q.finish_reason} for q in questions],
     }

@@ -115,11 +115,11 @@ class _Worker:
         return run_task(self.target, self.registry, self.trace, task, where=ray.util.get_node_ip_address())
 
 
-def run_on_ray(trace: Trace, tasks: Sequence[Task], device: str = "cpu", address: str | None = None,
+def run_on_ray(trace: Trace, tasks: Sequence[Task], model: str, device: str = "cpu", address: str | None = None,
                workers: int | None = None, advance: Callable[[str], None] = lambda s: None) -> tuple[list[TaskResult], str]:
     """Every task as a Ray actor task; returns the results (in ``tasks`` order) and a line saying where they ran.
 
-    ``address``: a Ray cluster (``ray://host:10001`` or ``auto``); None starts Ray on this machine. ``workers``:
+    ``model``: what each worker loads (a built-in name or a path every node has; the trace's model). ``address``: a Ray cluster (``ray://host:10001`` or ``auto``); None starts Ray on this machine. ``workers``:
     actors (default: the cluster's CPUs, at most one per task). Every node needs specframe, its plugins and the model
     installed (the trace itself travels through the object store).
 
@@ -145,7 +145,7 @@ def run_on_ray(trace: Trace, tasks: Sequence[Task], device: str = "cpu", address
         n = max(1, min(workers or cpus, len(tasks)))
         trace_ref = ray.put(trace)
         actor = ray.remote(num_cpus=1)(_Worker)
-        pool = ActorPool([actor.remote(trace.model, trace.dtype, device, trace_ref) for _ in range(n)])
+        pool = ActorPool([actor.remote(model, trace.dtype, device, trace_ref) for _ in range(n)])
         results: dict[str, TaskResult] = {}
         for t in tasks:
             pool.submit(lambda a, task: a.run.remote(task), t)

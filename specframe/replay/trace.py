@@ -207,7 +207,8 @@ def _read_features(trace: Trace, path: Path) -> None:
 
 
 def check_trace_matches(trace: Trace, model: str, dtype: str, where: str = "the config") -> None:
-    """Refuse a trace recorded with another model or dtype than ``model`` / ``dtype`` (``auto`` matches any dtype).
+    """Refuse a trace recorded with another model or dtype than ``model`` (the target's name: a built-in name, or a
+    model folder's or .gguf file's name) / ``dtype`` (``auto`` matches any dtype).
 
     Raises:
         TraceError: naming both models or dtypes and the fix.
@@ -218,3 +219,21 @@ def check_trace_matches(trace: Trace, model: str, dtype: str, where: str = "the 
     if dtype != "auto" and trace.dtype != dtype:
         raise TraceError(f"the trace at {trace.path} was recorded in {trace.dtype}, {where} asks for {dtype}: replay "
                          f"it with dtype: {trace.dtype}, or record a trace in {dtype} (--dtype {dtype})")
+
+
+def check_same_target(trace: Trace, target: Any) -> None:
+    """After loading: the target's vocabulary, EOS ids and depth are the recorded ones (a model of the same name
+    that is another model is refused).
+
+    Raises:
+        TraceError: naming what differs.
+    """
+    t = trace.manifest["target"]
+    text = target.model.config.get_text_config()
+    mine = {"vocab_size": target.vocab_size, "eos_token_ids": sorted(target.eos_token_ids),
+            "num_hidden_layers": int(text.num_hidden_layers), "hidden_size": int(text.hidden_size)}
+    differs = [k for k, v in mine.items() if t.get(k) != v]
+    if differs:
+        raise TraceError(f"the trace at {trace.path} was recorded with another {trace.model} ("
+                         + ", ".join(f"{k} {t.get(k)} there, {mine[k]} here" for k in differs)
+                         + "): record the trace again with this model")
