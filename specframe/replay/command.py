@@ -19,9 +19,34 @@ def _cats(categories: Optional[List[str]]) -> Optional[list[str]]:
     return [c.strip() for entry in (categories or []) for c in entry.split(",") if c.strip()] or None
 
 
+def _proposer_entry(text: str) -> dict[str, Any]:
+    """``--features-for`` value: a proposer name, or a proposer config as a YAML / JSON mapping with a ``name``."""
+    if not text.lstrip().startswith("{"):
+        return {"name": text}
+    import yaml
+
+    try:
+        entry = yaml.safe_load(text)
+    except yaml.YAMLError:
+        entry = None
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise ConfigError(f"--features-for {text!r}: give a proposer name or a mapping with a name, e.g. "
+                          "'{name: medusa, heads: runs/medusa}'")
+    return entry
+
+
 def _check_output(output: Path) -> None:
     if output.exists() and not output.is_dir():
         raise ConfigError(f"--output {output} is a file: give a folder")
+
+
+def _quiet_transformers() -> None:
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    hf_logging.disable_progress_bar()
 
 
 def _bar(console: Any) -> Any:
@@ -44,7 +69,8 @@ def record(
         None, "--proposer", help="The strategy that runs the target (default none; any exact one gives the same ids "
         "in float32; repeat to combine)."),
     features_for: Optional[List[str]] = typer.Option(
-        None, "--features-for", help="Also store the hidden states this proposer reads (e.g. medusa, eagle; repeatable)."),
+        None, "--features-for", help="Also store the hidden states this proposer reads: a name (medusa, eagle) or a "
+        "proposer config as YAML/JSON, e.g. '{name: medusa, heads: runs/medusa}' (repeatable)."),
     threads: Optional[str] = typer.Option(None, "--threads", help="torch threads, or auto (default)."),
     no_chat: bool = typer.Option(False, "--no-chat", help="Do not apply the chat template."),
     profile: bool = typer.Option(
@@ -57,7 +83,7 @@ def record(
 
     try:
         _record(questions, output, model, dtype, max_new_tokens, _cats(categories), limit_per_category,
-                proposer or ["none"], features_for or [], threads, not no_chat, profile)
+                proposer or ["none"], [_proposer_entry(f) for f in features_for or []], threads, not no_chat, profile)
     except SpecframeError as exc:
         _fail(str(exc))
 
@@ -73,7 +99,7 @@ def _record(questions, output, model, dtype, max_new_tokens, cats, limit, propos
     from ..models import check_device, resolve_model
     from ..prompts import read_prompts
     from ..registry import build_registry
-    from .record import record_trace
+    from .record import declared_needs, record_trace
     from .trace import write_trace
 
     err = Console(stderr=True, highlight=False)
@@ -93,13 +119,14 @@ def _record(questions, output, model, dtype, max_new_tokens, cats, limit, propos
                       merge=None, **_machine_flags(threads, None))
     registry = build_registry()
     resolve_proposers(cfg, registry)
-    for name in features_for:
-        registry.proposer(name)  # an unknown name lists the installed ones
+    if features_for:  # an unknown name or option fails now, before the model loads
+        resolve_proposers(load_config(None, proposers=features_for), registry)
     check_device(cfg.device)
     resolve_model(cfg.model)
 
     import specframe
 
+    _quiet_transformers()
     if profile:  # the machine profile (measured once if missing) gives the cost curve
         from ..models import load_target
 
@@ -108,6 +135,7 @@ def _record(questions, output, model, dtype, max_new_tokens, cats, limit, propos
         sf = specframe.load(cfg, target=target, registry=registry)
     else:
         sf = load_with_progress(cfg, registry)
+    declared_needs(sf, features_for)  # builds those proposers: one that cannot be built fails before the bar starts
     with _bar(err) as progress:
         task = progress.add_task("record", total=len(chosen))
         trace = record_trace(sf, chosen, max_new_tokens=max_new_tokens, chat=chat, proposers=cfg.proposers,
@@ -216,10 +244,8 @@ def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_ad
     from .driver import CostModel, with_trace_cost
     from .sweep import check_task, run_here, run_on_ray, specframe_for
 
+    _quiet_transformers()
     with err.status(f"loading {trace.model} ({trace.dtype}) ...", spinner="dots"):
-        import logging
-
-        logging.getLogger("transformers").setLevel(logging.ERROR)
         target = with_trace_cost(load_target(cfg.model, trace.dtype, cfg.device, threads=cfg.threads, prepack=False,
                                              measure=False), trace)
         check_same_target(trace, target)
