@@ -193,15 +193,16 @@ def _machine_lines(env: dict[str, Any]) -> list[str]:
 
 def sweep_rows(summary: dict[str, Any], strategies: list[dict[str, Any]]) -> dict[str, list[list[str]]]:
     """Per swept strategy (``grid:``), its points ranked: by overall speed-up (measured in a bench, predicted in a
-    replay) when known, else by τ; ties keep the config's order. Returns strategy -> rows ``[rank, point, τ, α,
-    speed-up, draft ms/step]``."""
+    replay) to the two decimals shown, then by τ; ties keep the config's order (speed-ups include measured times,
+    which differ in the last digits from run to run). Returns strategy -> rows ``[rank, point, τ, α, speed-up,
+    draft ms/step]``."""
     out: dict[str, list[list[str]]] = {}
     for family in dict.fromkeys(s["grid_of"] for s in strategies if s.get("grid_of")):
         points = [s for s in strategies if s.get("grid_of") == family and s["name"] in summary["strategies"]]
 
         def key(s: dict[str, Any]) -> tuple[float, float]:
             cell = summary["strategies"][s["name"]]["by_column"].get(OVERALL, {})
-            return (-(cell.get("speedup") or 0.0), -(cell.get("tau") or 0.0))
+            return (-round(cell.get("speedup") or 0.0, 2), -(cell.get("tau") or 0.0))
 
         rows = []
         for rank, s in enumerate(sorted(points, key=key), 1):

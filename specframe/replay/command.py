@@ -200,9 +200,11 @@ def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_ad
         raise ConfigError(f"{config}: temperature {cfg.temperature}: replay is greedy only (a trace holds the target's "
                           "greedy continuation, which sampled output does not follow): set temperature: 0")
     trace = read_trace(traces)
-    from ..models import resolve_model
+    from ..models import builtin_names, resolve_model
 
-    check_trace_matches(trace, resolve_model(cfg.model).name, cfg.dtype, where=str(config))
+    # (a built-in name is its own name: another model is refused even where its package is not installed)
+    name = cfg.model if cfg.model in builtin_names() else resolve_model(cfg.model).name
+    check_trace_matches(trace, name, cfg.dtype, where=str(config))
     if cfg.chat != trace.manifest["chat"]:
         raise TraceError(f"{config}: chat: {cfg.chat}, but the trace's prompts were encoded with chat: "
                          f"{trace.manifest['chat']}: set chat: {str(trace.manifest['chat']).lower()}")
