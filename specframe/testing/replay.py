@@ -98,9 +98,11 @@ def _summary(records: list[dict[str, Any]], cost: CostModel, name: str) -> Repla
         return sum(r["metrics"][key] for r in rs)
 
     steps = total("target_forwards") or 1
+    from ..bench.runner import category_group
+
     cats: dict[str, list[dict[str, Any]]] = {}
-    for r in records:
-        cats.setdefault(str(r["category"]), []).append(r)
+    for r in records:  # Spec-Bench's columns, as in the bench report
+        cats.setdefault(category_group(r["category"]), []).append(r)
     wall = total("wall_s")
     return ReplayResult(
         tau=total("new_tokens") / steps,
