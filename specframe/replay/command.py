@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -173,23 +174,60 @@ def replay(
         _fail(str(exc))
 
 
+@dataclass
+class _Plan:
+    """A replay, checked: the config, the trace, the strategies to run as tasks and how."""
+
+    cfg: Any
+    trace: Any
+    strategies: list[Any]
+    chosen: list[Any]
+    tasks: list[Any]
+    budget: int
+    use_ray: bool
+    live: dict[str, Any] | None
+    registry: Any
+
+
 def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare) -> None:
     from rich.console import Console
 
-    from ..bench.command import print_table, validate_bench_config
+    err = Console(stderr=True, highlight=False)
+    plan = _plan(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare, err)  # 1. validate
+    target = _load(plan, err)  # 2. the target's weights (proposers may read them; no forward runs)
+    t0 = time.perf_counter()  # 3. replay
+    with _bar(err) as progress:
+        if plan.use_ray:
+            from .sweep import run_on_ray
+
+            bar = progress.add_task("replay (Ray)", total=len(plan.tasks))
+            results, where = run_on_ray(plan.trace, plan.tasks, plan.cfg.model, plan.cfg.device, ray_address,
+                                        advance=lambda s: progress.update(bar, advance=1, description=f"replay {s:>16}"))
+        else:
+            from .sweep import run_here
+
+            bar = progress.add_task("replay", total=len(plan.tasks) * len(plan.tasks[0].requests))
+            results = run_here(target, plan.registry, plan.trace, plan.tasks,
+                               advance=lambda s: progress.update(bar, advance=1, description=f"replay {s:>16}"))
+            where = "run here, strategies one after another"
+    _write(plan, results, where, time.perf_counter() - t0, traces, output, compare, err)  # 4. report
+
+
+def _plan(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare, err) -> _Plan:
+    """Everything checked before any model loads (the features a strategy reads are checked once it is built)."""
+    from ..bench.command import validate_bench_config
     from ..bench.config import load_bench_config
-    from ..bench.runner import category_group, environment, select_questions
+    from ..bench.runner import select_questions
     from ..errors import TraceError
+    from ..models import builtin_names, resolve_model
     from ..prompts import Prompt
     from ..registry import build_registry
     from ..sampling import is_greedy_temperature
     from .driver import Request
     from .report import read_live
     from .sweep import Task, ray_available
-    from .trace import check_same_target, check_trace_matches, read_trace
+    from .trace import check_trace_matches, read_trace
 
-    err = Console(stderr=True, highlight=False)
-    # 1. validate everything before any model loads
     if max_new_tokens is not None and max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if limit is not None and limit < 1:
@@ -200,8 +238,6 @@ def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_ad
         raise ConfigError(f"{config}: temperature {cfg.temperature}: replay is greedy only (a trace holds the target's "
                           "greedy continuation, which sampled output does not follow): set temperature: 0")
     trace = read_trace(traces)
-    from ..models import builtin_names, resolve_model
-
     # (a built-in name is its own name: another model is refused even where its package is not installed)
     name = cfg.model if cfg.model in builtin_names() else resolve_model(cfg.model).name
     check_trace_matches(trace, name, cfg.dtype, where=str(config))
@@ -227,9 +263,8 @@ def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_ad
     registry = build_registry()
     validate_bench_config(cfg.model_copy(update={"strategies": strategies}), registry)
     live = read_live(compare) if compare is not None else None
-    sweeping = any(s.grid_of for s in strategies)
     if use_ray is None:
-        use_ray = ray_address is not None or (sweeping and ray_available())
+        use_ray = ray_address is not None or (any(s.grid_of for s in strategies) and ray_available())
     elif ray_address is not None and not use_ray:
         raise ConfigError("--ray-address names a Ray cluster, --no-ray runs here: give one of them")
     if use_ray and not ray_available():
@@ -237,75 +272,73 @@ def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_ad
     if peers:
         err.print(f"replay skips the peers {', '.join(peers)} (they run transformers' own generate, not specframe "
                   "proposers)", markup=False, soft_wrap=True)
-
     requests = tuple(Request(index[id(p)], seed, rep) for p in chosen for seed in cfg.seeds for rep in range(cfg.repeats))
     tasks = [Task(s.model_dump(), requests, budget) for s in strategies]
+    return _Plan(cfg, trace, strategies, chosen, tasks, budget, use_ray, live, registry)
 
-    # 2. the target's weights (proposers may read them; no forward runs) and a check that every strategy can run
+
+def _load(plan: _Plan, err: Any) -> Any:
+    """The target (weights only) with the trace's cost curve; every task's proposers built once, so a strategy that
+    reads features the trace lacks fails before any replay."""
     from ..models import load_target
-    from .driver import CostModel, with_trace_cost
-    from .sweep import check_task, run_here, run_on_ray, specframe_for
+    from .driver import with_trace_cost
+    from .sweep import check_task, specframe_for
+    from .trace import check_same_target
 
     _quiet_transformers()
-    with err.status(f"loading {trace.model} ({trace.dtype}) ...", spinner="dots"):
-        target = with_trace_cost(load_target(cfg.model, trace.dtype, cfg.device, threads=cfg.threads, prepack=False,
-                                             measure=False), trace)
-        check_same_target(trace, target)
-        sf = specframe_for(target, registry)
-        for t in tasks:
-            check_task(sf, trace, t)
+    with err.status(f"loading {plan.trace.model} ({plan.trace.dtype}) ...", spinner="dots"):
+        target = with_trace_cost(load_target(plan.cfg.model, plan.trace.dtype, plan.cfg.device,
+                                             threads=plan.cfg.threads, prepack=False, measure=False), plan.trace)
+        check_same_target(plan.trace, target)
+        sf = specframe_for(target, plan.registry)
+        for t in plan.tasks:
+            check_task(sf, plan.trace, t)
+    return target
 
-    # 3. replay
-    t0 = time.perf_counter()
-    with _bar(err) as progress:
-        if use_ray:
-            bar = progress.add_task("replay (Ray)", total=len(tasks))
-            results_, where = run_on_ray(trace, tasks, cfg.model, cfg.device, ray_address,
-                                         advance=lambda s: progress.update(bar, advance=1, description=f"replay {s:>16}"))
-        else:
-            bar = progress.add_task("replay", total=len(tasks) * len(requests))
-            results_ = run_here(target, registry, trace, tasks,
-                                advance=lambda s: progress.update(bar, advance=1, description=f"replay {s:>16}"))
-            where = "run here, strategies one after another"
-    total = time.perf_counter() - t0
-    order = {name: i for i, name in enumerate(s.name for s in strategies)}
-    asked = {p.question_id: i for i, p in enumerate(chosen)}
-    records = sorted((r for res in results_ for r in res.records),  # the bench's order: questions, then strategies
+
+def _write(plan: _Plan, results: list[Any], where: str, total: float, traces: Path, output: Path,
+           compare: Path | None, err: Any) -> None:
+    """results.json, report.md and the plots, swapped in whole; the main table on stdout."""
+    from ..atomic import replace_folder
+    from ..bench.command import print_table
+    from ..bench.plots import write_plots
+    from ..bench.report import aggregate, render_markdown, speedup_table
+    from ..bench.runner import category_group, environment
+    from .driver import CostModel
+    from .report import compare as compare_live, replay_sections
+
+    cfg, trace = plan.cfg, plan.trace
+    order = {s.name: i for i, s in enumerate(plan.strategies)}
+    asked = {p.question_id: i for i, p in enumerate(plan.chosen)}
+    records = sorted((r for res in results for r in res.records),  # the bench's order: questions, then strategies
                      key=lambda r: (asked[r["question_id"]], r["seed"], r["repeat"], order[r["strategy"]]))
     for r in records:
         r["group"] = category_group(r["category"], cfg.categories)
-
-    # 4. report
-    from ..bench.plots import write_plots
-    from ..bench.report import aggregate, render_markdown, speedup_table
-    from ..atomic import replace_folder
-    from .report import compare as compare_live, replay_sections
-
-    summary = aggregate(records, [s.name for s in strategies])
-    seconds = {res.name: res.seconds for res in results_}
-    env = environment()
-    results = {
-        "config": cfg.model_dump(), "environment": env, "profile": None, "summary": summary, "lossless": None,
+    summary = aggregate(records, [s.name for s in plan.strategies])
+    seconds = {res.name: res.seconds for res in results}
+    m = trace.manifest
+    doc = {
+        "config": cfg.model_dump(), "environment": environment(), "profile": None, "summary": summary, "lossless": None,
         "records": records,
         "replay": {
-            "trace": {"path": str(traces), **{k: trace.manifest[k] for k in ("model", "dtype", "specframe", "created",
-                                                                               "max_new_tokens", "chat")},
-                      "recorded_with": "+".join(p["name"] for p in trace.manifest["recorded_with"]),
-                      "machine": trace.manifest.get("machine")},
-            "max_new_tokens": budget, "run": where, "total_s": total, "seconds": seconds,
-            "requests": {res.name: len(res.records) for res in results_},
-            "cost": CostModel(trace.manifest.get("cost")).profile(), "skipped_peers": peers,
-            "compare": compare_live(summary, records, seconds, live, compare) if live is not None else None,
+            "trace": {"path": str(traces), **{k: m[k] for k in ("model", "dtype", "specframe", "created",
+                                                                  "max_new_tokens", "chat")},
+                      "recorded_with": "+".join(p["name"] for p in m["recorded_with"]), "machine": m.get("machine")},
+            "max_new_tokens": plan.budget, "run": where, "total_s": total, "seconds": seconds,
+            "requests": {res.name: len(res.records) for res in results},
+            "cost": CostModel(m.get("cost")).profile(),
+            "skipped_peers": [s.name for s in cfg.strategies if s.peer is not None],
+            "compare": compare_live(summary, seconds, plan.live, compare) if plan.live is not None else None,
         },
     }
 
     def fill(tmp: Path) -> None:
-        (tmp / "results.json").write_text(json.dumps(results, indent=1))
+        (tmp / "results.json").write_text(json.dumps(doc, indent=1))
         plots = write_plots(summary, tmp, predicted=True)
-        (tmp / "report.md").write_text(render_markdown(results, plots, replay_sections(results)))
+        (tmp / "report.md").write_text(render_markdown(doc, plots, replay_sections(doc)))
 
     replace_folder(output, fill)
-    title = f"predicted speed-up over none (replay) — {trace.model} {trace.dtype}, {len(chosen)} questions"
+    title = f"predicted speed-up over none (replay) — {trace.model} {trace.dtype}, {len(plan.chosen)} questions"
     print_table(speedup_table(summary, title))
-    err.print(f"replayed {len(strategies)} strategies in {total:.1f} s ({where}); wrote {output}/results.json, "
+    err.print(f"replayed {len(plan.strategies)} strategies in {total:.1f} s ({where}); wrote {output}/results.json, "
               "report.md, speedup_by_category.png, acceptance_by_position.png", markup=False, soft_wrap=True)

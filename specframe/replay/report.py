@@ -30,8 +30,7 @@ def read_live(path: Path) -> dict[str, Any]:
     return doc
 
 
-def compare(summary: dict[str, Any], records: list[dict[str, Any]], seconds: dict[str, float],
-            live: dict[str, Any], path: Path) -> dict[str, Any]:
+def compare(summary: dict[str, Any], seconds: dict[str, float], live: dict[str, Any], path: Path) -> dict[str, Any]:
     """Per strategy in both runs: τ, per-proposer attribution counts, predicted vs measured speed-up, wall seconds
     (the replay's own time vs the live requests' summed wall time)."""
     out: dict[str, Any] = {}
