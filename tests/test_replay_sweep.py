@@ -59,6 +59,23 @@ def test_sweep_rows_rank_by_speedup_then_tau():
     summary = {"strategies": {"n 1": cell(1.2, 1.5), "n 2": cell(1.4, 1.6), "n 3": cell(1.4, 1.9)}}
     rows = sweep_rows(summary, strategies)["n"]
     assert [r[1] for r in rows] == ["ngram.k=3", "ngram.k=2", "ngram.k=1"] and [r[0] for r in rows] == ["1", "2", "3"]
+    # a replay ranks by the verification-only prediction (no measured time), and shows both predictions
+    for name, forward_only in (("n 1", 1.3), ("n 2", 1.1), ("n 3", 1.2)):
+        summary["strategies"][name]["speedup_forward"] = forward_only
+    rows = sweep_rows(summary, strategies)["n"]
+    assert [(r[1], r[4], r[5]) for r in rows] == [("ngram.k=1", "1.300×", "1.20×"), ("ngram.k=3", "1.200×", "1.40×"),
+                                                  ("ngram.k=2", "1.100×", "1.40×")]
+
+
+def test_forward_only_speedups_use_no_measured_time():
+    from specframe.replay.report import forward_only_speedups
+
+    rec = lambda s, tokens, fwd, propose: {"strategy": s, "metrics": {"new_tokens": tokens, "forward_s": fwd,  # noqa: E731
+                                                                      "propose_s": propose}}
+    summary = {"strategies": {"none": {}, "a": {}}}
+    forward_only_speedups(summary, [rec("none", 100, 10.0, 0.0), rec("a", 100, 5.0, 9.0), rec("a", 50, 3.0, 1.0)])
+    assert summary["strategies"]["none"]["speedup_forward"] == 1.0
+    assert summary["strategies"]["a"]["speedup_forward"] == pytest.approx((150 / 8.0) / (100 / 10.0))
 
 
 COUNTS = ("new_tokens", "target_forwards", "drafted_tokens", "accepted_tokens", "drafted_by_position",

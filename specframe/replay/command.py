@@ -305,7 +305,7 @@ def _write(plan: _Plan, results: list[Any], where: str, total: float, traces: Pa
     from ..bench.report import aggregate, render_markdown, speedup_table
     from ..bench.runner import category_group, environment
     from .driver import CostModel
-    from .report import compare as compare_live, replay_sections
+    from .report import compare as compare_live, forward_only_speedups, replay_sections
 
     cfg, trace = plan.cfg, plan.trace
     order = {s.name: i for i, s in enumerate(plan.strategies)}
@@ -315,6 +315,7 @@ def _write(plan: _Plan, results: list[Any], where: str, total: float, traces: Pa
     for r in records:
         r["group"] = category_group(r["category"], cfg.categories)
     summary = aggregate(records, [s.name for s in plan.strategies])
+    forward_only_speedups(summary, records)
     seconds = {res.name: res.seconds for res in results}
     m = trace.manifest
     doc = {

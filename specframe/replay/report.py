@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..bench.config import BASELINE
 from ..bench.report import OVERALL, _f, _md_table
 from ..errors import ConfigError
 
@@ -40,7 +41,9 @@ def compare(summary: dict[str, Any], seconds: dict[str, float], live: dict[str, 
             continue
         mine, theirs = entry["by_column"].get(OVERALL, {}), live_s[name]["by_column"].get(OVERALL, {})
         attribution = {}
-        for label, a in (entry.get("attribution") or {}).items():
+        # (the `none` baseline drafts nothing; with a cost curve its lone router, timed by default, decides in which
+        # steps it is asked, so its step counts follow the clock: left out, as in the report's attribution section)
+        for label, a in (entry.get("attribution") or {}).items() if name != BASELINE else ():
             b = (live_s[name].get("attribution") or {}).get(label, {})
             attribution[label] = {k: [a.get(k), b.get(k)] for k in ATTRIBUTION_COUNTS}
         live_wall = sum(r["metrics"].get("wall_s") or 0 for r in live["records"] if r["strategy"] == name)
@@ -52,6 +55,24 @@ def compare(summary: dict[str, Any], seconds: dict[str, float], live: dict[str, 
             "same_attribution": all(x == y for v in attribution.values() for x, y in v.values()),
         }
     return {"path": str(path), "strategies": out}
+
+
+def forward_only_speedups(summary: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """Add ``speedup_forward`` to each strategy of ``summary``: its predicted speed-up over ``none`` from the modeled
+    verification forwards alone (new tokens per modeled forward second, relative to ``none``'s). It depends only on
+    the committed and verified counts and the trace's cost curve — no measured time — so it ranks sweeps the same
+    wherever they run. Nothing is added without a cost curve. In place."""
+    totals: dict[str, list[float]] = {}
+    for r in records:
+        t = totals.setdefault(r["strategy"], [0.0, 0.0])
+        t[0] += r["metrics"]["new_tokens"]
+        t[1] += r["metrics"]["forward_s"]
+    base = totals.get(BASELINE)
+    if not base or not base[1]:
+        return
+    for name, (tokens, seconds) in totals.items():
+        if seconds:
+            summary["strategies"][name]["speedup_forward"] = (tokens / seconds) / (base[0] / base[1])
 
 
 def _pct(a: float | None, b: float | None) -> str:
