@@ -380,3 +380,18 @@ def test_a_shorter_replay_is_the_recording_cut(envs):
     sf, trace, _ = envs["llama"]
     records = replay(sf, trace, "ngram", {"proposers": [{"name": "ngram"}]}, max_new=10)
     assert [r["token_ids"] for r in records] == [q.generated[:10] for q in trace.questions]
+
+
+def test_a_draft_model_replays_as_live(envs, tmp_path):
+    """A proposer with its own model and KV cache (rolled back to the committed prefix each step) replays exactly too."""
+    from .test_combining import draft_dir
+
+    sf, trace, _ = envs["llama"]
+    draft = {"name": "draft-model", "model": str(draft_dir(tmp_path, "llama")), "k": 4}
+    for name, proposers in (("draft-model", [draft]), ("ngram+draft-model", [{"name": "ngram"}, draft])):
+        records = replay(sf, trace, name, {"proposers": proposers, "router": "none"})
+        for rec, q in zip(records, trace.questions):
+            live = sf.generate_result(q.prompt, proposers=proposers, max_new_tokens=N_NEW, router="none").metrics.to_dict()
+            assert {k: rec["metrics"][k] for k in COUNTS} == {k: live[k] for k in COUNTS}, (name, q.question_id)
+            assert {lab: {k: p[k] for k in ATTRIBUTION} for lab, p in rec["metrics"]["proposers"].items()} == \
+                   {lab: {k: p[k] for k in ATTRIBUTION} for lab, p in live["proposers"].items()}
