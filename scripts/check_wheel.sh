@@ -33,5 +33,10 @@ printf '%s\n' '{"question_id": 1, "category": "qa", "turns": ["What is the capit
 "$SF" bench --config "$REPO/docs/bench.example.yaml" --questions questions.jsonl --limit-per-category 1 \
     --max-new-tokens 8 --no-profile --output bench-out
 test -s bench-out/report.md
+# the dev-set trace ships inside the wheel: replay it (no target forward) from outside the source tree
+TRACE=$("$WORK/venv/bin/python" -c "from specframe.testing import shipped_traces; print(shipped_traces()['smollm2-135m-instruct-fp32-dev'])")
+printf 'model: smollm2-135m-instruct\ndtype: float32\nstrategies: [{name: ngram, proposers: [ngram], router: none}]\n' > replay.yaml
+"$SF" replay --traces "$TRACE" --config replay.yaml --limit-per-category 1 --max-new-tokens 8 --no-ray --output replay-out
+test -s replay-out/report.md
 set +x
 echo "== wheel check passed"

@@ -9,12 +9,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from pydantic import ValidationError
 
@@ -232,6 +233,31 @@ class Specframe:
     def encode(self, prompt: str, chat: bool | None = None) -> list[int]:
         return self.target.encode_prompt(prompt, self.config.chat if chat is None else chat)
 
+    @contextlib.contextmanager
+    def engine(self, proposers: Any = None, merge: Any = None, router: Any = None,
+               sampling: SamplingParams = SamplingParams(), verifier: Any = None) -> Iterator[Engine]:
+        """The engine one request runs on, built as :meth:`generate_result` builds it: this request's own proposer,
+        merge-policy, router and verifier instances (from the pool; given back on exit), the config's isolation
+        policy and the plugins' origins. Arguments as in :meth:`generate_result` (None: the config's);
+        ``verifier`` replaces the configured acceptance rule (replay verifies against a recorded trace).
+
+        Raises:
+            ConfigError: a bad proposer, merge or router option; a verifier that cannot decode ``sampling``.
+        """
+        held: list = []
+        try:
+            active = self._active(self.config.proposers if proposers is None else proposers, held)
+            policy, routed = (self._combining(merge, router, held) if len(active) > 1
+                              else (None, self._lone_router(router, held)))
+            labels = proposer_labels([p.name for p in active])
+            yield Engine(
+                self.target, active, verifier or self._verifier(sampling, held), merge=policy, router=routed,
+                isolation=IsolationPolicy(**self.config.isolation.model_dump()),
+                origins={lab: self.registry.origin.get(("proposer", p.name), "") for lab, p in zip(labels, active)},
+            )
+        finally:
+            self._give_back(held)  # (an instance a request broke off from is reset by its next start)
+
     def generate_result(
         self,
         prompt: str | list[int],
@@ -277,19 +303,9 @@ class Specframe:
             raise TypeError("prompt must be a str or a list of token ids (one prompt per call)")
         if isinstance(stop, str):
             stop = [stop]
-        held: list = []
-        try:
-            active = self._active(c.proposers if proposers is None else proposers, held)
-            policy, routed = (self._combining(merge, router, held) if len(active) > 1
-                              else (None, self._lone_router(router, held)))
+        with self.engine(proposers, merge, router, sampling) as engine:
             governor = getattr(self.target, "governor", None)
             load = governor.check() if governor is not None else None  # threads within the free cores
-            labels = proposer_labels([p.name for p in active])
-            engine = Engine(
-                self.target, active, self._verifier(sampling, held), merge=policy, router=routed,
-                isolation=IsolationPolicy(**c.isolation.model_dump()),
-                origins={lab: self.registry.origin.get(("proposer", p.name), "") for lab, p in zip(labels, active)},
-            )
             observer = self.registry.observers()  # None when no plugin observes: the loop then skips events
             result = engine.generate(
                 ids,
@@ -301,8 +317,7 @@ class Specframe:
                 observer=observer,
                 between_steps=governor.check if governor is not None else None,  # a neighbour may start mid-request
             )
-        finally:
-            self._give_back(held)  # (an instance a request broke off from is reset by its next start)
+        labels = engine.labels
         if observer is not None:
             observer.request(tuple(labels), len(ids), tuple(result.token_ids), result.finish_reason,
                              result.metrics.to_dict())

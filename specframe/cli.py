@@ -348,6 +348,11 @@ from .datastore.command import datastore_app  # noqa: E402
 
 app.add_typer(datastore_app, name="datastore")
 
+from .replay.command import replay as _replay_command, trace_app  # noqa: E402
+
+app.command("replay")(_replay_command)
+app.add_typer(trace_app, name="trace")
+
 
 def main() -> None:
     app()

@@ -4,7 +4,8 @@ The engine receives a ready target, proposer(s), a verifier and, to combine seve
 and optionally a router; it never names a proposer and never calls a pluggy hook (observers arrive as a plain
 :class:`~specframe.observe.Observers` object, or None when no plugin observes, and then no event is built).
 Drafting (routing, each proposer's draft, merging, attribution, feedback) lives in :mod:`specframe.drafting`;
-a faulty proposer is isolated (:mod:`specframe.isolation`).
+a faulty proposer is isolated (:mod:`specframe.isolation`). The target's forwards go through a scorer
+(:mod:`specframe.scoring`): the live target by default, a recorded trace for replay (:mod:`specframe.replay`).
 
 KV invariant between steps: the cache holds every committed token except the newest one, which is fed first in
 the next verification forward (so row 0 of the logits is the target's distribution for the next position and
@@ -24,13 +25,13 @@ from .contracts import DecodeState, DraftTree, MergePolicy, Proposer, Router, St
 from .drafting import Drafting
 from .errors import ConfigError, PromptTooLongError
 from .isolation import REFUSED, IsolationPolicy
-from .kv_cache import cache_length, compact, restore, rollback
 from .merge import MergedDraft
 from .metrics import RequestMetrics
 from .observe import Observers
 from .sampling import SamplingParams
+from .scoring import ScorerFactory, TargetScorer
 from .stopping import StopChecker, TextStream, without_incomplete_character
-from .tree import node_depths, tree_attention_mask, tree_position_ids
+from .tree import node_depths
 
 log = logging.getLogger("specframe")
 
@@ -121,6 +122,16 @@ class Engine:
         self.origins = dict(origins or {})
 
     @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """transformers ``hidden_states`` indices the proposers read as features (``DecodeState.features``)."""
+        return self._layers
+
+    @property
+    def wants_hidden(self) -> bool:
+        """A proposer reads the last hidden state (``DecodeState.hidden``)."""
+        return self._want_hidden
+
+    @property
     def proposer(self) -> Proposer:
         """The first proposer (the only one unless several are combined)."""
         return self.proposers[0]
@@ -137,12 +148,14 @@ class Engine:
         on_text: Callable[[str], None] | None = None,
         observer: Observers | None = None,
         between_steps: Callable[[], Any] | None = None,
+        scorer: ScorerFactory | None = None,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens after ``prompt_ids``.
 
         ``observer`` receives one event per step (None: no events; see :meth:`Registry.observers`).
         ``between_steps`` is called after every step (e.g. the thread governor's cheap, rate-limited load check); it
-        cannot change the output.
+        cannot change the output. ``scorer`` makes the request's scorer (:mod:`specframe.scoring`; None: the live
+        target with a fresh KV cache; replay passes one backed by a recorded trace).
 
         Raises:
             ConfigError: ``max_new_tokens < 1`` or an empty prompt.
@@ -157,7 +170,7 @@ class Engine:
                 f"prompt has {len(prompt_ids)} tokens; the model's context is {self.target.max_context}: shorten it"
             )
         return _Request(self, prompt_ids, max_new_tokens, sampling, seed, tuple(stop_strings), on_text, observer,
-                        between_steps).run()
+                        between_steps, scorer or TargetScorer).run()
 
 
 def _first_line(exc: BaseException) -> str:
@@ -178,7 +191,7 @@ class _Request:
     """One request's state and loop (kept apart from ``Engine`` so the engine stays reusable)."""
 
     def __init__(self, engine, prompt_ids, max_new_tokens, sampling, seed, stop_strings, on_text, observer,
-                 between_steps=None) -> None:
+                 between_steps, scorer) -> None:
         self.e = engine
         self.between_steps = between_steps
         target = engine.target
@@ -206,7 +219,7 @@ class _Request:
         )
         self.observer = observer
         self._faults_seen = 0  # proposer faults already reported to the observer
-        self.cache = target.new_cache()
+        self.scorer = scorer(target, engine._layers, engine._want_hidden)
         self.prompt_ids = prompt_ids
         self.features: torch.Tensor | None = None  # [1, prompt + max_new, F, H], filled as positions are processed
         self.state.feature_layers = engine._layers
@@ -215,9 +228,8 @@ class _Request:
         t_start = time.perf_counter()
         e, m = self.e, self.metrics
         if self.length > 1:  # prefill all but the newest token (see the KV invariant above)
-            ids = self.buf[:, : self.length - 1].to(self.device)
-            _, hidden, feats = self._forward(ids, want_hidden=e._want_hidden, logits_to_keep=1)
-            self.state.hidden = None if hidden is None else hidden[:, -1]
+            ids = self.buf[:, : self.length - 1]
+            self.state.hidden, feats = self.scorer.prefill(ids)
             self._store_features(feats, 0, list(range(ids.shape[1])))
         m.prefill_s = time.perf_counter() - t_start
         self.drafting.start(self.state, self.seed)
@@ -245,64 +257,49 @@ class _Request:
         merged = self.drafting.propose(state, remaining - 1)
         # 2-3. one target forward over [newest committed token] + draft nodes
         t1 = time.perf_counter()
-        base = cache_length(self.cache) + 1  # cached past + the newest token
+        newest = self.buf[:, self.length - 1 : self.length]
         try:
-            logits, hidden, feats, parent = self._score(merged.tree, base)
+            scored = self.scorer.score(newest, merged.tree)
         except Exception as exc:  # noqa: BLE001 - a draft the target cannot take must not end the request
             if not merged.tree.num_nodes:
                 raise  # the target fails on its own: not a draft's doing
-            merged = self._draft_refused(merged, base, exc)
-            logits, hidden, feats, parent = self._score(merged.tree, base)
-        draft = merged.tree
+            merged = self._draft_refused(merged, exc)
+            scored = self.scorer.score(newest, merged.tree)
+        draft, parent = merged.tree, scored.parent
         n, tree = draft.num_nodes, parent is not None
         # 4. accept
         t2 = time.perf_counter()
-        result = e.verifier.verify(draft, logits, self.sampling, state.generator)
+        forward_s = t2 - t1 if scored.seconds is None else scored.seconds
+        result = e.verifier.verify(draft, scored.logits, self.sampling, state.generator)
         accepted = result.accepted_nodes[0]
         # 5. commit, stop checks per token, KV rollback to the committed length minus the newest token
         committed = self.stops.feed([*draft.token_ids[0, list(accepted)].tolist(), result.next_token[0]])
         # a stop inside the accepted block: only its committed nodes count as accepted, everywhere below (metrics,
         # attribution, feedback, observers); the committed tokens are the accepted path's first ones
         accepted = accepted[: len(committed)]
-        self._store_features(feats, self.length - 1, [0, *(a + 1 for a in accepted)])
+        self._store_features(scored.features, self.length - 1, [0, *(a + 1 for a in accepted)])
         self._commit(committed)
-        if tree:
-            compact(self.cache, base, list(accepted))  # keep only the accepted path
-        else:
-            rollback(self.cache, base + len(accepted))
-        if hidden is not None:
-            state.hidden = hidden[:, accepted[-1] + 1 if accepted else 0]
+        self.scorer.keep(list(accepted))  # a tree keeps only its accepted path
+        if scored.hidden is not None:
+            state.hidden = scored.hidden[:, accepted[-1] + 1 if accepted else 0]
         m.record_step(n, len(accepted), node_depths(parent) if tree else None)
         # 6. feedback: each proposer about its own draft, attribution, the policy and router
         finished = self.stops.finish_reason is not None
-        report = self.drafting.feedback(merged, accepted, committed, finished, t2 - t1)
+        report = self.drafting.feedback(merged, accepted, committed, finished, forward_s)
         if self.stream and committed and not finished:  # the last piece comes from run(), cut at a stop string
             self.stream.update(self.stops.generated)
         if self.observer is not None:
             self._observe(n, len(accepted), committed, finished, report)
         t3 = time.perf_counter()
         m.propose_s += t1 - t0
-        m.forward_s += t2 - t1
+        m.forward_s += forward_s
         m.verify_s += t3 - t2
 
-    def _score(self, draft: DraftTree, base: int) -> tuple[Any, Any, Any, list[int] | None]:
-        """The verification forward over ``[newest committed token] + draft``: ``(logits, hidden, features, parent)``,
-        ``parent`` the tree's parent list when the draft branches (scored with a tree mask), else None."""
-        newest = self.buf[:, self.length - 1 : self.length]
-        n = draft.num_nodes
-        ids = torch.cat([newest, draft.token_ids], 1).to(self.device) if n else newest.to(self.device)
-        if n > 1 and not draft.is_chain():  # one forward scores every branch: tree mask + per-node positions
-            parent = draft.parent[0].tolist()
-            mask = tree_attention_mask(parent, base - 1, self.e.target.dtype, self.device)
-            pos = tree_position_ids(parent, base - 1, self.device)
-            return (*self._forward(ids, self.e._want_hidden, attention_mask=mask, position_ids=pos), parent)
-        return (*self._forward(ids, want_hidden=self.e._want_hidden), None)
-
-    def _draft_refused(self, merged: MergedDraft, base: int, exc: Exception) -> MergedDraft:
+    def _draft_refused(self, merged: MergedDraft, exc: Exception) -> MergedDraft:
         """The target's forward raised on this step's draft (a shape or mask it cannot take): restore the KV cache,
         warn, and go on without drafts of that shape — chains only after a tree, no drafts after a chain. Returns
         the empty draft the step is verified with instead (a target-only step: output unchanged)."""
-        restore(self.cache, base - 1)
+        self.scorer.undo()
         was_tree = not merged.tree.is_chain()
         self.drafting.restrict(chains_only=was_tree)
         m = self.metrics
@@ -314,12 +311,6 @@ class _Request:
             merged.tree.num_nodes, "+".join(self.e.labels), _first_line(exc),
             "drafts chains only" if was_tree else "decodes from the target alone")
         return MergedDraft.single(DraftTree.empty(), len(self.e.proposers))
-
-    def _forward(self, ids: torch.Tensor, want_hidden: bool, **kw: Any) -> tuple[Any, Any, Any]:
-        if self.e._layers:
-            return self.e.target.forward_features(ids, self.cache, self.e._layers, want_hidden, **kw)
-        logits, hidden = self.e.target.forward(ids, self.cache, want_hidden=want_hidden, **kw)
-        return logits, hidden, None
 
     def _store_features(self, feats: torch.Tensor | None, start: int, rows: list[int]) -> None:
         """Keep the features of the processed rows ``rows`` (committed positions ``start, start + 1, ...``)."""

@@ -80,3 +80,8 @@ class DraftError(SpecframeError, ValueError):
 
 class ProposerTimeoutError(SpecframeError):
     """A proposer's ``propose`` call took longer than the isolation policy's time budget."""
+
+
+class TraceError(SpecframeError, ValueError):
+    """A recorded trace cannot be used: missing, truncated or altered files, another format version, or a trace made
+    with another model or dtype than asked for; the message names the file and the fix."""

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from specframe import atomic as atomic_module
 from specframe import cli
 from specframe.datastore import SEPARATOR, Datastore, DatastoreError, build_datastore, is_datastore
 from specframe.datastore import store as store_module
@@ -211,7 +212,7 @@ def test_a_failed_write_leaves_the_old_datastore_and_no_temporary_files(tmp_path
     with pytest.raises(OSError, match="disk full"):
         build_datastore([[4, 5]], tmp_path / "new", vocab_size=8)
     monkeypatch.setattr(store_module.np, "save", real_save)
-    monkeypatch.setattr(store_module.os, "replace", _failing_second_replace(store_module.os.replace))
+    monkeypatch.setattr(atomic_module.os, "replace", _failing_second_replace(atomic_module.os.replace))
     with pytest.raises(OSError, match="rename failed"):
         build_datastore([[6, 7]], out, vocab_size=8)
     monkeypatch.undo()

@@ -76,3 +76,11 @@ def test_entry_points_name_modules_that_ship(wheel):
     for module in targets:
         as_path = module.replace(".", "/")
         assert f"{as_path}.py" in names or f"{as_path}/__init__.py" in names, module
+
+
+def test_the_shipped_traces_ship(wheel):
+    _, names = wheel
+    shipped = {f"specframe/{p.relative_to(ROOT / 'specframe').as_posix()}"
+               for p in (ROOT / "specframe" / "testing" / "traces").glob("*/*") if p.is_file()}
+    assert {n.rsplit("/", 1)[1] for n in shipped} == {"manifest.json", "tokens.json.gz"}
+    assert not shipped - names, sorted(shipped - names)

@@ -3,7 +3,8 @@
 A *strategy* is either a specframe proposer configuration (``proposers: [...]``; two or more are combined into
 one verification tree per step, with optional ``merge:`` and ``router:`` as in the top-level config) or a
 *peer* run by HF transformers on the same loaded model (``peer: hf-greedy | hf-prompt-lookup | hf-assisted``).
-The autoregressive baseline ``none`` is always part of the run.
+The autoregressive baseline ``none`` is always part of the run. A strategy with ``grid:`` stands for one strategy per
+combination of the settings it lists (:mod:`specframe.bench.grid`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ class Strategy(BaseModel):
         None, description="This strategy's target dtype (default: the bench's); auto = fastest measured for it here.")
     threads: int | Literal["auto"] | None = Field(None, description="torch threads for this strategy (default: the bench's).")
     prepack: bool | Literal["auto"] | None = Field(None, description="Pre-packed oneDNN weights (default: the bench's).")
+    grid: dict[str, list[Any]] | None = Field(
+        None, description="A sweep: setting -> values (ngram.k, merge.max_nodes, router.free_cost, ...); the strategy "
+        "becomes one strategy per combination (see specframe/bench/grid.py and docs/replay.md).",
+    )
+    grid_point: dict[str, Any] | None = Field(None, description="Set by the grid expansion: this strategy's values.")
+    grid_of: str | None = Field(None, description="Set by the grid expansion: the strategy whose grid this is from.")
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="Peer options: prompt_lookup_num_tokens, max_matching_ngram_size (prompt lookup); "
@@ -102,6 +109,9 @@ class BenchConfig(BaseModel):
     def _names(self) -> "BenchConfig":
         if isinstance(self.threads, int) and self.threads < 1:
             raise ValueError("threads must be >= 1 or auto")
+        from .grid import expand
+
+        self.strategies = [point for s in self.strategies for point in expand(s)]
         names = [s.name for s in self.strategies]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

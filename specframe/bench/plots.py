@@ -8,8 +8,9 @@ from typing import Any
 from .report import OVERALL
 
 
-def write_plots(summary: dict[str, Any], out: Path) -> list[str]:
-    """Write ``speedup_by_category.png`` and ``acceptance_by_position.png``; returns the file names."""
+def write_plots(summary: dict[str, Any], out: Path, predicted: bool = False) -> list[str]:
+    """Write ``speedup_by_category.png`` and ``acceptance_by_position.png``; returns the file names. ``predicted``:
+    the speed-ups are a replay's predictions (the axis says so)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -28,9 +29,9 @@ def write_plots(summary: dict[str, Any], out: Path) -> list[str]:
     ax.set_xticks([j + width * (len(strategies) - 1) / 2 for j in range(len(cols))])
     ax.set_xticklabels([c.replace(" conversation", "\nconversation") if c != OVERALL else "overall" for c in cols],
                        fontsize=8)
-    ax.set_ylabel("speedup over none (×)")
-    ax.set_title("Speedup by category and strategy")
-    ax.legend(fontsize=8)
+    ax.set_ylabel(("predicted " if predicted else "") + "speedup over none (×)")
+    ax.set_title(("Predicted speedup" if predicted else "Speedup") + " by category and strategy")
+    ax.legend(fontsize=8 if len(strategies) <= 12 else 5, ncol=1 if len(strategies) <= 12 else 2)
     fig.tight_layout()
     fig.savefig(out / "speedup_by_category.png", dpi=120)
     plt.close(fig)
@@ -49,7 +50,7 @@ def write_plots(summary: dict[str, Any], out: Path) -> list[str]:
     ax.set_ylim(0, 1)
     ax.set_title("Acceptance rate by draft position")
     if plotted:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8 if len(strategies) <= 12 else 5, ncol=1 if len(strategies) <= 12 else 2)
     fig.tight_layout()
     fig.savefig(out / "acceptance_by_position.png", dpi=120)
     plt.close(fig)

@@ -191,39 +191,107 @@ def _machine_lines(env: dict[str, Any]) -> list[str]:
     return out
 
 
-def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
+def sweep_rows(summary: dict[str, Any], strategies: list[dict[str, Any]]) -> dict[str, list[list[str]]]:
+    """Per swept strategy (``grid:``), its points ranked, best first, then by τ (ties keep the config's order).
+
+    A bench ranks by measured speed-up (to the two decimals shown). A replay ranks by the predicted speed-up of the
+    verification cost alone (``speedup_forward``: τ and the verified nodes on the trace's cost curve, so the same
+    wherever the replay runs) and shows the prediction with the measured draft time beside it. Returns strategy ->
+    rows ``[rank, point, τ, α, speed-up(s)..., draft ms/step]``."""
+    out: dict[str, list[list[str]]] = {}
+    for family in dict.fromkeys(s["grid_of"] for s in strategies if s.get("grid_of")):
+        points = [s for s in strategies if s.get("grid_of") == family and s["name"] in summary["strategies"]]
+
+        def key(s: dict[str, Any]) -> tuple[float, float]:
+            e = summary["strategies"][s["name"]]
+            cell = e["by_column"].get(OVERALL, {})
+            speed = e["speedup_forward"] if "speedup_forward" in e else round(cell.get("speedup") or 0.0, 2)
+            return (-(speed or 0.0), -(cell.get("tau") or 0.0))
+
+        rows = []
+        for rank, s in enumerate(sorted(points, key=key), 1):
+            e = summary["strategies"][s["name"]]
+            cell = e["by_column"].get(OVERALL, {})
+            speeds = [_f(e.get("speedup_forward"), "{:.3f}×")] if "speedup_forward" in e else []
+            rows.append([str(rank), ", ".join(f"{k}={v}" for k, v in s["grid_point"].items()), _f(cell.get("tau")),
+                         _f(cell.get("alpha")), *speeds, _f(cell.get("speedup"), "{:.2f}×"),
+                         _f(e["ms_per_step"]["propose_s"])])
+        out[family] = rows
+    return out
+
+
+def sweep_header(summary: dict[str, Any]) -> list[str]:
+    if any("speedup_forward" in e for e in summary["strategies"].values()):
+        return ["rank", "settings", "τ", "α", "speed-up, verification only", "speed-up with draft time", "draft ms/step"]
+    return ["rank", "settings", "τ", "α", "speed-up", "draft ms/step"]
+
+
+def render_markdown(results: dict[str, Any], plots: list[str], sections: tuple[str, ...] | list[str] = ()) -> str:
+    """report.md of a bench, or of a replay (``results["replay"]`` set: speed-ups and times are the cost model's
+    predictions, see :mod:`specframe.replay`); ``sections`` are inserted before the plots."""
     cfg, env, summary = results["config"], results["environment"], results["summary"]
     cols = summary["columns"]
     n_q = len({r["question_id"] for r in results["records"]})
+    replay = results.get("replay")
+    if replay:
+        t = replay["trace"]
+        intro = [
+            "# specframe replay report",
+            "",
+            f"Replay of the trace `{t['path']}` (model `{t['model']}`, {t['dtype']}, recorded by specframe {t['specframe']} "
+            f"with {t['recorded_with']}) on {n_q} question{'s' if n_q != 1 else ''}, {replay['max_new_tokens']} new tokens, "
+            f"seeds {cfg['seeds']}, {cfg['repeats']} repeat(s); {replay['run']}. No target forward ran: each draft was "
+            "verified against the recorded greedy continuation. Times are the cost model's: a forward over n tokens "
+            "costs T(1)·v(n) from the trace's cost curve, draft time is measured here, no framework overhead; speed-ups "
+            "and tokens/s are **predicted**.",
+            f"Environment of the replay: {env['cpu']} ({env['cpu_count']} CPUs), torch {env['torch']}, transformers "
+            f"{env['transformers']}, specframe {env['specframe']}, {env['date']}.",
+        ]
+        speed_title, tps_title = "## Predicted speed-up over `none` and τ", "## Predicted tokens/s by category"
+    else:
+        intro = [
+            "# specframe bench report",
+            "",
+            f"Model `{cfg['model']}` ({cfg['dtype']}, {cfg['device']}), temperature {cfg['temperature']}, "
+            f"{cfg['max_new_tokens']} new tokens, {n_q} question{'s' if n_q != 1 else ''}, seeds {cfg['seeds']}, {cfg['repeats']} repeat(s); "
+            f"strategies interleaved per question after {cfg['warmup']} warm-up question(s).",
+            f"Environment: {env['cpu']} ({env['cpu_count']} CPUs, torch threads {env['torch_threads']}), "
+            f"torch {env['torch']}, transformers {env['transformers']}, specframe {env['specframe']}, {env['date']}.",
+            *_machine_lines(env),
+        ]
+        speed_title, tps_title = "## Speedup over `none` (same run) and τ", "## Tokens/s by category"
     parts = [
-        "# specframe bench report",
+        *intro,
         "",
-        f"Model `{cfg['model']}` ({cfg['dtype']}, {cfg['device']}), temperature {cfg['temperature']}, "
-        f"{cfg['max_new_tokens']} new tokens, {n_q} question{'s' if n_q != 1 else ''}, seeds {cfg['seeds']}, {cfg['repeats']} repeat(s); "
-        f"strategies interleaved per question after {cfg['warmup']} warm-up question(s).",
-        f"Environment: {env['cpu']} ({env['cpu_count']} CPUs, torch threads {env['torch_threads']}), "
-        f"torch {env['torch']}, transformers {env['transformers']}, specframe {env['specframe']}, {env['date']}.",
-        *_machine_lines(env),
-        "",
-        "## Speedup over `none` (same run) and τ",
+        speed_title,
         "",
         _md_table(*speedup_rows(summary)),
+    ]
+    for family, rows in sweep_rows(summary, cfg["strategies"]).items():
+        how = ("the predicted speed-up of verification alone (τ and the nodes verified, on the trace's cost curve: the "
+               "same wherever the replay runs; the next column adds the draft time measured in this replay)"
+               if replay else "speed-up")
+        parts += ["", f"## Sweep `{family}`: {len(rows)} settings", "", f"Ranked by {how}, then τ.", "",
+                  _md_table(sweep_header(summary), rows)]
+    parts += [
         "",
         "## τ (mean accepted length) by category",
         "",
         _md_table(["strategy"] + cols, [[s] + [_f(e["by_column"].get(c, {}).get("tau")) for c in cols]
                                         for s, e in summary["strategies"].items()]),
         "",
-        "## Tokens/s by category",
+        tps_title,
         "",
         _md_table(["strategy"] + cols, [[s] + [_f(e["by_column"].get(c, {}).get("tokens_per_s"), "{:.1f}") for c in cols]
                                         for s, e in summary["strategies"].items()]),
         "",
-        "## Time per target forward (ms) and framework overhead",
+        "## Time per target forward (ms) and framework overhead" if not replay else "## Time per step (ms)",
         "",
         "Per verification step: propose, target forward, verify + commit + rollback + stop checks + feedback, "
         "other (loop bookkeeping). Overhead = (verify + other) / forward. Peers: forward time only (hooks), and "
-        "their first forward is the prefill (it yields the first token), so their forward column includes it.",
+        "their first forward is the prefill (it yields the first token), so their forward column includes it."
+        if not replay else "Per verification step: propose (measured in the replay) and the target forward (modeled: "
+        "T(1)·v(n)); verify, commit and bookkeeping are not modeled (0).",
         "",
         _md_table(["strategy", "propose", "forward", "verify+commit", "other", "overhead % of forward", "α"],
                   [[s, _f(e["ms_per_step"]["propose_s"]), _f(e["ms_per_step"]["forward_s"]),
@@ -269,8 +337,20 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
                   "nodes of that proposer that were not accepted."]
         for s, e in attributed:
             parts += ["", f"### {s}", "", _md_table(ATTRIBUTION_HEADER, attribution_rows(e))]
+    parts += list(sections)
     loss = results["lossless"]
-    parts += ["", "## Lossless check", ""]
+    if replay:
+        parts += ["", "## Replay check", "", f"Every replayed request committed exactly its recorded tokens "
+                  f"({len(results['records'])} requests)."]
+    else:
+        parts += _lossless_lines(results, cfg, loss)
+    if plots:
+        parts += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    return "\n".join(parts) + "\n"
+
+
+def _lossless_lines(results: dict[str, Any], cfg: dict[str, Any], loss: list[dict[str, Any]] | None) -> list[str]:
+    parts = ["", "## Lossless check", ""]
     if loss is None:
         parts.append("Not applicable: temperature > 0 (sampling); exactness of sampling is covered by the tests.")
     else:
@@ -288,6 +368,4 @@ def render_markdown(results: dict[str, Any], plots: list[str]) -> str:
                                     [[m["strategy"], str(m["question_id"]), str(m["first_divergence"]),
                                       f"{m['top2_logit_gap']:.4g}", "yes" if m.get("near_tie") else "**no**"]
                                      for m in loss])]
-    if plots:
-        parts += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
-    return "\n".join(parts) + "\n"
+    return parts

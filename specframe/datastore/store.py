@@ -22,9 +22,6 @@ libdivsufsort (``pydivsufsort``), a linear-memory, O(L log L) suffix sorter.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -33,6 +30,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from ..atomic import replace_folder
 from ..errors import SpecframeError
 
 FORMAT = "specframe-datastore"
@@ -183,27 +181,12 @@ def build_datastore(
 
 
 def _write(output: Path, tokens: np.ndarray, sa: np.ndarray, manifest: dict[str, Any]) -> None:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; a datastore is as readable as any other output
-    aside: Path | None = None  # where the replaced datastore waits until the new one is in place
-    moved = False
-    try:
+    def fill(tmp: Path) -> None:
         np.save(tmp / TOKENS, tokens, allow_pickle=False)
         np.save(tmp / SUFFIXES, sa, allow_pickle=False)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        if output.exists() or output.is_symlink():  # move the old one aside, then swap: never half of each
-            aside = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=output.parent))
-            os.replace(output, aside / "old")
-            moved = True
-        os.replace(tmp, output)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-        if aside is not None:
-            if moved and not output.exists():  # the swap failed: put the old one back
-                os.replace(aside / "old", output)
-            shutil.rmtree(aside, ignore_errors=True)
+
+    replace_folder(output, fill)
 
 
 class Datastore:

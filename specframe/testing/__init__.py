@@ -10,6 +10,10 @@ sampling losslessness (a total-variation test against the exact target distribut
 match the tokens actually sampled, rollback after partial acceptance, determinism under a seed, and the feedback
 counts. Outside pytest: ``Kit(MyProposer, {"k": 4}).check_all()`` raises :class:`ConformanceError`.
 
+Replay (:mod:`specframe.testing.replay`): ``replay_proposer(MyProposer, {"k": 4})`` (or ``Kit(...).replay()``) gives
+the proposer's τ, α and predicted speed-up on the dev-set traces of a real target shipped with specframe, without
+loading that target.
+
 The pytest side (option ``--specframe-samples``, fixtures) is :mod:`specframe.testing.plugin`, registered as a
 ``pytest11`` entry point. Names are imported lazily, so loading the pytest plugin costs nothing.
 """
@@ -18,7 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ConformanceError", "Kit", "NotApplicable", "ProposerConformance", "conformance_suite", "tiny_target"]
+__all__ = ["ConformanceError", "Kit", "NotApplicable", "ProposerConformance", "ReplayResult", "conformance_suite",
+           "replay_proposer", "shipped_traces", "tiny_target"]
 
 _WHERE = {
     "ConformanceError": "report",
@@ -27,6 +32,9 @@ _WHERE = {
     "ProposerConformance": "suite",
     "conformance_suite": "suite",
     "tiny_target": "tiny",
+    "replay_proposer": "replay",
+    "shipped_traces": "replay",
+    "ReplayResult": "replay",
 }
 
 

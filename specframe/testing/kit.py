@@ -142,6 +142,14 @@ class Kit:
     check_determinism = protocol.check_determinism
     check_feedback = protocol.check_feedback
 
+    def replay(self, trace: Any = None, **kwargs: Any) -> Any:
+        """The proposer's τ on recorded traces of a real target (default: the shipped dev-set trace), without loading
+        it: :func:`specframe.testing.replay.replay_proposer` with this kit's class and config."""
+        from .replay import replay_proposer
+
+        options = {k: v for k, v in self.entry.items() if k != "name"}
+        return replay_proposer(self.cls, options, trace, **kwargs)
+
     def check_all(self) -> None:
         """Every check, in order; a check that does not apply (:class:`NotApplicable`) is passed over."""
         for check in CHECKS:

@@ -1,0 +1,144 @@
+"""Recording traces: the target runs once per question (greedy, through the ordinary engine with any exact
+strategy), and a recording scorer keeps what feature-based proposers would read from the verification forwards.
+
+What to keep is asked of the proposers themselves: each one named by ``features_for`` is built and its declared
+needs read from the engine (``feature_layers``: those layers at every processed position; ``needs_hidden_states``:
+the last layer from the prompt's last-but-one position on). The recording scorer asks the target for those layers
+as well as what the recording strategy itself reads, and keeps, like the engine does for ``DecodeState.features``,
+the rows of every position that ends up committed (the prefill's, then each step's newest token and accepted
+nodes).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from .. import __version__
+from ..contracts import DraftTree
+from ..prompts import Prompt
+from ..scoring import Scored, TargetScorer
+from .driver import GREEDY
+from .trace import FORMAT, VERSION, Trace, TraceQuestion
+
+
+class RecordingScorer(TargetScorer):
+    """The live scorer, also keeping the hidden states of ``tap`` layers at every committed position.
+
+    ``rows`` collects ``[n, F_tap, H]`` blocks in position order (positions 0, 1, ... of the request).
+    """
+
+    def __init__(self, target: Any, layers: tuple[int, ...], want_hidden: bool, tap: tuple[int, ...]) -> None:
+        every = tuple(sorted(set(layers) | set(tap)))
+        super().__init__(target, every, want_hidden)
+        self.own = [every.index(layer) for layer in layers]  # what the engine asked for
+        self.tap = [every.index(layer) for layer in tap]
+        self.rows: list[Tensor] = []
+        self.last: Tensor | None = None
+
+    def prefill(self, ids: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        hidden, feats = super().prefill(ids)
+        self.rows.append(feats[0][:, self.tap].cpu())
+        return hidden, self._own(feats)
+
+    def score(self, newest: Tensor, draft: DraftTree) -> Scored:
+        s = super().score(newest, draft)
+        self.last = s.features
+        return Scored(s.logits, s.hidden, self._own(s.features), s.parent, s.seconds)
+
+    def keep(self, accepted: list[int]) -> None:
+        super().keep(accepted)
+        self.rows.append(self.last[0, [0, *(a + 1 for a in accepted)]][:, self.tap].cpu())
+
+    def _own(self, feats: Tensor) -> Tensor | None:
+        return feats[:, :, self.own] if self.own else None
+
+
+def declared_needs(sf: Any, proposers: Sequence[str | dict[str, Any]]) -> dict[int, str]:
+    """Layers to record for ``proposers`` (names or proposer configs, each built through ``sf`` as a request would
+    build it): layer ->
+    ``"all"`` (read as ``feature_layers``: every position) or ``"last"`` (the last layer, read as
+    ``DecodeState.hidden``: from the prompt's last-but-one position on)."""
+    out: dict[int, str] = {}
+    last = int(sf.target.model.config.get_text_config().num_hidden_layers)
+    for entry in proposers:
+        with sf.engine(proposers=[entry]) as engine:
+            for layer in engine.feature_layers:
+                out[layer] = "all"
+            if engine.wants_hidden:
+                out.setdefault(last, "last")
+    return dict(sorted(out.items()))
+
+
+def record_trace(sf: Any, prompts: Sequence[Prompt], *, max_new_tokens: int, chat: bool = True,
+                 proposers: Sequence[dict[str, Any]] = ({"name": "none"},),
+                 features_for: Sequence[str | dict[str, Any]] = (),
+                 advance: Callable[[], None] = lambda: None) -> Trace:
+    """Run the target once per prompt and return the trace (not yet written: :func:`~.trace.write_trace`).
+
+    Args:
+        sf: a loaded :class:`~specframe.api.Specframe` (its target is recorded).
+        prompts: the questions, in order.
+        max_new_tokens: tokens generated per question at most.
+        chat: apply the chat template (as ``specframe bench`` does by default).
+        proposers: the strategy that runs the target (any exact one; greedy output does not depend on it).
+        features_for: proposers (names or configs) whose declared hidden-state needs are recorded (see the module
+            docstring).
+
+    Raises:
+        ConfigError / UnknownProposerError: a bad recording strategy or ``features_for`` name.
+    """
+    target = sf.target
+    layers = declared_needs(sf, features_for)
+    tap = tuple(layers)
+    questions: list[TraceQuestion] = []
+    for p in prompts:
+        ids = sf.encode(p.text, chat)
+        scorers: list[RecordingScorer] = []
+
+        def factory(t: Any, own: tuple[int, ...], want_hidden: bool) -> TargetScorer:
+            if not tap:
+                return TargetScorer(t, own, want_hidden)
+            scorers.append(RecordingScorer(t, own, want_hidden, tap))
+            return scorers[-1]
+
+        with sf.engine(proposers=list(proposers), sampling=GREEDY) as engine, torch.inference_mode():
+            res = engine.generate(ids, max_new_tokens=max_new_tokens, sampling=GREEDY, scorer=factory)
+        q = TraceQuestion(p.question_id, p.category, list(ids), list(res.token_ids), res.finish_reason)
+        if tap:
+            rows = torch.cat(scorers[0].rows, 0)  # [T - 1, F, H]: positions 0 .. T - 2
+            for f, (layer, kind) in enumerate(layers.items()):
+                start = 0 if kind == "all" else max(0, len(ids) - 2)
+                q.features[layer] = (start, rows[start:, f].contiguous())
+        questions.append(q)
+        advance()
+    info = target.info
+    text = target.model.config.get_text_config()
+    cost = getattr(info, "cost", None)
+    settings = getattr(target, "settings", None)
+    manifest = {
+        "format": FORMAT, "version": VERSION, "specframe": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "model": target.name, "dtype": str(target.dtype).removeprefix("torch."),
+        "max_new_tokens": max_new_tokens, "chat": chat, "recorded_with": [dict(p) for p in proposers],
+        "target": {"vocab_size": target.vocab_size, "eos_token_ids": sorted(target.eos_token_ids),
+                   "max_context": target.max_context, "supports_trees": bool(target.supports_trees),
+                   "hidden_size": int(text.hidden_size), "num_hidden_layers": int(text.num_hidden_layers)},
+        "machine": sf.machine_info() if settings is not None else None,
+        "cost": {"ns": _ns(), "t_ms": {str(c): v for c, v in cost.t_ms.items()},
+                 "source": "machine profile (specframe tune) of the settings the target ran with"} if cost else None,
+        "features": {"layers": {str(k): v for k, v in layers.items()}, "dtype": str(target.dtype).removeprefix("torch."),
+                     "for": [e if isinstance(e, str) else e["name"] for e in features_for]} if layers else None,
+        "questions": [{"question_id": q.question_id, "category": q.category, "prompt_tokens": len(q.prompt),
+                       "new_tokens": len(q.generated), "finish_reason": q.finish_reason} for q in questions],
+    }
+    return Trace(manifest, questions)
+
+
+def _ns() -> list[int]:
+    from ..tune import NS
+
+    return list(NS)
