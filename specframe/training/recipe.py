@@ -159,6 +159,7 @@ def model_card(r: dict) -> str:
         f"| {proposer} | {ev[proposer]['tau']:.2f} | {ev[proposer]['tok_s']:.1f} |",
         f"| none | {ev['none']['tau']:.2f} | {ev['none']['tok_s']:.1f} |", "",
         f"Speed-up on this machine: {ev['speedup']:.2f}x. Spec-Bench figures: docs/results/.", "",
-        "Reproduce: `specframe train " + kind + " --output DIR` (see docs/training.md).", "",
+        "Reproduce: `specframe train " + kind
+        + (f" --max-records {s['max_records']}" if s.get("max_records") else "") + " --output DIR` (see docs/training.md).", "",
     ]
     return "\n".join(lines)
