@@ -61,6 +61,14 @@ def _corpus_settings(corpus: Path, model: str, prompts: int, max_new_tokens: int
     return cs
 
 
+def _ints(text: str, flag: str) -> list[int]:
+    """Comma-separated integers of ``flag``; ConfigError naming the flag otherwise."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} must be comma-separated integers, got {text!r}") from None
+
+
 def _train_threads() -> int:
     """Every usable core: training is throughput work that runs for minutes to hours, so the load seen at start
     (which ``threads="auto"`` reacts to) is no guide; run it alone."""
@@ -173,10 +181,7 @@ def draft(
     from .draft import DraftSettings
 
     with _one_error_line():
-        try:
-            ids = [int(x) for x in layers.split(",") if x.strip()]
-        except ValueError:
-            raise ConfigError(f"--layers must be comma-separated integers, got {layers!r}") from None
+        ids = _ints(layers, "--layers")
         if epochs < 1 or vocab_subset < 16 or not lr > 0 or max_records < 0:
             raise ConfigError("--epochs must be >= 1, --vocab-subset >= 16, --lr > 0 and --max-records >= 0")
         s = DraftSettings(layers=ids, vocab_subset=vocab_subset, epochs=epochs, lr=lr, seed=seed, soft_labels=not hard_labels,
@@ -202,10 +207,7 @@ def eagle(
     from .eagle import EagleSettings
 
     with _one_error_line():
-        try:
-            layers = tuple(int(x) for x in feature_layers.split(",") if x.strip()) or None
-        except ValueError:
-            raise ConfigError(f"--feature-layers must be comma-separated integers, got {feature_layers!r}") from None
+        layers = tuple(_ints(feature_layers, "--feature-layers")) or None
         if epochs < 1 or vocab_subset < 16 or not lr > 0 or batch_size < 1 or max_len < 8 or ttt_steps < 1:
             raise ConfigError("--epochs, --batch-size and --ttt-steps must be >= 1, --max-len >= 8, --vocab-subset >= 16 "
                               "and --lr > 0")
