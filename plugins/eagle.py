@@ -70,6 +70,7 @@ class EagleProposer(ProposerBase):
     name = "eagle"
     Config = EagleConfig
     needs_hidden_states = False
+    reads_features = True  # feature_layers is set per instance, from the drafter's weights
     produces_trees = True
     provides_draft_probs = True
 

@@ -353,6 +353,10 @@ from .replay.command import replay as _replay_command, trace_app  # noqa: E402
 app.command("replay")(_replay_command)
 app.add_typer(trace_app, name="trace")
 
+from .integrations.command import vllm_app  # noqa: E402
+
+app.add_typer(vllm_app, name="vllm")
+
 
 def main() -> None:
     app()

@@ -175,6 +175,8 @@ class Proposer(Protocol):
       embeddings, ``i`` = after decoder layer ``i``) whose states at every processed position the proposer reads
       from ``DecodeState.features`` (EAGLE-style drafters); the engine takes them from the verification forward it
       runs anyway.
+    - ``reads_features`` (optional, class-level): the proposer sets ``feature_layers`` per instance, so the class
+      itself says it reads hidden-state features (hosts that cannot give them, e.g. vLLM, refuse it up front).
 
     Construction: ``cls(config, target_info)``. One instance serves one request at a time; ``start`` resets it.
     """

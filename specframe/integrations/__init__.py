@@ -1,0 +1,1 @@
+"""Bridges to other serving stacks (each imports its host lazily: specframe never needs them installed)."""
