@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from .contracts import TargetInfo
+from .errors import ConfigError
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -48,6 +49,22 @@ def tree_obstacle(config: Any) -> str | None:
     return None
 
 
+ENGINE_TRANSFORMERS = (5, 24)  # the KV-cache API the engine drives (cache layers, DummyLayer)
+
+
+def require_engine_transformers() -> None:
+    """Raise :class:`~specframe.errors.ConfigError` when the installed transformers predates the cache API the engine
+    drives. (specframe installs beside older transformers so that the vLLM adapter, which never runs a target, can
+    live in vLLM's environment: docs/vllm.md.)"""
+    import transformers
+
+    version = tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit())
+    if version < ENGINE_TRANSFORMERS:
+        raise ConfigError(
+            f"specframe's engine needs transformers >= 5.24, this environment has {transformers.__version__} (vLLM 0.32 "
+            "pins it below 5.20: run the engine in its own environment, the vLLM adapter in vLLM's, see docs/vllm.md)")
+
+
 class Target:
     """A transformers causal LM as the speculative-decoding target.
 
@@ -58,6 +75,7 @@ class Target:
     """
 
     def __init__(self, model: Any, tokenizer: Any = None, name: str = "") -> None:
+        require_engine_transformers()
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "name_or_path", "") or model.config.model_type
