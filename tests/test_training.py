@@ -626,3 +626,23 @@ def test_soft_label_draft_learns_and_needs_the_teacher(tiny, tmp_path):
     # cross-entropy against the (near-uniform) random target's distributions falls towards their entropy
     assert summary["steps"] == len(log) and summary["final_loss"] < log[0]["loss"] - 0.1
     assert all(math.isfinite(r["loss"]) for r in log)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "draft", "eagle"])
+def test_model_card_reproduce_line_names_real_flags(kind) -> None:
+    """Every flag of the reproduce line exists on `specframe train KIND`, and non-default settings are named."""
+    from typer.testing import CliRunner
+
+    from specframe.cli import app
+    from specframe.training.recipe import reproduce_flags
+
+    settings = {"num_heads": 3, "layers": [0, 2], "epochs": 1, "lr": 0.002, "batch_positions": 512, "batch_size": 4,
+                "max_len": 256, "ttt_steps": 2, "vocab_subset": 4096, "max_records": 13000, "seed": 7,
+                "feature_layers": None, "soft_labels": False}
+    line = reproduce_flags(kind, settings)
+    assert " --epochs 1" in line and " --max-records 13000" in line and " --seed 7" in line
+    helptext = CliRunner().invoke(app, ["train", kind, "--help"], env={"COLUMNS": "200"}).output
+    flags = [w for w in line.split() if w.startswith("--")]
+    assert flags and all(f in helptext for f in flags), (flags, helptext)
+    assert ("--hard-labels" in line) == (kind == "draft")
+    assert reproduce_flags(kind, {**settings, "max_records": 0}).count("--max-records") == 0

@@ -26,6 +26,33 @@ RECIPES = {"draft": "draft-model", "medusa": "medusa", "eagle": "eagle"}  # reci
 EVAL_SEED = 10_001  # held-out prompts: same templates and source, another seed
 
 
+# recipe setting -> the `specframe train` flag that sets it (the model card's reproduce line names them all)
+_FLAGS = {"num_heads": "--heads", "layers": "--layers", "feature_layers": "--feature-layers", "epochs": "--epochs",
+          "lr": "--lr", "batch_positions": "--batch-positions", "batch_size": "--batch-size", "max_len": "--max-len",
+          "ttt_steps": "--ttt-steps", "vocab_subset": "--vocab-subset", "max_records": "--max-records", "seed": "--seed"}
+
+
+_HAS = {"medusa": {"num_heads", "epochs", "lr", "batch_positions", "max_records", "seed"},
+        "draft": {"layers", "vocab_subset", "epochs", "lr", "max_records", "seed"},
+        "eagle": {"epochs", "lr", "batch_size", "max_len", "ttt_steps", "vocab_subset", "feature_layers", "max_records",
+                  "seed"}}
+
+
+def reproduce_flags(kind: str, settings: dict) -> str:
+    """The flags of ``specframe train KIND`` that give ``settings`` (a recipe.json ``settings``), e.g. `` --epochs 1``."""
+    out = []
+    for key, flag in _FLAGS.items():
+        value = settings.get(key) if key in _HAS.get(kind, ()) else None
+        if value is None or (key == "max_records" and not value):
+            continue
+        if isinstance(value, (list, tuple)):
+            value = ",".join(str(v) for v in value)
+        out.append(f" {flag} {value}")
+    if kind == "draft" and settings.get("soft_labels") is False:
+        out.append(" --hard-labels")
+    return "".join(out)
+
+
 def evaluate_tau(target: Any, proposer_name: str, options: dict, num_prompts: int = 12, max_new_tokens: int = 96,
                  progress: Callable[[int, int], None] | None = None, mix: str = "pydoc") -> dict:
     """Greedy τ (tokens per target forward) and tok/s of a proposer on held-out prompts of the corpus ``mix``
@@ -159,7 +186,6 @@ def model_card(r: dict) -> str:
         f"| {proposer} | {ev[proposer]['tau']:.2f} | {ev[proposer]['tok_s']:.1f} |",
         f"| none | {ev['none']['tau']:.2f} | {ev['none']['tok_s']:.1f} |", "",
         f"Speed-up on this machine: {ev['speedup']:.2f}x. Spec-Bench figures: docs/results/.", "",
-        "Reproduce: `specframe train " + kind
-        + (f" --max-records {s['max_records']}" if s.get("max_records") else "") + " --output DIR` (see docs/training.md).", "",
+        "Reproduce: `specframe train " + kind + reproduce_flags(kind, s) + " --output DIR` (see docs/training.md).", "",
     ]
     return "\n".join(lines)
