@@ -121,8 +121,8 @@ def main() -> int:
             results[name]["adapter"] = json.loads(adapter.read_text())
     base = results.get("none")
     ok = True
-    lines = ["| setting | solo = vLLM alone | batch rows = solo | tok/s (solo) | tok/s (batch of %d) | τ (vLLM) | α (vLLM) "
-             "| α (adapter) | accepted by position (vLLM) |" % args.batch, "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| setting | solo = vLLM alone | batch rows = solo | tok/s (solo) | tok/s (batch of %d) | τ (vLLM counters) | τ per draft (vLLM) | α (vLLM) "
+             "| α (adapter) | accepted by position (vLLM) |" % args.batch, "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         same = base is not None and r["solo"] == base["solo"]
         rows = sum(b == s for b, s in zip(r["batch"], r["solo"]))
@@ -131,7 +131,7 @@ def main() -> int:
         alpha_adapter = f"{a['alpha']:.2f}" if a else "–"
         lines.append(f"| {name} | {'yes' if same else 'NO'} ({sum(x == y for x, y in zip(r['solo'], base['solo'])) if base else 0}"
                      f"/{len(r['solo'])}) | {rows}/{len(r['batch'])} | {r['tok_s']:.1f} | {r['batch_tok_s']:.1f} | "
-                     f"{m['tau']:.2f} | {m['alpha']:.2f} | {alpha_adapter} | {m['accepted_by_position']} |")
+                     f"{m['tau']:.2f} | {m['tau_per_draft']:.2f} | {m['alpha']:.2f} | {alpha_adapter} | {m['accepted_by_position']} |")
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

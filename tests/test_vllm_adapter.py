@@ -187,10 +187,16 @@ def test_spec_decode_report_from_vllm_counters() -> None:
          SimpleNamespace(name="vllm:spec_decode_num_draft_tokens", value=40),
          SimpleNamespace(name="vllm:spec_decode_num_accepted_tokens", value=12),
          SimpleNamespace(name="vllm:spec_decode_num_accepted_tokens_per_pos", values=[6, 4, 2, 0]),
+         SimpleNamespace(name="vllm:generation_tokens", value=44),
+         SimpleNamespace(name="vllm:request_success", value=1),  # two finish reasons: summed
+         SimpleNamespace(name="vllm:request_success", value=1),
          SimpleNamespace(name="vllm:num_requests_running", value=1)]
     r = spec_decode_report(m)
-    assert r["tau"] == pytest.approx(2.2) and r["alpha"] == pytest.approx(0.3)
+    # 44 tokens, 2 from the prefills: 42 committed by 42 - 12 = 30 forwards
+    assert r["decode_forwards"] == 30 and r["tau"] == pytest.approx(42 / 30)
+    assert r["tau_per_draft"] == pytest.approx(2.2) and r["alpha"] == pytest.approx(0.3)
     assert r["accepted_by_position"] == [6, 4, 2, 0]
+    assert spec_decode_report(m[:4])["tau"] == pytest.approx(2.2)  # no token counters: vLLM's per-draft figure
     assert spec_decode_report([])["tau"] == 1.0
 
 

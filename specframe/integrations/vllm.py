@@ -430,29 +430,41 @@ class SpecframeProposer:
 
 
 def spec_decode_report(metrics: Sequence[Any]) -> dict[str, Any]:
-    """τ and α from vLLM's own spec-decode counters (``LLM.get_metrics()``).
+    """τ and α from vLLM's own counters (``LLM.get_metrics()``, which needs ``disable_log_stats=False``).
 
-    τ = 1 + accepted / drafts (tokens committed per verification forward of a row, bonus included), α = accepted /
-    draft tokens, and acceptance by draft position.
+    Counters of one name with several label sets (engines, finish reasons) are summed. With ``G`` generated tokens
+    over ``R`` finished requests, each request's first token comes from its prefill and every later forward
+    commits ``1 + accepted`` tokens, so the decode forwards number ``F = G - R - accepted`` and
 
-    Returns:
-        ``{"drafts", "draft_tokens", "accepted_tokens", "tau", "alpha", "accepted_by_position"}`` (zeros without
-        speculation).
+    - ``tau`` = (G - R) / F: tokens committed per verification forward, bonus included, steps without a draft
+      counted (specframe's τ; falls back to ``tau_per_draft`` when the token counters are missing),
+    - ``tau_per_draft`` = 1 + accepted / drafts: vLLM's mean acceptance length, over the steps that had a draft,
+    - ``alpha`` = accepted / draft tokens, and acceptance by draft position.
     """
     values: dict[str, Any] = {}
     for m in metrics:
-        name = getattr(m, "name", "")
-        if name.startswith("vllm:spec_decode"):
-            values[name.removeprefix("vllm:spec_decode_")] = getattr(m, "value", None) or getattr(m, "values", None)
-    drafts = float(values.get("num_drafts") or 0)
-    draft_tokens = float(values.get("num_draft_tokens") or 0)
-    accepted = float(values.get("num_accepted_tokens") or 0)
-    per_pos = values.get("num_accepted_tokens_per_pos") or []
+        name = str(getattr(m, "name", ""))
+        if not name.startswith("vllm:"):
+            continue
+        if getattr(m, "values", None) is not None:  # a Vector: per-position counters, summed element-wise
+            old = values.get(name) or []
+            new = list(m.values)
+            values[name] = [x + y for x, y in zip(old + [0] * (len(new) - len(old)), new + [0] * (len(old) - len(new)))]
+        elif isinstance(getattr(m, "value", None), (int, float)):
+            values[name] = values.get(name, 0) + m.value
+    drafts = float(values.get("vllm:spec_decode_num_drafts") or 0)
+    draft_tokens = float(values.get("vllm:spec_decode_num_draft_tokens") or 0)
+    accepted = float(values.get("vllm:spec_decode_num_accepted_tokens") or 0)
+    per_draft = 1.0 + accepted / drafts if drafts else 1.0
+    decoded = float(values.get("vllm:generation_tokens") or 0) - float(values.get("vllm:request_success") or 0)
+    forwards = decoded - accepted
     return {
         "drafts": int(drafts), "draft_tokens": int(draft_tokens), "accepted_tokens": int(accepted),
-        "tau": 1.0 + accepted / drafts if drafts else 1.0,
+        "decode_forwards": int(forwards) if decoded > 0 else None,
+        "tau": decoded / forwards if decoded > 0 and forwards > 0 else per_draft,
+        "tau_per_draft": per_draft,
         "alpha": accepted / draft_tokens if draft_tokens else 0.0,
-        "accepted_by_position": [int(v) for v in per_pos],
+        "accepted_by_position": [int(v) for v in values.get("vllm:spec_decode_num_accepted_tokens_per_pos") or []],
     }
 
 
