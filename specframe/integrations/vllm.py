@@ -189,6 +189,15 @@ def _target_info(vllm_config: Any) -> TargetInfo:
         tokenizer=tokenizer, supports_trees=False)
 
 
+def _accepted(chain: Sequence[int], sampled: Sequence[int]) -> int:
+    """Draft tokens vLLM accepted: the longest prefix of the draft ``chain`` that the row committed, short of the
+    last committed token (the bonus or recovered one)."""
+    n = 0
+    while n < len(chain) and n < len(sampled) - 1 and chain[n] == sampled[n]:
+        n += 1
+    return n
+
+
 class _Session:
     """One request's drafting, matched to a row by its tokens."""
 
@@ -234,9 +243,7 @@ class _Session:
     def _feedback(self, sampled: list[int], forward_s: float, finished: bool) -> None:
         merged = self.pending
         chain = merged.tree.token_ids[0].tolist()
-        accepted = 0
-        while accepted < len(chain) and accepted < len(sampled) - 1 and chain[accepted] == sampled[accepted]:
-            accepted += 1
+        accepted = _accepted(chain, sampled)
         path = list(range(accepted))
         self.metrics.record_step(len(chain), accepted, None)
         self.metrics.new_tokens += len(sampled)
@@ -397,9 +404,7 @@ class SpecframeProposer:
 
     def _count(self, chain: list[int], sampled: list[int]) -> None:
         t = self.totals
-        accepted = 0
-        while accepted < len(chain) and accepted < len(sampled) - 1 and chain[accepted] == sampled[accepted]:
-            accepted += 1
+        accepted = _accepted(chain, sampled)
         if chain:
             t["drafts"] += 1
             t["draft_tokens"] += len(chain)
