@@ -70,7 +70,7 @@ class EagleProposer(ProposerBase):
     name = "eagle"
     Config = EagleConfig
     needs_hidden_states = False
-    reads_features = True  # feature_layers is set per instance, from the drafter's weights
+    reads_features = True  # which layers: the instance's feature_layers, from the drafter's weights
     produces_trees = True
     provides_draft_probs = True
 
@@ -199,7 +199,7 @@ class EagleProposer(ProposerBase):
         index = {node: n for n, node in enumerate(order)}
         ids = [nodes[i][1] for i in order]
         parents = [index[nodes[i][2]] if nodes[i][2] >= 0 else -1 for i in order]
-        return DraftTree(torch.tensor([ids], dtype=torch.int64), torch.tensor([parents], dtype=torch.int64))
+        return DraftTree.from_lists(ids, parents)
 
     def _sampled_chain(self, state: DecodeState, depth: int) -> DraftTree:
         v, dev = self.target.vocab_size, self.target.device

@@ -139,7 +139,7 @@ class MedusaProposer(ProposerBase):
         if self.token_map is not None:
             i = self.token_map[i]
         ids, parents = grow_tree(i.tolist(), p.tolist(), budget)
-        return DraftTree(torch.tensor([ids], dtype=torch.int64), torch.tensor([parents], dtype=torch.int64))
+        return DraftTree.from_lists(ids, parents)
 
 
 @hookimpl

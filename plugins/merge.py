@@ -22,7 +22,7 @@ from typing import Literal, Sequence
 from pydantic import Field
 
 from specframe import DraftTree, hookimpl
-from specframe.contracts import MergePolicyBase, MergePolicyConfig, StepReport
+from specframe.combining import MergePolicyBase, MergePolicyConfig, StepReport
 
 
 class PriorityConfig(MergePolicyConfig):

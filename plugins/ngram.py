@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from pydantic import Field, model_validator
 
 from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, hookimpl
+from specframe.trie import TokenTrie
 
 
 class NgramConfig(ProposerConfig):
@@ -160,22 +160,10 @@ def merge_into_tree(continuations: list[list[int]], max_nodes: int) -> tuple[lis
     Sequences are inserted in order, so the first one is a chain at the front. Example:
     ``merge_into_tree([[1, 2, 3], [1, 4]], 8) == ([1, 2, 3, 4], [-1, 0, 1, 0])``.
     """
-    tokens: list[int] = []
-    parent: list[int] = []
-    child: dict[tuple[int, int], int] = {}
+    trie = TokenTrie(max_nodes)
     for seq in continuations:
-        at = -1
-        for tok in seq:
-            node = child.get((at, tok))
-            if node is None:
-                if len(tokens) == max_nodes:
-                    break
-                node = len(tokens)
-                tokens.append(tok)
-                parent.append(at)
-                child[(at, tok)] = node
-            at = node
-    return tokens, parent
+        trie.add(seq)
+    return trie.token, trie.parent
 
 
 class NgramProposer(ProposerBase):
@@ -183,10 +171,10 @@ class NgramProposer(ProposerBase):
 
     name = "ngram"
     Config = NgramConfig
+    produces_trees = True  # with branches > 1 (one branch drafts chains)
 
     def __init__(self, config: NgramConfig, target: TargetInfo) -> None:
         super().__init__(config, target)
-        self.produces_trees = config.branches > 1  # capability of this instance
         self._index = self._new_index()
 
     def _new_index(self) -> NgramIndex:
@@ -207,7 +195,7 @@ class NgramProposer(ProposerBase):
             tokens, parent = merge_into_tree(conts, min(cfg.max_nodes, budget))
             if not tokens:
                 return DraftTree.empty(state.tokens.shape[0])
-            return DraftTree(torch.tensor([tokens], dtype=torch.int64), torch.tensor([parent], dtype=torch.int64))
+            return DraftTree.from_lists(tokens, parent)
         draft = self._index.lookup(min(cfg.k, budget))
         return DraftTree.chain(draft) if draft else DraftTree.empty(state.tokens.shape[0])
 

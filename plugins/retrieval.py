@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Sequence
 
-import torch
 from pydantic import Field, model_validator
 
 from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, hookimpl
 from specframe.datastore import Datastore, DatastoreError, Retrieval
 from specframe.errors import ConfigError
+from specframe.trie import TokenTrie
 
 
 class RetrievalConfig(ProposerConfig):
@@ -53,33 +53,12 @@ class RetrievalConfig(ProposerConfig):
         return self
 
 
-class Trie:
-    """Continuations merged by shared prefix; node ``i`` has ``token[i]``, ``parent[i]`` (-1 = root's child),
-    ``depth[i]`` (1 for the root's children) and ``count[i]`` (continuations passing through it). Nodes are
-    numbered in insertion order, so a parent's index is below its children's."""
-
-    def __init__(self, continuations: Sequence[Sequence[int]], max_depth: int) -> None:
-        self.token: list[int] = []
-        self.parent: list[int] = []
-        self.depth: list[int] = []
-        self.count: list[int] = []
-        self.children: dict[int, list[int]] = {-1: []}
-        child: dict[tuple[int, int], int] = {}
-        for seq in continuations:
-            at = -1
-            for tok in seq[:max_depth]:
-                node = child.get((at, tok))
-                if node is None:
-                    node = len(self.token)
-                    child[(at, tok)] = node
-                    self.token.append(int(tok))
-                    self.parent.append(at)
-                    self.depth.append(self.depth[at] + 1 if at >= 0 else 1)
-                    self.count.append(0)
-                    self.children[at].append(node)
-                    self.children[node] = []
-                self.count[node] += 1
-                at = node
+def _trie(continuations: Sequence[Sequence[int]], max_depth: int) -> TokenTrie:
+    """``continuations``, each cut to ``max_depth`` tokens, merged by shared prefix (no node budget)."""
+    trie = TokenTrie()
+    for seq in continuations:
+        trie.add(seq[:max_depth])
+    return trie
 
 
 def build_tree(continuations: Sequence[Sequence[int]], max_nodes: int, max_depth: int
@@ -97,7 +76,7 @@ def build_tree(continuations: Sequence[Sequence[int]], max_nodes: int, max_depth
         parent's and it is deeper, so the parent always sorts first and every prefix of this order is a tree.
         See the module docstring for an example.
     """
-    trie = Trie(continuations, max_depth)
+    trie = _trie(continuations, max_depth)
     order = sorted(range(len(trie.token)), key=lambda i: (-trie.count[i], trie.depth[i], i))[:max_nodes]
     new = {old: j for j, old in enumerate(order)}
     parent = [new[trie.parent[i]] if trie.parent[i] >= 0 else -1 for i in order]
@@ -111,7 +90,7 @@ def most_frequent_chain(continuations: Sequence[Sequence[int]], max_len: int) ->
         ``(token_ids [K], counts [K])``. Example: ``most_frequent_chain([[5, 6, 7], [5, 6, 8], [5, 9]], 8)``
         is ``([5, 6, 7], [3, 2, 1])``.
     """
-    trie = Trie(continuations, max_len)
+    trie = _trie(continuations, max_len)
     tokens: list[int] = []
     counts: list[int] = []
     at = -1
@@ -201,7 +180,7 @@ class RetrievalProposer(ProposerBase):
             parent = list(range(-1, len(ids) - 1))
         total = len(found.continuations)
         self._confidence = [c / total for c in counts]
-        return DraftTree(torch.tensor([ids], dtype=torch.int64), torch.tensor([parent], dtype=torch.int64))
+        return DraftTree.from_lists(ids, parent)
 
 
 @hookimpl

@@ -67,8 +67,9 @@ from typing import Literal, Optional, Sequence
 from pydantic import Field, field_validator
 
 from specframe import hookimpl
-from specframe.bench.costmodel import v_at
-from specframe.contracts import DraftTree, RouterBase, RouterConfig, StepReport, TargetInfo
+from specframe.combining import RouterBase, RouterConfig, StepReport
+from specframe.contracts import DraftTree, TargetInfo
+from specframe.costs import v_at
 from specframe.errors import ConfigError
 from specframe.tree import node_depths
 

@@ -16,7 +16,7 @@ import torch
 
 from specframe.contracts import DecodeState
 from specframe.kv_cache import new_cache, rollback
-from specframe.models import load_target
+from specframe.loader import load_target
 from specframe.sampling import SamplingParams
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.medusa import MedusaConfig, MedusaProposer

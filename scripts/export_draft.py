@@ -16,7 +16,7 @@ from pathlib import Path
 
 from specframe.errors import SpecframeError
 from specframe.learned.small_draft import export_standalone
-from specframe.models import load_target
+from specframe.loader import load_target
 
 
 def main() -> int:

@@ -385,7 +385,7 @@ def load(
     if cfg.verifier != "auto":
         reg.verifier(cfg.verifier)
     if target is None:
-        from .models import load_target
+        from .loader import load_target
 
         target = load_target(cfg.model, cfg.dtype, cfg.device, log=log, threads=cfg.threads, prepack=cfg.prepack,
                              speculative=any(p["name"] != "none" for p in cfg.proposers), progress=progress)

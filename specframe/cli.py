@@ -15,6 +15,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from .console import err, fail, load_with_progress, machine_flags
 from .errors import ConfigError, SpecframeError
 
 app = typer.Typer(
@@ -23,7 +24,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="specframe: speculative decoding with pluggable proposers, exact output.",
 )
-err = Console(stderr=True, highlight=False)
 
 
 def _print_version(value: bool) -> None:
@@ -40,11 +40,6 @@ def _root(
                                  help="Print specframe's version and exit."),
 ) -> None:
     """specframe: speculative decoding with pluggable proposers, exact output."""
-
-
-def _fail(message: str) -> None:
-    err.print(f"error: {message}", markup=False, soft_wrap=True)
-    raise typer.Exit(2)
 
 
 def _check_flags(max_new_tokens, temperature, top_p, top_k, seed=None) -> None:
@@ -98,37 +93,7 @@ def generate(
     try:
         _generate(**locals())
     except SpecframeError as exc:
-        _fail(str(exc))
-
-
-def _machine_flags(threads: str | None, prepack: str | None) -> dict:
-    """``--threads`` / ``--prepack`` as config values (None = not given)."""
-    out: dict = {}
-    if threads is not None:
-        if threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
-            raise ConfigError(f"--threads must be a whole number >= 1 or auto, got {threads!r}")
-        out["threads"] = threads if threads == "auto" else int(threads)
-    if prepack is not None:
-        values = {"on": True, "off": False, "auto": "auto", "true": True, "false": False}
-        if prepack.lower() not in values:
-            raise ConfigError(f"--prepack must be on, off or auto, got {prepack!r}")
-        out["prepack"] = values[prepack.lower()]
-    return out
-
-
-def load_with_progress(cfg, registry, what: str = ""):
-    """``specframe.load`` with a spinner, and a bar while a first machine profile is measured."""
-    import specframe
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with Progress(*columns, console=err, transient=True) as progress:
-        progress.add_task(f"loading {what or cfg.model} ...", total=None)
-        return specframe.load(cfg, registry=registry, log=lambda s: err.print(s, markup=False), progress=progress)
+        fail(str(exc))
 
 
 def _generate(prompt, prompts_file, limit, category, config, model, proposer, merge, max_nodes, router, max_new_tokens,
@@ -145,7 +110,7 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, me
     cfg = load_config(
         config, model=model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         seed=seed, dtype=dtype, device=device, chat=False if no_chat else None, stop=stop or None,
-        **_machine_flags(threads, prepack),
+        **machine_flags(threads, prepack),
     )
     if proposer:
         cfg = load_config(None, base=cfg.model_dump(), proposers=_proposer_entries(proposer, cfg.proposers))
@@ -271,7 +236,7 @@ def plugins(
 
         doc = inventory(build_registry())
     except SpecframeError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     sys.stdout.write((json.dumps(doc, indent=2) if as_json else render_text(doc)) + "\n")
 
 
@@ -287,7 +252,7 @@ def tune(
     try:
         _tune(model, device, refresh, as_json)
     except SpecframeError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _tune(model: str, device: str, refresh: bool, as_json: bool) -> None:

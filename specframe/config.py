@@ -32,7 +32,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
-from .contracts import MergePolicyConfig, ProposerConfig, RouterConfig
+from .combining import MergePolicyConfig, RouterConfig
+from .contracts import ProposerConfig
 from .errors import ConfigError
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 from torch import Tensor
 
 from .sampling import SamplingParams
@@ -59,6 +59,39 @@ class DraftTree:
         parent = torch.arange(-1, k - 1, dtype=torch.int64).reshape(1, -1)
         probs = None if draft_probs is None else draft_probs.reshape(1, k, -1)
         return DraftTree(ids, parent, probs)
+
+    @staticmethod
+    def from_lists(
+        token_ids: Sequence[int], parent: Sequence[int], draft_probs: Tensor | None = None
+    ) -> "DraftTree":
+        """A single-row (B = 1) draft tree from Python lists.
+
+        Args:
+            token_ids: ``[N]`` token ids, in topological order.
+            parent: ``[N]`` parent node indices (``parent[i] < i``; -1 = child of the last committed token).
+            draft_probs: ``[N, V]`` or ``[1, N, V]`` float32 q rows, or None for a deterministic proposal.
+
+        Returns:
+            ``token_ids`` / ``parent`` as ``[1, N]`` int64 tensors, ``draft_probs`` as ``[1, N, V]`` (a view).
+
+        Raises:
+            ValueError: ``token_ids`` and ``parent`` differ in length, or ``draft_probs`` is not ``[N, V]`` /
+                ``[1, N, V]``.
+
+        Example: ``DraftTree.from_lists([5, 6, 7], [-1, 0, 0]).token_ids`` is ``tensor([[5, 6, 7]])``.
+        """
+        n = len(token_ids)
+        if len(parent) != n:
+            raise ValueError(f"from_lists: {n} token ids but {len(parent)} parents")
+        ids = torch.tensor(list(token_ids), dtype=torch.int64).reshape(1, n)
+        par = torch.tensor(list(parent), dtype=torch.int64).reshape(1, n)
+        probs = None
+        if draft_probs is not None:
+            shape = tuple(draft_probs.shape)
+            if not (len(shape) == 2 or (len(shape) == 3 and shape[0] == 1)) or shape[-2] != n:
+                raise ValueError(f"from_lists: draft_probs must be [{n}, V] or [1, {n}, V], got {list(shape)}")
+            probs = draft_probs.reshape(1, n, shape[-1])
+        return DraftTree(ids, par, probs)
 
     def is_chain(self) -> bool:
         n = self.num_nodes
@@ -153,6 +186,38 @@ class TargetInfo:
     # an object with ``v(n) -> float`` = T(n tokens) / T(1 token) (specframe.tune.CostCurve; it follows thread changes)
 
 
+@runtime_checkable
+class TargetModel(Protocol):
+    """The target as the engine uses it (:class:`specframe.target.Target` is the transformers adapter; a test or
+    replay target may be any object with these members).
+
+    Optional: ``forward_features(input_ids, cache, layers, want_hidden, ...)`` -> ``(logits, hidden, features
+    [B, n, F, H])`` for proposers that read hidden-state features; ``governor`` and ``settings`` (the machine
+    profile's thread governor and chosen settings).
+    """
+
+    info: TargetInfo
+    vocab_size: int  # V
+    eos_token_ids: frozenset[int]
+    max_context: int  # positions the target supports
+    device: torch.device
+    tokenizer: Any  # a transformers tokenizer, or None (then generated text is "")
+    supports_trees: bool  # one tree mask serves every layer
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Text of ``token_ids`` (special tokens skipped)."""
+
+    def new_cache(self) -> Any:
+        """An empty KV cache for one request."""
+
+    def forward(self, input_ids: Tensor, cache: Any, want_hidden: bool = False, logits_to_keep: int = 0,
+                attention_mask: Tensor | None = None, position_ids: Tensor | None = None
+                ) -> tuple[Tensor, Tensor | None]:
+        """One forward over ``input_ids [B, n]`` int64 appended after ``cache``: ``(logits [B, n, V], hidden
+        [B, n, H] or None)``; ``attention_mask [B, 1, n, cached + n]`` additive and ``position_ids [B, n]`` for a
+        token tree."""
+
+
 class ProposerConfig(BaseModel):
     """Base of every proposer's config. Subclasses add fields; ``name`` selects the proposer."""
 
@@ -165,18 +230,20 @@ class ProposerConfig(BaseModel):
 class Proposer(Protocol):
     """Drafts tokens for the target to verify.
 
-    Capability flags (class attributes) tell the engine what a proposer needs and produces, so the engine never
-    checks for a particular proposer:
+    Capability flags (class attributes, the same for every instance) tell the engine what a proposer needs and
+    produces, so the engine never checks for a particular proposer; it reads them once per engine
+    (:meth:`Capabilities.of`):
 
     - ``needs_hidden_states``: the engine fills ``DecodeState.hidden``.
-    - ``produces_trees``: drafts may branch (needs a tree-capable verifier).
+    - ``produces_trees``: drafts may branch (branching drafts need a tree-capable verifier and target; where
+      either takes chains only, the engine keeps each draft's leading chain).
     - ``provides_draft_probs``: drafts carry ``draft_probs``; otherwise they are deterministic (one-hot q).
-    - ``feature_layers`` (optional, may be set per instance): transformers ``hidden_states`` indices (0 = the
-      embeddings, ``i`` = after decoder layer ``i``) whose states at every processed position the proposer reads
-      from ``DecodeState.features`` (EAGLE-style drafters); the engine takes them from the verification forward it
-      runs anyway.
-    - ``reads_features`` (optional, class-level): the proposer sets ``feature_layers`` per instance, so the class
-      itself says it reads hidden-state features (hosts that cannot give them, e.g. vLLM, refuse it up front).
+    - ``reads_features`` (optional, default False): the proposer reads target hidden-state features; which layers
+      it reads is the *instance* attribute ``feature_layers`` (they may depend on its weights), set in
+      ``__init__``: transformers ``hidden_states`` indices (0 = the embeddings, ``i`` = after decoder layer
+      ``i``) whose states at every processed position it reads from ``DecodeState.features`` (EAGLE-style
+      drafters); the engine takes them from the verification forward it runs anyway. Hosts that cannot give
+      features (e.g. vLLM) refuse such a proposer up front.
 
     Construction: ``cls(config, target_info)``. One instance serves one request at a time; ``start`` resets it.
     """
@@ -197,6 +264,27 @@ class Proposer(Protocol):
         """Feedback after the target verified this proposer's draft (adapt k, update caches)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """A proposer's capability flags, read once (see :class:`Proposer`)."""
+
+    needs_hidden_states: bool = False
+    produces_trees: bool = False
+    provides_draft_probs: bool = False
+    feature_layers: tuple[int, ...] = ()  # [F] hidden_states indices it reads, ascending; () = none
+
+    @staticmethod
+    def of(proposer: Any) -> "Capabilities":
+        """The flags of ``proposer`` (an instance: ``feature_layers`` may depend on its weights); a missing flag
+        is False."""
+        return Capabilities(
+            bool(getattr(proposer, "needs_hidden_states", False)),
+            bool(getattr(proposer, "produces_trees", False)),
+            bool(getattr(proposer, "provides_draft_probs", False)),
+            tuple(sorted({int(i) for i in (getattr(proposer, "feature_layers", None) or ())})),
+        )
+
+
 class ProposerBase:
     """Convenience base class with no-op ``start``/``on_verified`` and default capability flags."""
 
@@ -205,10 +293,12 @@ class ProposerBase:
     needs_hidden_states: ClassVar[bool] = False
     produces_trees: ClassVar[bool] = False
     provides_draft_probs: ClassVar[bool] = False
+    reads_features: ClassVar[bool] = False
 
     def __init__(self, config: ProposerConfig, target: TargetInfo) -> None:
         self.config = config
         self.target = target
+        self.feature_layers: tuple[int, ...] = ()  # set by a proposer whose class reads_features
 
     def start(self, state: DecodeState) -> None:
         return None
@@ -244,161 +334,3 @@ class Verifier(Protocol):
         sampling: the warp to apply to the target logits.
         generator: per-request randomness.
         """
-
-
-# --- combining proposers: attribution, merge policies, routers ---------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ProposerStep:
-    """One proposer's part in one verification step (attribution; see docs/combining.md).
-
-    Crediting rule: an accepted node credits every proposer that produced it, so with overlapping drafts the
-    proposers' ``accepted`` add up to more than the step's accepted tokens; ``accepted_alone`` counts the
-    accepted nodes no other proposer produced.
-    """
-
-    name: str  # the proposer's label (its name; ``name#2`` for a second instance of the same name)
-    asked: bool  # propose was called (False: the router left it out, it is disabled, or no budget was left)
-    budget: int  # node budget it was given (0 when not asked)
-    proposed: int  # nodes it returned (after truncation to its budget; 0 on a fault)
-    drafted: int  # of those, nodes in the verified tree (a node shared with another proposer counts for each)
-    drafted_by_depth: tuple[int, ...]  # [D] drafted nodes at depth d + 1
-    accepted: int  # credited: its nodes on the accepted path (a prefix of the path)
-    accepted_alone: int  # accepted nodes only it produced
-    draft_s: float  # seconds in its propose call
-    fault: bool  # it faulted in this step (see specframe.isolation)
-
-    @property
-    def wasted(self) -> int:
-        """Verified nodes of this proposer that were not accepted."""
-        return self.drafted - self.accepted
-
-
-@dataclass(frozen=True, slots=True)
-class StepReport:
-    """What merge policies, routers and observers learn after each step."""
-
-    proposers: tuple[ProposerStep, ...]  # one per proposer, in the engine's order
-    verified: int  # N, nodes of the merged tree the target scored (plus the newest token: N + 1 positions)
-    accepted: int  # accepted path length
-    forward_s: float  # seconds of the target's verification forward
-
-
-class MergePolicyConfig(BaseModel):
-    """Base of every merge policy's config (``merge:`` in the top-level config); ``policy`` selects it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    policy: str
-    max_nodes: int = Field(24, ge=1, le=256, description="Most nodes of the merged tree (the verification width).")
-
-
-@runtime_checkable
-class MergePolicy(Protocol):
-    """Decides how several proposers' drafts share the merged tree's node budget.
-
-    Construction: ``cls(config, target_info)``; ``max_nodes`` is the merged tree's node budget. The merge itself
-    (dedup, provenance, exactness rules) is :func:`specframe.merge.merge_drafts`; a policy only plans it.
-    """
-
-    name: ClassVar[str]
-    Config: ClassVar[type[MergePolicyConfig]]
-    max_nodes: int
-
-    def start(self, proposers: Sequence[str]) -> None:
-        """A new request with these proposer labels (engine order)."""
-
-    def plan(self, drafts: Sequence[DraftTree], max_nodes: int) -> Sequence[tuple[int, int]]:
-        """``(proposer index, quota)`` in insertion order: the first ``quota`` nodes of that proposer's draft go
-        in, earlier entries first; ``drafts[j]`` is empty for a proposer that did not draft this step."""
-
-    def on_step(self, report: StepReport) -> None:
-        """Feedback after each step (live acceptance per proposer)."""
-
-
-class MergePolicyBase:
-    """Convenience base: stores the config and ``max_nodes``; no-op ``start``/``on_step``."""
-
-    name: ClassVar[str] = ""
-    Config: ClassVar[type[MergePolicyConfig]] = MergePolicyConfig
-
-    def __init__(self, config: MergePolicyConfig, target: TargetInfo | None = None) -> None:
-        self.config = config
-        self.target = target
-        self.max_nodes = config.max_nodes
-
-    def start(self, proposers: Sequence[str]) -> None:
-        self.proposers = tuple(proposers)
-
-    def plan(self, drafts: Sequence[DraftTree], max_nodes: int) -> Sequence[tuple[int, int]]:  # pragma: no cover
-        raise NotImplementedError
-
-    def on_step(self, report: StepReport) -> None:
-        return None
-
-
-class RouterConfig(BaseModel):
-    """Base of every router's config (``router:`` in the top-level config); ``name`` selects it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str
-
-
-@runtime_checkable
-class Router(Protocol):
-    """Decides, each step, which of several combined proposers run and with what node budget.
-
-    Construction: ``cls(config, target_info)``. Routing never changes what greedy decoding emits, nor the
-    distribution of what sampling emits; but under sampling it decides which proposers draw from the request's
-    generator, so to keep a seed reproducing the same tokens a router must decide deterministically from the seed
-    and the feedback's counts (no global RNG, no draws from the request's generator, and no wall-clock timings
-    unless ``greedy``).
-    """
-
-    name: ClassVar[str]
-    Config: ClassVar[type[RouterConfig]]
-
-    def start(self, proposers: Sequence[str], seed: int, greedy: bool) -> None:
-        """A new request with these proposer labels (engine order), its seed, and whether it decodes greedily."""
-
-    def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> Sequence[int]:
-        """Node budget per proposer for this step (``0`` = skip it); ``budget`` is the step's draft budget,
-        ``max_nodes`` the merged tree's, ``available[j]`` False for a proposer disabled by faults."""
-
-    def on_step(self, report: StepReport) -> None:
-        """Feedback after each step (who drafted what, what was accepted, the forward's time)."""
-
-    # Optional (the engine calls it when present; RouterBase's keeps every plan as it is):
-    # def revise(self, budget, max_nodes, available, drafts, budgets) -> Sequence[int]
-    #     Called after each proposer that ran this step, in the engine's order, with the drafts so far
-    #     (``drafts[j]`` None for a proposer still to run, empty for one skipped or faulty) and the current
-    #     per-proposer numbers. Returns new ones: for a proposer still to run its node budget (0 = skip it), for
-    #     one that drafted how many of its nodes to keep (a prefix; more than it drafted keeps all). A cascade:
-    #     cheap proposers first, the costly ones only when the cheap ones' drafts look short.
-
-
-class RouterBase:
-    """Convenience base: stores the config; runs every proposer with the full budget."""
-
-    name: ClassVar[str] = ""
-    Config: ClassVar[type[RouterConfig]] = RouterConfig
-
-    def __init__(self, config: RouterConfig, target: TargetInfo | None = None) -> None:
-        self.config = config
-        self.target = target
-
-    def start(self, proposers: Sequence[str], seed: int, greedy: bool) -> None:
-        self.proposers = tuple(proposers)
-
-    def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> Sequence[int]:
-        return [budget if ok else 0 for ok in available]
-
-    def on_step(self, report: StepReport) -> None:
-        return None
-
-    def revise(self, budget: int, max_nodes: int, available: Sequence[bool],
-               drafts: Sequence["DraftTree | None"], budgets: Sequence[int]) -> Sequence[int]:
-        """Keeps the step's plan as it is (see :class:`Router`)."""
-        return list(budgets)

@@ -1,12 +1,13 @@
 """One request's drafting: route -> each proposer proposes (isolated, timed) -> merge -> attribution + feedback.
 
 With one proposer its draft is verified as it is (the identity merge). With several, an optional
-:class:`~specframe.contracts.Router` picks which proposers run this step and their node budgets, each proposer
-drafts with its own budget, in the configured order (after each, a router with ``revise`` may skip the proposers
-still to run or trim the drafts made so far: a cascade), a :class:`~specframe.contracts.MergePolicy` plans how
+:class:`~specframe.combining.Router` picks which proposers run this step and their node budgets, each proposer
+drafts with its own budget, in the configured order (after each, the router's ``revise`` may skip the proposers
+still to run or trim the drafts made so far: a cascade), a :class:`~specframe.combining.MergePolicy` plans how
 their drafts share the merged tree's node budget, and :func:`specframe.merge.merge_drafts` builds the one tree the target verifies. Afterwards
 each proposer gets a :class:`~specframe.contracts.VerifyOutcome` about its own draft, and its attribution
-(:class:`~specframe.contracts.ProposerStep`) is recorded and reported to the policy, the router and observers.
+(:class:`~specframe.combining.ProposerStep`) goes to the policy, the router and, in the step's
+:class:`~specframe.combining.StepReport`, the request's :class:`~specframe.recorder.Recorder` (metrics, observers).
 
 Everything here works through the contracts: no proposer, policy or router is named. Faults are isolated per
 proposer (:class:`~specframe.isolation.FaultGuard`): a faulty proposer's draft is left out of the step, the
@@ -21,12 +22,13 @@ import logging
 import time
 from typing import Any, Sequence
 
-from .contracts import DecodeState, DraftTree, ProposerStep, StepReport, VerifyOutcome
+from .combining import MergePolicyBase, ProposerStep, StepReport
+from .contracts import DecodeState, DraftTree, TargetInfo, VerifyOutcome
 from .errors import ProposerTimeoutError
-from .isolation import FaultGuard, IsolationPolicy
+from .isolation import FaultGuard
+from .lineup import Lineup
 from .merge import MergedDraft, check_plan, merge_drafts
-from .metrics import ProposerMetrics, RequestMetrics
-from .tree import node_depths
+from .recorder import Recorder
 from .validate import check_draft
 
 log = logging.getLogger("specframe")
@@ -35,14 +37,15 @@ _EMPTY = DraftTree.empty()  # shared: a no-node draft (zero-size tensors cannot 
 
 
 class _Slot:
-    """One proposer in one request: its guard, attribution and this step's draft."""
+    """One proposer in one request: its guard and this step's draft."""
 
-    __slots__ = ("proposer", "label", "guard", "metrics", "trees_ok", "branches", "draft", "asked", "budget", "draft_s",
-                 "fault", "proposed")
+    __slots__ = ("proposer", "label", "guard", "trees_ok", "branches", "draft", "asked", "budget", "draft_s", "fault",
+                 "proposed")
 
-    def __init__(self, proposer: Any, label: str, guard: FaultGuard, metrics: ProposerMetrics, trees_ok: bool) -> None:
-        self.proposer, self.label, self.guard, self.metrics, self.trees_ok = proposer, label, guard, metrics, trees_ok
-        self.branches = bool(getattr(proposer, "produces_trees", False))  # declares trees: may return them
+    def __init__(self, proposer: Any, label: str, guard: FaultGuard, branches: bool, trees_ok: bool) -> None:
+        self.proposer, self.label, self.guard = proposer, label, guard
+        self.branches = branches  # declares trees: may return them
+        self.trees_ok = trees_ok  # and verifier and target take them: they are verified as trees
         self.clear()
 
     def clear(self) -> None:
@@ -53,46 +56,33 @@ class Drafting:
     """The drafting side of one request.
 
     Args:
-        proposers: the proposers, in the configured order (index ``j`` = provenance bit ``j``).
-        labels: one unique label per proposer (metrics keys).
-        origins: label -> plugin description, for warnings.
-        trees_ok: per proposer, may its own draft branch (declares trees, and verifier and target take trees).
-        merged_trees_ok: may the merged tree branch (verifier and target take trees); otherwise a merge that
-            branches falls back to the chain of the first proposer in the policy's plan that drafted.
-        policy: merge policy (needed with 2+ proposers); router: optional.
-        isolation, metrics, vocab_size, greedy: the request's isolation policy, metrics, target vocabulary and
-            whether it decodes greedily (greedy: every duplicate node is merged; sampling: only deterministic ones).
+        lineup: the engine's plugins (proposers in provenance order, merge policy, router, isolation policy).
+        target: what the target is (``vocab_size``; ``supports_trees``: one tree mask serves all its layers).
+        recorder: the request's recorder (faults, skipped proposers).
+        greedy: the request decodes greedily (greedy: every duplicate node is merged; sampling: only
+            deterministic ones).
+
+    Tree support is worked out here: the merged tree may branch when the verifier and the target take trees
+    (otherwise a merge that branches falls back to the chain of the first proposer in the policy's plan that
+    drafted); a proposer's own draft may branch when it also declares ``produces_trees`` (otherwise its leading
+    chain is kept).
     """
 
-    def __init__(
-        self,
-        proposers: Sequence[Any],
-        labels: Sequence[str],
-        origins: dict[str, str],
-        trees_ok: Sequence[bool],
-        merged_trees_ok: bool,
-        policy: Any,
-        router: Any,
-        isolation: IsolationPolicy,
-        metrics: RequestMetrics,
-        vocab_size: int,
-        greedy: bool,
-    ) -> None:
-        self.metrics, self.isolation, self.vocab_size, self.greedy = metrics, isolation, vocab_size, greedy
+    def __init__(self, lineup: Lineup, target: TargetInfo | Any, recorder: Recorder, greedy: bool) -> None:
+        self.recorder, self.isolation, self.greedy = recorder, lineup.isolation, greedy
+        self.vocab_size = int(target.vocab_size)
+        self.merged_trees_ok = lineup.verifies_trees and bool(getattr(target, "supports_trees", False))
         self.slots: list[_Slot] = []
-        for p, label, ok in zip(proposers, labels, trees_ok):
-            own = metrics.proposers.setdefault(label, ProposerMetrics())
-            guard = FaultGuard(p.name, origins.get(label, ""), isolation, metrics, own)
+        for p, label, caps in zip(lineup.proposers, lineup.labels, lineup.capabilities):
+            guard = FaultGuard(p.name, label, lineup.origins.get(label, ""), lineup.isolation, recorder)
             if getattr(p, "build_error", None) is not None:  # an UnbuiltProposer: left out of the whole request
                 guard.unbuilt()
-            self.slots.append(_Slot(p, label, guard, own, ok))
-        self.merged_trees_ok = merged_trees_ok
+            self.slots.append(_Slot(p, label, guard, caps.produces_trees, caps.produces_trees and self.merged_trees_ok))
         self.off = False  # the target refused a chain draft: no more drafts this request (see restrict)
-        self.policy = policy if len(self.slots) > 1 else None
-        self.router = router  # a lone proposer is routed too: its draft is trimmed to what pays on this machine
+        self.policy = lineup.merge if len(self.slots) > 1 else None
+        self.router = lineup.router  # a lone proposer is routed too: its draft is trimmed to what pays on this machine
         # the merged tree's node cap; a lone proposer's draft has none beyond its step budget
-        self.max_nodes = int(getattr(self.policy, "max_nodes", 0) or 0) if self.policy is not None else 1 << 16
-        self._update_disabled()
+        self.max_nodes = int(self.policy.max_nodes) if self.policy is not None else 1 << 16
 
     # --- per request ---------------------------------------------------------------------------------------
     def start(self, state: DecodeState, seed: int) -> None:
@@ -120,7 +110,7 @@ class Drafting:
             if s.guard.disabled:
                 continue
             if b <= 0:
-                s.metrics.skipped_steps += 1
+                self.recorder.skipped(s.label)
                 continue
             s.asked, s.budget = True, min(budget, b)
             s.draft = self._propose_one(s, state, s.budget)
@@ -157,7 +147,6 @@ class Drafting:
         except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
             s.guard.fault("propose", exc)
             s.fault = True
-            self._update_disabled()
             return _EMPTY
         finally:
             s.draft_s = time.perf_counter() - t0
@@ -166,23 +155,21 @@ class Drafting:
     def feedback(self, merged: MergedDraft, path: Sequence[int], committed: Sequence[int], finished: bool,
                  forward_s: float) -> StepReport:
         """Attribution, then each enabled proposer's ``on_verified`` about its own draft, then the policy's and
-        router's feedback. Returns the step's report (for observers)."""
-        depths = node_depths(merged.tree.parent[0].tolist()) if len(self.slots) > 1 else None
+        router's feedback. Returns the step's report (for the recorder and observers)."""
+        depths = merged.depths()
+        single = len(self.slots) == 1  # the identity merge: the merged tree is the draft
         steps = []
         for j, s in enumerate(self.slots):
             kept = merged.kept(j)
-            if depths is None:  # the identity merge
-                own, alone, by_depth = tuple(path), len(path), _chain_or_tree_depths(s.draft)
+            if single:
+                own, alone, by_depth = tuple(path), len(path), _count_depths(depths)
             else:
                 own = merged.own_accepted(j, path, s.draft.parent[0, :kept].tolist()) if kept else ()
                 alone = merged.alone(j, path)
                 by_depth = _count_depths(depths[m] for m in merged.node_of[j])
-            step = ProposerStep(s.label, s.asked, s.budget, s.proposed, kept, by_depth, len(own), alone, s.draft_s,
-                                s.fault)
-            s.metrics.record(step)
-            steps.append(step)
-            draft = s.draft.truncate(kept)
-            self._call(s, "on_verified", VerifyOutcome(draft, (own,), (tuple(committed),), finished))
+            steps.append(ProposerStep(s.label, s.asked, s.budget, s.proposed, kept, by_depth, len(own), alone,
+                                      s.draft_s, s.fault))
+            self._call(s, "on_verified", VerifyOutcome(s.draft.truncate(kept), (own,), (tuple(committed),), finished))
         report = StepReport(tuple(steps), merged.tree.num_nodes, len(path), forward_s)
         if self.policy is not None:
             self.policy = self._plugin("merge policy", self.policy, "on_step", report)
@@ -208,18 +195,12 @@ class Drafting:
         except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
             s.guard.fault(method, exc)
             s.fault = True
-            self._update_disabled()
-
-    def _update_disabled(self) -> None:
-        self.metrics.proposer_disabled = all(s.guard.disabled for s in self.slots)
 
     def _route(self, budget: int) -> list[int]:
         return self._ask_router("route", budget)
 
     def _revise(self, budget: int, seen: list[DraftTree | None], budgets: list[int]) -> list[int]:
         """The router's revised numbers after a proposer ran (node budgets ahead, nodes to keep behind)."""
-        if getattr(self.router, "revise", None) is None:
-            return budgets
         return self._ask_router("revise", budget, list(seen), list(budgets))
 
     def _ask_router(self, method: str, budget: int, *args: Any) -> list[int]:
@@ -262,22 +243,16 @@ class Drafting:
                     "the proposers' order" if kind == "merge policy" else "no router (every proposer, full budget)")
 
 
-class FallbackPolicy:
+class FallbackPolicy(MergePolicyBase):
     """Stands in for a faulty merge policy: proposers in the configured order, each draft whole."""
 
     name = "fallback"
 
     def __init__(self, max_nodes: int) -> None:
-        self.max_nodes = max_nodes
+        self.target, self.max_nodes = None, max_nodes
 
     def plan(self, drafts: Sequence[DraftTree], max_nodes: int) -> list[tuple[int, int]]:
         return [(j, d.num_nodes) for j, d in enumerate(drafts)]
-
-    def start(self, proposers: Sequence[str]) -> None:
-        return None
-
-    def on_step(self, report: StepReport) -> None:
-        return None
 
 
 def _count_depths(depths: Any) -> tuple[int, ...]:
@@ -287,12 +262,3 @@ def _count_depths(depths: Any) -> tuple[int, ...]:
             out.extend([0] * (d - len(out)))
         out[d - 1] += 1
     return tuple(out)
-
-
-def _chain_or_tree_depths(draft: DraftTree) -> tuple[int, ...]:
-    n = draft.num_nodes
-    if n == 0:
-        return ()
-    if draft.is_chain():
-        return (1,) * n
-    return _count_depths(node_depths(draft.parent[0].tolist()))

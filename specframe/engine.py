@@ -1,11 +1,19 @@
-"""The decode loop: propose -> one target forward -> verify -> commit + KV rollback -> feedback -> stop checks.
+"""The decode loop: propose -> one target forward -> verify -> commit + KV rollback -> feedback -> record.
 
 The engine receives a ready target, proposer(s), a verifier and, to combine several proposers, a merge policy
-and optionally a router; it never names a proposer and never calls a pluggy hook (observers arrive as a plain
-:class:`~specframe.observe.Observers` object, or None when no plugin observes, and then no event is built).
-Drafting (routing, each proposer's draft, merging, attribution, feedback) lives in :mod:`specframe.drafting`;
-a faulty proposer is isolated (:mod:`specframe.isolation`). The target's forwards go through a scorer
-(:mod:`specframe.scoring`): the live target by default, a recorded trace for replay (:mod:`specframe.replay`).
+and optionally a router (checked once into a :class:`~specframe.lineup.Lineup`); it never names a proposer and
+never calls a pluggy hook (observers arrive as a plain :class:`~specframe.observe.Observers` object, or None when
+no plugin observes, and then no event is built). Each request's step (:meth:`_Request.step`) is six calls:
+
+1. drafting (:mod:`specframe.drafting`: routing, each proposer's draft, merging) returns the merged draft;
+2. the scorer (:mod:`specframe.scoring`: the live target, or a recorded trace for replay) runs one forward over
+   the newest committed token + the draft's nodes;
+3. the verifier accepts a path and draws the recovered or bonus token;
+4. the stop checks commit tokens, and the scorer keeps the accepted path's KV entries;
+5. drafting gives each proposer, the merge policy and the router their feedback (attribution);
+6. the recorder (:mod:`specframe.recorder`) writes the step's metrics and observer event.
+
+A faulty proposer is isolated (:mod:`specframe.isolation`): output never depends on it.
 
 KV invariant between steps: the cache holds every committed token except the newest one, which is fed first in
 the next verification forward (so row 0 of the logits is the target's distribution for the next position and
@@ -21,17 +29,21 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .contracts import DecodeState, DraftTree, MergePolicy, Proposer, Router, StepReport, Verifier
+from .combining import MergePolicy, Router
+from .contracts import DecodeState, DraftTree, Proposer, TargetModel, Verifier, VerifyResult
 from .drafting import Drafting
 from .errors import ConfigError, PromptTooLongError
 from .isolation import REFUSED, IsolationPolicy
+from .lineup import Lineup, proposer_labels
 from .merge import MergedDraft
 from .metrics import RequestMetrics
 from .observe import Observers
+from .recorder import Recorder
 from .sampling import SamplingParams
-from .scoring import ScorerFactory, TargetScorer
+from .scoring import Scored, ScorerFactory, TargetScorer
 from .stopping import StopChecker, TextStream, without_incomplete_character
-from .tree import node_depths
+
+__all__ = ["Engine", "GenerationResult", "proposer_labels"]
 
 log = logging.getLogger("specframe")
 
@@ -63,24 +75,25 @@ class Engine:
     """Speculative decoding over one target with a shared KV cache.
 
     Args:
-        target: a :class:`specframe.target.Target` (or an object with the same ``forward``/``new_cache``/
-            ``decode`` and ``info``/``eos_token_ids``/``max_context``/``device`` attributes).
+        target: the target (:class:`~specframe.contracts.TargetModel`; :class:`specframe.target.Target` for a
+            transformers model).
         proposers: the active proposers, one or more; several are combined into one verification tree per step
             (see docs/combining.md). Their order is the provenance order (bit ``j`` = ``proposers[j]``).
         verifier: the acceptance rule for this request's sampling mode.
-        merge: a :class:`~specframe.contracts.MergePolicy`, required with two or more proposers.
-        router: an optional :class:`~specframe.contracts.Router` (used with two or more proposers).
+        merge: a :class:`~specframe.combining.MergePolicy`, required with two or more proposers.
+        router: an optional :class:`~specframe.combining.Router`.
         isolation: how faulty proposers are treated (time budget, faults before disabling).
         origins: proposer label -> the plugin it comes from, for warnings (e.g. ``"recall (specframe-recall 0.1)"``).
 
+    Where the verifier or the target takes chains only, tree-drafting proposers' drafts keep their leading chain.
+
     Raises:
-        ConfigError: no proposer, the same proposer object twice, two or more proposers without a merge policy,
-            or a proposer that drafts trees with a chain-only verifier.
+        ConfigError: no proposer, the same proposer object twice, or two or more proposers without a merge policy.
     """
 
     def __init__(
         self,
-        target: Any,
+        target: TargetModel,
         proposers: Sequence[Proposer],
         verifier: Verifier,
         *,
@@ -89,52 +102,28 @@ class Engine:
         isolation: IsolationPolicy | None = None,
         origins: Mapping[str, str] | None = None,
     ) -> None:
-        if not proposers:
-            raise ConfigError("at least one proposer is needed (the `none` proposer decodes without drafts)")
-        if len({id(p) for p in proposers}) != len(proposers):
-            raise ConfigError("the same proposer object is listed twice: each combined proposer needs its own instance")
-        if len(proposers) > 1 and merge is None:
-            raise ConfigError(f"{len(proposers)} proposers are combined, which needs a merge policy (merge=...)")
         self.target = target
-        self.proposers = list(proposers)
-        self.labels = proposer_labels([p.name for p in proposers])
-        self.verifier = verifier
-        self.merge, self.router = merge, router
-        tree_verifier = bool(getattr(verifier, "supports_trees", False))
-        for p in proposers:
-            if getattr(p, "produces_trees", False) and not tree_verifier:
-                raise ConfigError(
-                    f"proposer {p.name!r} drafts token trees but verifier {verifier.name!r} verifies chains only"
-                )
-        self._want_hidden = any(getattr(p, "needs_hidden_states", False) for p in proposers)
+        self.lineup = Lineup.build(proposers, verifier, merge=merge, router=router, isolation=isolation,
+                                   origins=origins)
         # target hidden states at every processed position, for proposers that read features (EAGLE-style)
-        layers = sorted({int(i) for p in proposers for i in (getattr(p, "feature_layers", None) or ())})
-        self._layers: tuple[int, ...] = tuple(layers) if hasattr(target, "forward_features") else ()
-        if layers and not self._layers:
+        layers = self.lineup.feature_layers
+        self.feature_layers: tuple[int, ...] = layers if hasattr(target, "forward_features") else ()
+        if layers and not self.feature_layers:
             log.warning("target %s cannot return hidden-state features: feature-reading proposers draft nothing",
                         type(target).__name__)
-        # branching drafts need a proposer that declares them, a tree-capable verifier and a target whose layers
-        # all take one tree mask; otherwise a branching draft breaks the contract (that proposer's draft is left
-        # out). A merged tree may branch when the verifier and target take trees; otherwise it becomes one chain.
-        self.merged_trees_ok = tree_verifier and bool(getattr(target, "supports_trees", False))
-        self.trees_ok = [bool(getattr(p, "produces_trees", False)) and self.merged_trees_ok for p in proposers]
-        self.isolation = isolation or IsolationPolicy()
-        self.origins = dict(origins or {})
+        self.wants_hidden = self.lineup.needs_hidden_states  # a proposer reads DecodeState.hidden
 
     @property
-    def feature_layers(self) -> tuple[int, ...]:
-        """transformers ``hidden_states`` indices the proposers read as features (``DecodeState.features``)."""
-        return self._layers
+    def proposers(self) -> list[Proposer]:
+        return list(self.lineup.proposers)
 
     @property
-    def wants_hidden(self) -> bool:
-        """A proposer reads the last hidden state (``DecodeState.hidden``)."""
-        return self._want_hidden
+    def labels(self) -> list[str]:
+        return list(self.lineup.labels)
 
     @property
-    def proposer(self) -> Proposer:
-        """The first proposer (the only one unless several are combined)."""
-        return self.proposers[0]
+    def verifier(self) -> Verifier:
+        return self.lineup.verifier
 
     @torch.inference_mode()
     def generate(
@@ -177,26 +166,16 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [""])[0]
 
 
-def proposer_labels(names: Sequence[str]) -> list[str]:
-    """Unique labels for proposers: the name, then ``name#2``, ``name#3`` for repeats of a name."""
-    seen: dict[str, int] = {}
-    out = []
-    for n in names:
-        seen[n] = seen.get(n, 0) + 1
-        out.append(n if seen[n] == 1 else f"{n}#{seen[n]}")
-    return out
-
-
 class _Request:
     """One request's state and loop (kept apart from ``Engine`` so the engine stays reusable)."""
 
-    def __init__(self, engine, prompt_ids, max_new_tokens, sampling, seed, stop_strings, on_text, observer,
-                 between_steps, scorer) -> None:
+    def __init__(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
+                 seed: int, stop_strings: tuple[str, ...], on_text: Callable[[str], None] | None,
+                 observer: Observers | None, between_steps: Callable[[], Any] | None, scorer: ScorerFactory) -> None:
         self.e = engine
         self.between_steps = between_steps
         target = engine.target
-        self.device = target.device
-        generator = torch.Generator(device=self.device)
+        generator = torch.Generator(device=target.device)
         generator.manual_seed(seed)
         self.sampling = sampling
         self.buf = torch.empty((1, len(prompt_ids) + max_new_tokens), dtype=torch.int64)
@@ -204,96 +183,99 @@ class _Request:
         self.length = len(prompt_ids)
         # proposers get a copy of the committed tokens: one that writes into it cannot change the output
         self.state = DecodeState(self.buf[:, : self.length].clone(), len(prompt_ids), sampling, generator)
-        self.room = target.max_context - len(prompt_ids)  # positions left in the context
+        self.state.feature_layers = engine.feature_layers
+        room = target.max_context - len(prompt_ids)  # positions left in the context
         self.stops = StopChecker(
-            target.eos_token_ids, min(max_new_tokens, self.room), stop_strings, target.decode if stop_strings else None
+            target.eos_token_ids, min(max_new_tokens, room), stop_strings, target.decode if stop_strings else None
         )
         self.stream = (
             TextStream(target.decode, on_text, max((len(s) for s in stop_strings), default=1) - 1) if on_text else None
         )
-        self.metrics = RequestMetrics(prompt_tokens=len(prompt_ids))
+        self.recorder = Recorder(engine.labels, len(prompt_ids), observer)
         self.seed = seed
-        self.drafting = Drafting(
-            engine.proposers, engine.labels, engine.origins, engine.trees_ok, engine.merged_trees_ok, engine.merge,
-            engine.router, engine.isolation, self.metrics, target.vocab_size, sampling.is_greedy,
-        )
-        self.observer = observer
-        self._faults_seen = 0  # proposer faults already reported to the observer
-        self.scorer = scorer(target, engine._layers, engine._want_hidden)
+        self.drafting = Drafting(engine.lineup, target, self.recorder, sampling.is_greedy)
+        self.scorer = scorer(target, engine.feature_layers, engine.wants_hidden)
         self.prompt_ids = prompt_ids
         self.features: torch.Tensor | None = None  # [1, prompt + max_new, F, H], filled as positions are processed
-        self.state.feature_layers = engine._layers
 
     def run(self) -> GenerationResult:
         t_start = time.perf_counter()
-        e, m = self.e, self.metrics
         if self.length > 1:  # prefill all but the newest token (see the KV invariant above)
             ids = self.buf[:, : self.length - 1]
             self.state.hidden, feats = self.scorer.prefill(ids)
             self._store_features(feats, 0, list(range(ids.shape[1])))
-        m.prefill_s = time.perf_counter() - t_start
+        self.recorder.prefill(time.perf_counter() - t_start)
         self.drafting.start(self.state, self.seed)
         while self.stops.finish_reason is None:
             self.step()
             if self.between_steps is not None:
                 self.between_steps()
-        m.wall_s = time.perf_counter() - t_start
         generated = self.stops.generated
         # a character the last tokens began but did not finish is left out (its bytes stay in token_ids)
-        text = without_incomplete_character(e.target.decode(generated)) if e.target.tokenizer is not None else ""
+        target = self.e.target
+        text = without_incomplete_character(target.decode(generated)) if target.tokenizer is not None else ""
         if self.stops.stop_text_at is not None:
             text = text[: self.stops.stop_text_at]
         if self.stream:
             self.stream.update(generated, final=True, final_text=text)
-        m.new_tokens = len(generated)
-        return GenerationResult(list(generated), text, self.stops.finish_reason, m, list(self.prompt_ids))
+        metrics = self.recorder.finish(time.perf_counter() - t_start)
+        return GenerationResult(list(generated), text, self.stops.finish_reason, metrics, list(self.prompt_ids))
 
     def step(self) -> None:
-        e, m, state = self.e, self.metrics, self.state
-        remaining = self.stops.max_new_tokens - len(self.stops.generated)
-        # 1. propose: each proposer drafts, the drafts merge into one tree (each step also commits one
-        # recovered or bonus token, so the drafts may hold remaining - 1 tokens)
+        """One verification step (the six calls of the module docstring); times go to the recorder."""
         t0 = time.perf_counter()
-        merged = self.drafting.propose(state, remaining - 1)
-        # 2-3. one target forward over [newest committed token] + draft nodes
+        # 1. propose: the merged draft (each step also commits one target token, so it may hold remaining - 1)
+        merged = self.drafting.propose(self.state, self.stops.max_new_tokens - len(self.stops.generated) - 1)
         t1 = time.perf_counter()
-        newest = self.buf[:, self.length - 1 : self.length]
-        try:
-            scored = self.scorer.score(newest, merged.tree)
-        except Exception as exc:  # noqa: BLE001 - a draft the target cannot take must not end the request
-            if not merged.tree.num_nodes:
-                raise  # the target fails on its own: not a draft's doing
-            merged = self._draft_refused(merged, exc)
-            scored = self.scorer.score(newest, merged.tree)
-        draft, parent = merged.tree, scored.parent
-        n, tree = draft.num_nodes, parent is not None
-        # 4. accept
+        # 2. one target forward over [newest committed token] + the draft's nodes
+        merged, scored = self._score(merged)
         t2 = time.perf_counter()
         forward_s = t2 - t1 if scored.seconds is None else scored.seconds
-        result = e.verifier.verify(draft, scored.logits, self.sampling, state.generator)
-        accepted = result.accepted_nodes[0]
-        # 5. commit, stop checks per token, KV rollback to the committed length minus the newest token
-        committed = self.stops.feed([*draft.token_ids[0, list(accepted)].tolist(), result.next_token[0]])
-        # a stop inside the accepted block: only its committed nodes count as accepted, everywhere below (metrics,
-        # attribution, feedback, observers); the committed tokens are the accepted path's first ones
-        accepted = accepted[: len(committed)]
-        self._store_features(scored.features, self.length - 1, [0, *(a + 1 for a in accepted)])
-        self._commit(committed)
-        self.scorer.keep(list(accepted))  # a tree keeps only its accepted path
-        if scored.hidden is not None:
-            state.hidden = scored.hidden[:, accepted[-1] + 1 if accepted else 0]
-        m.record_step(n, len(accepted), node_depths(parent) if tree else None)
-        # 6. feedback: each proposer about its own draft, attribution, the policy and router
+        # 3. accept: the verifier walks the draft
+        result = self.e.verifier.verify(merged.tree, scored.logits, self.sampling, self.state.generator)
+        # 4. commit: stop checks per token; the KV cache, features and hidden state keep the accepted path
+        accepted, committed = self._commit(merged, scored, result)
+        # 5. feedback: each proposer about its own draft, attribution, the merge policy and router
         finished = self.stops.finish_reason is not None
         report = self.drafting.feedback(merged, accepted, committed, finished, forward_s)
         if self.stream and committed and not finished:  # the last piece comes from run(), cut at a stop string
             self.stream.update(self.stops.generated)
-        if self.observer is not None:
-            self._observe(n, len(accepted), committed, finished, report)
+        # 6. record: metrics and the observers' step event
         t3 = time.perf_counter()
-        m.propose_s += t1 - t0
-        m.forward_s += forward_s
-        m.verify_s += t3 - t2
+        self.recorder.step(report, merged.depths(), committed, finished, t1 - t0, t3 - t2)
+
+    def _score(self, merged: MergedDraft) -> tuple[MergedDraft, Scored]:
+        """Score the newest committed token + ``merged``'s draft. A draft the target's forward cannot take (a shape or
+        mask it raises on) is replaced by an empty one (see :meth:`_draft_refused`); the target failing on its own
+        raises."""
+        newest = self.buf[:, self.length - 1 : self.length]
+        try:
+            return merged, self.scorer.score(newest, merged.tree)
+        except Exception as exc:  # noqa: BLE001 - a draft the target cannot take must not end the request
+            if not merged.tree.num_nodes:
+                raise  # the target fails on its own: not a draft's doing
+            merged = self._draft_refused(merged, exc)
+            return merged, self.scorer.score(newest, merged.tree)
+
+    def _commit(self, merged: MergedDraft, scored: Scored, result: VerifyResult) -> tuple[list[int], list[int]]:
+        """Commit the accepted path's tokens and the recovered/bonus token, through the stop checks; keep the accepted
+        path's KV entries, features and hidden state. Returns ``(accepted node indices, committed tokens)``: a stop
+        inside the accepted block leaves only its committed nodes accepted (for metrics, attribution, feedback and
+        observers alike)."""
+        draft = merged.tree
+        accepted = result.accepted_nodes[0]
+        committed = self.stops.feed([*draft.token_ids[0, list(accepted)].tolist(), result.next_token[0]])
+        accepted = list(accepted[: len(committed)])
+        self._store_features(scored.features, self.length - 1, [0, *(a + 1 for a in accepted)])
+        if committed:
+            end = self.length + len(committed)
+            self.buf[0, self.length : end] = torch.tensor(committed, dtype=torch.int64)
+            self.length = end
+            self.state.tokens = self.buf[:, :end].clone()
+        self.scorer.keep(accepted)  # a tree keeps only its accepted path
+        if scored.hidden is not None:
+            self.state.hidden = scored.hidden[:, accepted[-1] + 1 if accepted else 0]
+        return accepted, committed
 
     def _draft_refused(self, merged: MergedDraft, exc: Exception) -> MergedDraft:
         """The target's forward raised on this step's draft (a shape or mask it cannot take): restore the KV cache,
@@ -302,15 +284,13 @@ class _Request:
         self.scorer.undo()
         was_tree = not merged.tree.is_chain()
         self.drafting.restrict(chains_only=was_tree)
-        m = self.metrics
-        m.proposer_faults += 1
-        m.proposer_fault_kinds[REFUSED] = m.proposer_fault_kinds.get(REFUSED, 0) + 1
+        self.recorder.fault(None, REFUSED)
         log.warning(
             "the target's forward raised %s on a %s draft of %d nodes from %s: %s; this step goes on without it and "
             "the rest of the request %s, output is unaffected", type(exc).__name__, "tree" if was_tree else "chain",
             merged.tree.num_nodes, "+".join(self.e.labels), _first_line(exc),
             "drafts chains only" if was_tree else "decodes from the target alone")
-        return MergedDraft.single(DraftTree.empty(), len(self.e.proposers))
+        return MergedDraft.single(DraftTree.empty(), len(self.e.lineup.proposers))
 
     def _store_features(self, feats: torch.Tensor | None, start: int, rows: list[int]) -> None:
         """Keep the features of the processed rows ``rows`` (committed positions ``start, start + 1, ...``)."""
@@ -320,18 +300,3 @@ class _Request:
             self.features = feats.new_empty((1, self.buf.shape[1], feats.shape[2], feats.shape[3]))
         self.features[:, start : start + len(rows)] = feats[:, rows]
         self.state.features = self.features[:, : start + len(rows)]
-
-    def _commit(self, tokens: list[int]) -> None:
-        if tokens:
-            end = self.length + len(tokens)
-            self.buf[0, self.length : end] = torch.tensor(tokens, dtype=torch.int64)
-            self.length = end
-            self.state.tokens = self.buf[:, :end].clone()
-
-    def _observe(self, drafted: int, accepted: int, committed: list[int], finished: bool, report: StepReport) -> None:
-        m = self.metrics
-        faults, self._faults_seen = m.proposer_faults - self._faults_seen, m.proposer_faults
-        self.observer.step(
-            m.target_forwards - 1, "+".join(self.e.labels), drafted, accepted, tuple(committed), faults, finished,
-            report.proposers,
-        )

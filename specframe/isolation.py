@@ -5,7 +5,7 @@ the :class:`~specframe.contracts.DraftTree` contract (see :func:`specframe.valid
 ``propose`` call takes longer than the policy's time budget. Its draft is then left out of the step (a
 target-only step when it drafts alone; combined, the other proposers' drafts are still verified), so the committed
 tokens are exactly those of plain decoding. Per request and proposer, a :class:`FaultGuard` counts faults in the
-request's metrics (and the proposer's own attribution), logs **one** warning naming the plugin, and after
+request's metrics through the request's recorder (and the proposer's own attribution), logs **one** warning naming the plugin, and after
 ``max_faults`` faults disables that proposer — and only it — for the rest of the request (no more calls into it).
 
 The time budget is checked after ``propose`` returns (a Python call cannot be interrupted safely); the late
@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 
 from .errors import ConfigError, DraftError, ProposerTimeoutError
-from .metrics import ProposerMetrics, RequestMetrics
+from .recorder import Recorder
 
 log = logging.getLogger("specframe")
 
@@ -81,47 +81,34 @@ class FaultGuard:
 
     Args:
         name: the proposer's name.
+        label: its label in the request (metrics key: the name, or ``name#2`` for a second instance).
         plugin: where it comes from, e.g. ``"specframe-recall 0.1.0"`` ("" when unknown).
         policy: the isolation policy.
-        metrics: the request's metrics (``proposer_faults`` and ``proposer_fault_kinds`` count every proposer's
-            faults; ``proposer_disabled`` is set by the caller once every proposer is disabled).
-        own: this proposer's attribution entry (``faults``, ``disabled``), when it has one.
+        recorder: the request's :class:`~specframe.recorder.Recorder`, which counts every fault in the metrics.
 
     With several proposers combined, each has its own guard: one proposer's faults never disable another.
     """
 
-    __slots__ = ("name", "plugin", "policy", "metrics", "own", "faults", "disabled")
+    __slots__ = ("name", "label", "plugin", "policy", "recorder", "faults", "disabled")
 
-    def __init__(
-        self, name: str, plugin: str, policy: IsolationPolicy, metrics: RequestMetrics, own: ProposerMetrics | None = None
-    ) -> None:
-        self.name, self.plugin, self.policy, self.metrics, self.own = name, plugin, policy, metrics, own
+    def __init__(self, name: str, label: str, plugin: str, policy: IsolationPolicy, recorder: Recorder) -> None:
+        self.name, self.label, self.plugin, self.policy, self.recorder = name, label, plugin, policy, recorder
         self.faults = 0
         self.disabled = False
 
     def unbuilt(self) -> None:
         """The proposer could not be built (:class:`UnbuiltProposer`): one ``build`` fault, disabled from the start,
         no warning (given once when it was built)."""
-        m = self.metrics
         self.faults, self.disabled = self.faults + 1, True
-        m.proposer_faults += 1
-        m.proposer_fault_kinds[BUILD] = m.proposer_fault_kinds.get(BUILD, 0) + 1
-        if self.own is not None:
-            self.own.faults += 1
-            self.own.disabled = True
+        self.recorder.fault(self.label, BUILD, disabled=True)
 
     def fault(self, where: str, exc: BaseException) -> None:
         """Record a fault in ``where`` (``start`` | ``propose`` | ``on_verified``); warn on the first one."""
-        m, kind = self.metrics, fault_kind(exc)
+        kind = fault_kind(exc)
         self.faults += 1
-        m.proposer_faults += 1
-        m.proposer_fault_kinds[kind] = m.proposer_fault_kinds.get(kind, 0) + 1
-        if self.own is not None:
-            self.own.faults += 1
         if self.faults >= self.policy.max_faults:
             self.disabled = True
-            if self.own is not None:
-                self.own.disabled = True
+        self.recorder.fault(self.label, kind, disabled=self.disabled)
         if self.faults == 1:
             what = {MALFORMED: "broke the draft contract", TIMEOUT: "ran over its time budget"}.get(
                 kind, f"raised {type(exc).__name__}"

@@ -26,12 +26,15 @@ budget is spent in plan order), which the multi-draft exactness argument needs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
+from torch import Tensor
 
 from .contracts import DraftTree
+from .tree import node_depths
+from .trie import TokenTrie
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,7 @@ class MergedDraft:
     tree: DraftTree  # [1, N] the merged tree verified by the target
     sources: tuple[int, ...]  # [N] provenance bitmask: bit j set = proposer j produced the node
     node_of: tuple[tuple[int, ...], ...]  # [P][kept_j] own node index -> merged node index
+    _depths: list[int] | None = field(default=None, compare=False, repr=False)  # [N], filled by depths()
 
     @staticmethod
     def single(draft: DraftTree, proposers: int = 1, index: int = 0) -> "MergedDraft":
@@ -52,6 +56,12 @@ class MergedDraft:
         n = draft.num_nodes
         node_of = tuple(tuple(range(n)) if j == index else () for j in range(proposers))
         return MergedDraft(draft, (1 << index,) * n, node_of)
+
+    def depths(self) -> list[int]:
+        """``[N]`` each merged node's depth (1 = a child of the newest committed token), computed once."""
+        if self._depths is None:
+            object.__setattr__(self, "_depths", node_depths(self.tree.parent[0].tolist()))
+        return self._depths
 
     def kept(self, j: int) -> int:
         """How many of proposer ``j``'s nodes (a prefix of its draft) are in the merged tree."""
@@ -74,11 +84,6 @@ class MergedDraft:
             out.append(nxt)
             prev = nxt
         return tuple(out)
-
-    def credited(self, j: int, path: Sequence[int]) -> int:
-        """Accepted nodes proposer ``j`` produced (alone or with others)."""
-        bit = 1 << j
-        return sum(1 for m in path if self.sources[m] & bit)
 
     def alone(self, j: int, path: Sequence[int]) -> int:
         """Accepted nodes only proposer ``j`` produced."""
@@ -112,55 +117,63 @@ def merge_drafts(
     Example (greedy): ``[[1, 2, 3]]`` chain and ``[[1, 4]]`` chain, plan ``[(0, 3), (1, 2)]``, budget 8 ->
     tokens ``[1, 2, 3, 4]``, parents ``[-1, 0, 1, 0]``, sources ``[0b11, 0b01, 0b01, 0b10]``.
     """
-    tokens: list[int] = []
-    parents: list[int] = []
-    sources: list[int] = []
-    row: list[tuple[int, int] | None] = []  # (proposer, own node) whose q row a stochastic merged node uses
+    trie = TokenTrie(max_nodes)
+    sources: list[int] = []  # [N] provenance bitmask of each merged node
+    rows: list[tuple[int, int] | None] = []  # [N] (proposer, own node) whose q row a stochastic merged node uses
     node_of: list[list[int]] = [[] for _ in drafts]
-    index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node, mergeable nodes only
-    stochastic_any = False
     for j, quota in plan:
-        d = drafts[j]
-        assert d.token_ids.shape[0] == 1, "merging is for batch size 1"
-        stochastic = d.draft_probs is not None and not greedy
-        ids = d.token_ids[0, : max(quota, 0)].tolist()
-        par = d.parent[0, : len(ids)].tolist()
-        own = node_of[j]
-        for i, (tok, p) in enumerate(zip(ids, par)):
-            at = -1 if p < 0 else own[p]
-            key = (at, tok)
-            m = None if stochastic else index.get(key)
-            if m is None:
-                if len(tokens) >= max_nodes:
-                    break
-                m = len(tokens)
-                tokens.append(tok)
-                parents.append(at)
-                sources.append(0)
-                row.append((j, i) if stochastic else None)
-                if stochastic:
-                    stochastic_any = True
-                else:
-                    index[key] = m
-            sources[m] |= 1 << j
-            own.append(m)
-    n = len(tokens)
-    probs = None
-    if stochastic_any:
-        vocab = next(int(d.draft_probs.shape[-1]) for d in drafts if d.draft_probs is not None)
-        probs = torch.zeros((1, n, vocab), dtype=torch.float32)
-        for m, (tok, src) in enumerate(zip(tokens, row)):
-            if src is None:
-                probs[0, m, tok] = 1.0  # deterministic node: one-hot q
-            else:
-                j, i = src
-                probs[0, m] = drafts[j].draft_probs[0, i].to(torch.float32)
-    tree = DraftTree(
-        torch.tensor([tokens], dtype=torch.int64).reshape(1, n),
-        torch.tensor([parents], dtype=torch.int64).reshape(1, n),
-        probs,
-    )
+        _insert_draft(trie, drafts[j], j, quota, greedy, sources, rows, node_of[j])
+    tree = trie.to_draft(_q_rows(drafts, trie.token, rows))
     return MergedDraft(tree, tuple(sources), tuple(tuple(o) for o in node_of))
+
+
+def _insert_draft(
+    trie: TokenTrie,
+    draft: DraftTree,
+    j: int,
+    quota: int,
+    greedy: bool,
+    sources: list[int],
+    rows: list[tuple[int, int] | None],
+    own: list[int],
+) -> None:
+    """Insert the first ``quota`` nodes of proposer ``j``'s ``draft`` into ``trie`` in its own order, stopping
+    where a new merged node would exceed the budget.
+
+    For each inserted own node: its merged index is appended to ``own`` and bit ``j`` is set in its ``sources``
+    entry; a new merged node first gets its ``sources`` (0) and ``rows`` entries. Under sampling
+    (``greedy=False``) a draft with ``draft_probs`` inserts non-mergeable (stochastic) nodes, each with its own
+    q row ``(j, own node)``."""
+    assert draft.token_ids.shape[0] == 1, "merging is for batch size 1"
+    stochastic = draft.draft_probs is not None and not greedy
+    ids = draft.token_ids[0, : max(quota, 0)].tolist()
+    par = draft.parent[0, : len(ids)].tolist()
+    for i, (tok, p) in enumerate(zip(ids, par)):
+        m = trie.insert(-1 if p < 0 else own[p], tok, mergeable=not stochastic)
+        if m is None:
+            break
+        if m == len(sources):  # a new merged node
+            sources.append(0)
+            rows.append((j, i) if stochastic else None)
+        sources[m] |= 1 << j
+        own.append(m)
+
+
+def _q_rows(drafts: Sequence[DraftTree], tokens: Sequence[int], rows: Sequence[tuple[int, int] | None]
+            ) -> Tensor | None:
+    """The merged tree's ``draft_probs``: ``[1, N, V]`` float32, each stochastic node's own q row (``rows[m]`` =
+    (proposer, own node)) and a one-hot row for each deterministic node; None when no node is stochastic."""
+    if all(src is None for src in rows):
+        return None
+    vocab = next(int(d.draft_probs.shape[-1]) for d in drafts if d.draft_probs is not None)
+    probs = torch.zeros((1, len(tokens), vocab), dtype=torch.float32)
+    for m, (tok, src) in enumerate(zip(tokens, rows)):
+        if src is None:
+            probs[0, m, tok] = 1.0  # deterministic node: one-hot q
+        else:
+            j, i = src
+            probs[0, m] = drafts[j].draft_probs[0, i].to(torch.float32)
+    return probs
 
 
 def check_plan(plan: Sequence[tuple[int, int]], proposers: int) -> list[tuple[int, int]]:

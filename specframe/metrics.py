@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .contracts import ProposerStep
+from .combining import ProposerStep
 
 
 @dataclass

@@ -184,7 +184,7 @@ def _entry_ok(entry: Path) -> bool:
         return False
 
 
-def _convert_gguf(gguf: Path, entry: Path, log: Callable[[str], None]) -> None:
+def convert_gguf(gguf: Path, entry: Path, log: Callable[[str], None]) -> None:
     import safetensors.torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -255,7 +255,7 @@ def model_directory(source: ModelSource, log: Callable[[str], None] = lambda s: 
     assert source.gguf is not None
     entry = _entry_dir(source.gguf)
     if not _entry_ok(entry):
-        _convert_gguf(source.gguf, entry, log)
+        convert_gguf(source.gguf, entry, log)
     return entry
 
 
@@ -292,52 +292,3 @@ def load_model(directory: Path, dtype: torch.dtype, device: str, tokenizer: bool
     tok = AutoTokenizer.from_pretrained(directory) if tokenizer else None
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).to(device)
     return model.eval(), tok
-
-
-def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
-                log: Callable[[str], None] = lambda s: None, threads: int | str = "auto", prepack: bool | str = "auto",
-                speculative: bool = True, progress=None, measure: bool | None = None):
-    """Resolve, convert (once) and load a target. Returns a :class:`specframe.target.Target`.
-
-    ``dtype``, ``threads`` and ``prepack`` set to ``auto`` are chosen from this machine's measured profile
-    (:mod:`specframe.tune`; measured once when ``dtype`` is auto, with a bar on ``progress``); the chosen settings
-    and reasons are ``target.settings``, the live cost curve v(n) is ``target.info.cost``, and
-    ``target.governor`` keeps the thread count within the free cores during a run. A cache entry that fails to
-    load is rebuilt once.
-
-    Raises:
-        ConfigError: bad device or dtype name, or ``prepack`` asked for where it is not available.
-    """
-    from .packed import pack_linears
-    from .target import Target
-    from .tune import CostCurve, ThreadGovernor, resolve_settings
-
-    check_device(device)
-    if dtype not in ("auto", "bfloat16", "float32"):
-        resolve_dtype(dtype, device)  # raises the one-line error
-    source = resolve_model(name_or_path)
-    directory = model_directory(source, log)
-    settings, profile, _ = resolve_settings(directory, source.name, device, dtype, threads, prepack, speculative,
-                                            progress, measure)
-    if device == "cpu":
-        torch.set_num_threads(settings.threads)
-    torch_dtype = torch.bfloat16 if settings.dtype == "bfloat16" else torch.float32
-    try:
-        model, tok = load_model(directory, torch_dtype, device)
-    except (OSError, ValueError, RuntimeError):
-        if source.gguf is None:
-            raise
-        log(f"cache entry {directory} is unreadable; rebuilding it")
-        _convert_gguf(source.gguf, directory, log)
-        model, tok = load_model(directory, torch_dtype, device)
-    if settings.prepack:
-        pack_linears(model)
-    target = Target(model, tok, name=source.name)
-    from .machine import usable_cores
-    from .tune import Candidate
-
-    measured = profile.find(Candidate(settings.dtype, settings.threads, settings.prepack)) if profile else None
-    curve = CostCurve(measured.t_ms if measured else None)
-    target.attach_machine(settings, ThreadGovernor(settings, threads == "auto" and device == "cpu",
-                                                   usable_cores()[0], profile, curve))
-    return target

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .contracts import ProposerStep
+from .combining import ProposerStep
 
 log = logging.getLogger("specframe")
 

@@ -23,13 +23,16 @@ from torch import nn
 
 
 def packing_available(dtype: torch.dtype, device: torch.device | str) -> bool:
-    """True where oneDNN pre-packing exists for this dtype and device (CPU, float32 or bfloat16)."""
+    """True where oneDNN pre-packing exists for this dtype and device (CPU, float32 or bfloat16; bfloat16 needs a
+    CPU with oneDNN's bf16 path, e.g. AVX-512 BW/VL/DQ or AVX-NE-CONVERT: on an AVX2-only CPU packing raises)."""
+    ops = torch.ops.mkldnn
     return (
         torch.device(device).type == "cpu"
         and dtype in (torch.float32, torch.bfloat16)
         and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and hasattr(ops, "_reorder_linear_weight")
+        and hasattr(ops, "_linear_pointwise")
+        and (dtype != torch.bfloat16 or bool(getattr(ops, "_is_mkldnn_bf16_supported", lambda: False)()))
     )
 
 

@@ -27,7 +27,8 @@ from typing import Any, Literal, get_args, get_origin
 import pluggy
 
 from . import __version__, hookspecs, verifiers
-from .contracts import MergePolicyConfig, ProposerConfig, RouterConfig
+from .combining import MergePolicyConfig, RouterConfig
+from .contracts import ProposerConfig
 from .errors import (
     DuplicateRegistrationError,
     PluginContractError,
@@ -292,7 +293,7 @@ def _check_component(cls: type, kind: str, base: type, methods: tuple[str, ...],
     config = getattr(cls, "Config", None)
     if not (isinstance(config, type) and issubclass(config, base)):
         raise PluginContractError(
-            f"{kind} {name!r} from {where}: `Config` must be a subclass of specframe.contracts.{base.__name__}, "
+            f"{kind} {name!r} from {where}: `Config` must be a subclass of specframe.combining.{base.__name__}, "
             f"got {config!r}"
         )
     if config.model_config.get("extra") != "forbid":
@@ -309,7 +310,7 @@ def _check_merge_policy(cls: type, where: str) -> None:
 def _check_router(cls: type, where: str) -> None:
     if cls.name == "none":
         raise PluginContractError(f"router from {where}: the name 'none' is reserved (it means no router)")
-    _check_component(cls, "router", RouterConfig, ("start", "route", "on_step"), where)
+    _check_component(cls, "router", RouterConfig, ("start", "route", "revise", "on_step"), where)
 
 
 def _collect(reg: Registry, info: PluginInfo, plugin: object) -> None:

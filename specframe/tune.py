@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from .costs import interpolate
 from .machine import LoadMonitor, choose_threads, fingerprint, fingerprint_key, usable_cores
 
 log = logging.getLogger("specframe")
@@ -104,19 +105,7 @@ class CostCurve:
     def v(self, n: float) -> float:
         if not self.t_ms:
             return 1.0
-        return sum(_interp(NS, [t / row[0] for t in row], n) for row in self.t_ms.values()) / len(self.t_ms)
-
-
-def _interp(xs: Iterable[int], ys: list[float], x: float) -> float:
-    xs = list(xs)
-    if x <= xs[0]:
-        return ys[0]
-    for i in range(1, len(xs)):
-        if x <= xs[i]:
-            f = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-            return ys[i - 1] * (1 - f) + ys[i] * f
-    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-    return ys[-1] + slope * (x - xs[-1])
+        return sum(interpolate(NS, [t / row[0] for t in row], n) for row in self.t_ms.values()) / len(self.t_ms)
 
 
 def expected_tokens(n: int, accept: float = REF_ACCEPT) -> float:

@@ -42,11 +42,12 @@ def llama_target(llama_model, tokenizer) -> Target:
 def no_model_load(monkeypatch):
     """Fail the test if anything tries to load a real model (bad input must be refused before that)."""
     import specframe.api
+    import specframe.loader
     import specframe.models
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a model load was attempted")
 
-    monkeypatch.setattr(specframe.models, "load_target", forbidden)
+    monkeypatch.setattr(specframe.loader, "load_target", forbidden)
     monkeypatch.setattr(specframe.models, "load_model", forbidden)
     monkeypatch.setattr(specframe.api, "load", forbidden)

@@ -28,6 +28,7 @@ runner = CliRunner()
 def no_model_load(monkeypatch):
     """Fail the test if anything tries to load a model."""
     import specframe.api
+    import specframe.loader
     import specframe.models
 
     calls: list[str] = []
@@ -36,7 +37,7 @@ def no_model_load(monkeypatch):
         calls.append(repr(args))
         raise AssertionError("a model load was attempted")
 
-    monkeypatch.setattr(specframe.models, "load_target", forbidden)
+    monkeypatch.setattr(specframe.loader, "load_target", forbidden)
     monkeypatch.setattr(specframe.models, "load_model", forbidden)
     monkeypatch.setattr(specframe.api, "load", forbidden)
     yield calls

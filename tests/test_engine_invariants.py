@@ -549,22 +549,37 @@ def test_generate_rejects_bad_requests(target):
     with pytest.raises(ConfigError, match="at least one proposer"):
         Engine(target, [], GreedyVerifier())
     ngram = NgramProposer(NgramConfig(), target.info)
-    with pytest.raises(ConfigError, match="needs a merge policy"):  # combining: see tests/test_combining.py
+    with pytest.raises(ConfigError, match="needs a merge policy"):  # combining: see tests/test_combined_engine.py
         Engine(target, [ngram, NoProposer(NoneConfig(), target.info)], GreedyVerifier())
     with pytest.raises(ConfigError, match="listed twice"):
         Engine(target, [ngram, ngram], GreedyVerifier(), merge=object())
 
 
-def test_tree_proposer_needs_a_tree_verifier(target):
+def test_tree_proposer_with_a_chain_verifier_drafts_chains(target, reference):
+    """A verifier that takes chains only: a tree-drafting proposer's drafts keep their leading chain (no fault), and
+    the output is the target's."""
+    seen = []
+
     class TreeProposer(NoProposer):
         name = "tree"
         produces_trees = True
 
+        def propose(self, state, budget):  # the target's next token, plus a wrong sibling of it
+            nxt = reference[state.num_generated]
+            return DraftTree.from_lists([nxt, (nxt + 1) % target.vocab_size], [-1, -1])
+
     class ChainOnlyVerifier(GreedyVerifier):
         supports_trees = False
 
-    with pytest.raises(ConfigError, match="trees"):
-        Engine(target, [TreeProposer(NoneConfig(), target.info)], ChainOnlyVerifier())
+        def verify(self, draft, logits, sampling, generator):
+            seen.append(draft.is_chain())
+            return super().verify(draft, logits, sampling, generator)
+
+    result = Engine(target, [TreeProposer(NoneConfig(), target.info)], ChainOnlyVerifier()).generate(
+        PROMPT, max_new_tokens=6)
+    assert result.token_ids == reference[:6]
+    assert seen and all(seen)
+    assert result.metrics.proposer_faults == 0 and result.metrics.accepted_tokens >= 1
 
 
 def test_engine_is_reusable_and_restarts_the_proposer(target, reference):

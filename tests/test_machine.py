@@ -25,7 +25,8 @@ import specframe.machine as machine
 import specframe.tune as tune
 from specframe import DraftTree
 from specframe.config import load_config
-from specframe.contracts import ProposerStep, StepReport, TargetInfo
+from specframe.combining import ProposerStep, StepReport
+from specframe.contracts import TargetInfo
 from specframe.errors import ConfigError
 from specframe.machine import LoadMonitor, LoadSample, cgroup_cpu_quota, choose_threads, free_cores, usable_cores
 from specframe.packed import PackedLinear, is_packed, pack_linears, packing_available
@@ -425,6 +426,7 @@ def test_a_provisional_profile_is_measured_again_when_the_machine_is_quiet(tmp_p
 
 def test_resolve_settings_explicit_settings_win(tmp_path, fake_measure, monkeypatch):
     quiet_machine(monkeypatch, 1.0)  # one of 2 cores busy: auto fits 1 thread
+    monkeypatch.setattr("specframe.packed.packing_available", lambda dtype, device: True)  # any CPU: a fake profile
     monkeypatch.setattr(tune, "usable_cores", lambda: (2, "2 test cores"))
     s, prof, others = resolve_settings(tmp_path, "tiny", "cpu")  # dtype auto: the profile is measured
     assert fake_measure.calls == 1 and others == 1.0 and prof is not None

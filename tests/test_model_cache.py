@@ -25,7 +25,7 @@ def conversions(tmp_path, monkeypatch) -> list[Path]:
         (entry / "model.safetensors").write_bytes(b"w")
         (entry / MANIFEST).write_text(json.dumps({"version": ENTRY_VERSION, "files": {"model.safetensors": 1}}))
 
-    monkeypatch.setattr(models, "_convert_gguf", convert)
+    monkeypatch.setattr(models, "convert_gguf", convert)
     return calls
 
 

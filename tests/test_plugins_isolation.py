@@ -285,7 +285,7 @@ def test_a_proposer_that_refuses_its_config_while_built_is_one_error_line(specfr
 
 @pytest.mark.parametrize("kind", ["merge policy", "router"])
 def test_a_merge_policy_or_router_that_raises_while_built_is_replaced(specframe_tiny_target, references, kind, caplog):
-    from specframe.contracts import MergePolicyBase, MergePolicyConfig, RouterBase, RouterConfig
+    from specframe.combining import MergePolicyBase, MergePolicyConfig, RouterBase, RouterConfig
 
     class BadMergeConfig(MergePolicyConfig):
         policy: str = "bad"

@@ -281,7 +281,7 @@ def test_plugins_json_lists_every_plugin_with_its_proposers(fake_dist):
     assert (echo["distribution"], echo["version"], echo["module"]) == ("specframe-echo", "1.2.3", "sf_echo_mod")
     assert [p["name"] for p in echo["proposers"]] == ["echo"]
     ngram = by_name["ngram"]["proposers"][0]
-    assert ngram["capabilities"] == {"tree_drafts": False, "draft_probs": False, "needs_hidden_states": False}
+    assert ngram["capabilities"] == {"tree_drafts": True, "draft_probs": False, "needs_hidden_states": False}
     k = next(o for o in ngram["config"] if o["option"] == "k")
     assert k == {"option": "k", "type": "int", "required": False, "default": 8, "constraints": ">=1, <=64",
                  "description": "Draft length: most tokens proposed per step."}

@@ -384,7 +384,7 @@ def test_a_shorter_replay_is_the_recording_cut(envs):
 
 def test_a_draft_model_replays_as_live(envs, tmp_path):
     """A proposer with its own model and KV cache (rolled back to the committed prefix each step) replays exactly too."""
-    from .test_combining import draft_dir
+    from .combining_helpers import draft_dir
 
     sf, trace, _ = envs["llama"]
     draft = {"name": "draft-model", "model": str(draft_dir(tmp_path, "llama")), "k": 4}

@@ -25,13 +25,13 @@ def bench(
         help="Measure the target's cost curve v(n) too (default: when the config has a `profile:` section)."),
 ) -> None:
     """Compare strategies side by side on Spec-Bench questions, against HF transformers peers."""
-    from ..cli import _fail
+    from ..console import fail
     from ..errors import SpecframeError
 
     try:
         _bench(config, questions, categories, limit_per_category, max_new_tokens, output, profile)
     except SpecframeError as exc:
-        _fail(str(exc))
+        fail(exc)
 
 
 def print_table(table: Any, console: Any = None) -> None:
@@ -83,19 +83,50 @@ def validate_bench_config(cfg: Any, registry: Any) -> None:
 
 
 def _bench(config, questions, categories, limit_per_category, max_new_tokens, output, profile) -> None:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    from ..config import SpecframeConfig
-    from ..prompts import read_prompts
+    """Validate everything, load each model once, run the strategies interleaved, then write results.json,
+    report.md and the plots to ``output``."""
+    from ..console import err
     from ..registry import build_registry
-    from .config import ProfileConfig, load_bench_config
-    from .costmodel import measure_cost_curve
-    from .report import aggregate, render_markdown, speedup_table
-    from .runner import BenchRunner, environment, lossless_check, select_questions
+    from .report import aggregate
+    from .runner import lossless_check
 
-    err = Console(stderr=True, highlight=False)
     # 1. validate everything before any model loads
+    cfg, chosen = _bench_inputs(config, questions, categories, limit_per_category, max_new_tokens, output, profile)
+    registry = build_registry()
+    validate_bench_config(cfg, registry)
+    try:  # an unwritable output fails now, not after the run
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--output {output}: cannot create the directory ({exc.strerror})") from None
+    if profile is None and cfg.profile is not None:
+        err.print(f"measuring the cost curve v(n) too: {config} has a `profile:` section (--no-profile skips it)",
+                  markup=False, soft_wrap=True)
+
+    # 2. load once, 3. run
+    by_strategy, assistants = _load_strategies(cfg, registry, err)
+    records, prof = _run_strategies(cfg, chosen, by_strategy, assistants, err)
+    lossless = lossless_check(by_strategy.__getitem__, records, chosen, cfg.chat) if is_greedy_temperature(cfg.temperature) else None
+    summary = aggregate(records, [s.name for s in cfg.strategies], prof)
+    results: dict[str, Any] = {
+        "config": cfg.model_dump(), "environment": _bench_environment(by_strategy, records), "profile": prof,
+        "summary": summary, "lossless": lossless, "records": records,
+    }
+
+    # 4. write
+    _write_results(output, results, cfg, len(chosen), err)
+
+
+def _bench_inputs(config, questions, categories, limit_per_category, max_new_tokens, output, profile):
+    """The bench config with the command line's overrides applied, and the questions it selects.
+
+    Raises:
+        ConfigError: a bad option, an ``--output`` that is a file, no questions, or a category filter that
+            matches none.
+    """
+    from ..prompts import read_prompts
+    from .config import ProfileConfig, load_bench_config
+    from .runner import select_questions
+
     if max_new_tokens is not None and max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if limit_per_category is not None and limit_per_category < 1:
@@ -117,29 +148,23 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
         found = sorted({str(p.category) for p in prompts if p.category is not None})
         has = f"the file has: {', '.join(found)}" if found else "the file's questions have no `category`"
         raise ConfigError(f"--categories {cfg.categories} match no question; {has}")
-    registry = build_registry()
-    validate_bench_config(cfg, registry)
-    try:  # an unwritable output fails now, not after the run
-        output.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--output {output}: cannot create the directory ({exc.strerror})") from None
-    assistant_names = {s.name: s.options["assistant_model"] for s in cfg.strategies if s.peer == "hf-assisted"}
+    return cfg, chosen
 
-    if profile is None and cfg.profile is not None:
-        err.print(f"measuring the cost curve v(n) too: {config} has a `profile:` section (--no-profile skips it)",
-                  markup=False, soft_wrap=True)
 
-    # 2. load once
+def _load_strategies(cfg, registry, err) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load the target once per distinct machine request (dtype, threads, prepack, and whether it speculates where
+    any of those is ``auto``), and the ``hf-assisted`` assistant models: (strategy name -> Specframe, strategy
+    name -> assistant model)."""
     import logging
 
-    from ..models import load_target
-    from .config import BASELINE
+    from ..config import SpecframeConfig
+    from ..loader import load_target
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    from ..cli import load_with_progress
+    from ..console import load_with_progress
     from .config import machine_request
 
     loaded: dict[tuple, Any] = {}  # (dtype, threads, prepack, speculative) asked -> Specframe
@@ -152,11 +177,23 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
                                    prepack=prepack, proposers=[{"name": "ngram" if speculative else "none"}])
             loaded[key] = load_with_progress(scfg, registry, f"{cfg.model} ({dtype}, threads {threads}, prepack {prepack})")
         by_strategy[s.name] = loaded[key]
-    sf = by_strategy[BASELINE]
+    assistant_names = {s.name: s.options["assistant_model"] for s in cfg.strategies if s.peer == "hf-assisted"}
     with err.status("loading assistant models ...", spinner="dots"):
         assistants = {k: load_target(v, by_strategy[k].target.settings.dtype, cfg.device, measure=False).model
                       for k, v in assistant_names.items()}
+    return by_strategy, assistants
 
+
+def _run_strategies(cfg, chosen, by_strategy, assistants, err) -> tuple[list[dict], Any]:
+    """Measure the cost curve v(n) when the config asks for it, then run every strategy on the chosen questions,
+    interleaved, with a progress bar: (records, cost profile or None)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from .config import BASELINE
+    from .costmodel import measure_cost_curve
+    from .runner import BenchRunner
+
+    sf = by_strategy[BASELINE]
     runs = len(chosen) * len(cfg.seeds) * cfg.repeats * len(cfg.strategies)
     warm = min(cfg.warmup, len(chosen)) * len(cfg.strategies)
     prof_steps = cfg.profile.max_tokens if cfg.profile else 0
@@ -172,10 +209,17 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
         task = progress.add_task("bench", total=runs + warm)
         runner = BenchRunner(by_strategy, cfg, assistants)
         records = runner.run(chosen, advance=lambda s: progress.update(task, advance=1, description=f"bench {s:>16}"))
-    lossless = lossless_check(by_strategy.__getitem__, records, chosen, cfg.chat) if is_greedy_temperature(cfg.temperature) else None
-    summary = aggregate(records, [s.name for s in cfg.strategies], prof)
+    return records, prof
+
+
+def _bench_environment(by_strategy, records) -> dict[str, Any]:
+    """The run's environment: software versions, the machine, each strategy's target settings, and how busy the
+    other processes kept the machine (``exceeded_cores``: threads + their load beyond the usable cores)."""
+    from .config import BASELINE
+    from .runner import environment
+
     env = environment()
-    env["machine"] = sf.machine_info()
+    env["machine"] = by_strategy[BASELINE].machine_info()
     env["strategy_settings"] = {name: {k: v for k, v in one.target.settings.to_dict().items() if k != "profile"}
                                 for name, one in by_strategy.items() if one.target.settings is not None}
     loads = [r["others_load"] for r in records if "others_load" in r]
@@ -184,32 +228,38 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
     env["load"] = {"others_mean": round(sum(loads) / len(loads), 2) if loads else None,
                    "others_max": max(loads) if loads else None,
                    "exceeded_cores": busiest > env["machine"]["cores"] + 0.3}
-    results: dict[str, Any] = {
-        "config": cfg.model_dump(), "environment": env, "profile": prof,
-        "summary": summary, "lossless": lossless, "records": records,
-    }
+    return env
 
-    # 3. write
+
+def _write_results(output, results, cfg, questions: int, err) -> None:
+    """Write results.json, the plots and report.md to ``output``; print the speedup table, the lossless verdict and
+    a warning when other processes crowded the machine."""
     from .plots import write_plots
+    from .report import render_markdown, speedup_table
 
+    summary, lossless, env = results["summary"], results["lossless"], results["environment"]
     output.mkdir(parents=True, exist_ok=True)
     (output / "results.json").write_text(json.dumps(results, indent=1))
     plots = write_plots(summary, output)
     (output / "report.md").write_text(render_markdown(results, plots))
-    print_table(speedup_table(summary, f"speedup over none — {cfg.model} {cfg.dtype}, {len(chosen)} questions"))
-    mism = [m for m in lossless or [] if m["kind"] == "specframe"]
-    bad = sorted({m["strategy"] for m in mism if not m["near_tie"]})
-    if lossless is None:
-        verdict = "not applicable (sampling)"
-    elif not mism:
-        verdict = "all specframe strategies identical to none"
-    elif not bad:
-        verdict = f"{len(mism)} specframe mismatches, all at {cfg.dtype} near-ties (listed in report.md)"
-    else:
-        verdict = "FAILED for " + ", ".join(bad) + " (divergence not at a near-tie)"
-    err.print(f"lossless check: {verdict}")
+    print_table(speedup_table(summary, f"speedup over none — {cfg.model} {cfg.dtype}, {questions} questions"))
+    err.print(f"lossless check: {_lossless_verdict(lossless, cfg.dtype)}")
     if env["load"]["exceeded_cores"]:
         err.print(f"warning: other processes used up to {env['load']['others_max']:.1f} cores during the run, so "
                   f"threads + load exceeded the {env['machine']['cores']} usable cores: timings are not those of a "
                   "quiet machine")
     err.print(f"wrote {output}/results.json, report.md, {', '.join(plots)}")
+
+
+def _lossless_verdict(lossless: list[dict] | None, dtype: str) -> str:
+    """One line on the lossless check: ``None`` when sampling (not applicable), else whether the specframe
+    strategies matched ``none`` token for token, or diverged only at near-ties of ``dtype``."""
+    mism = [m for m in lossless or [] if m["kind"] == "specframe"]
+    bad = sorted({m["strategy"] for m in mism if not m["near_tie"]})
+    if lossless is None:
+        return "not applicable (sampling)"
+    if not mism:
+        return "all specframe strategies identical to none"
+    if not bad:
+        return f"{len(mism)} specframe mismatches, all at {dtype} near-ties (listed in report.md)"
+    return "FAILED for " + ", ".join(bad) + " (divergence not at a near-tie)"

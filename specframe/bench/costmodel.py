@@ -7,8 +7,9 @@ v(n) = T(n tokens) / T(1 token): the time of one target forward scoring n new to
 
     predicted speedup = τ / (v(n̄) + d / T(1))
 
-over plain decoding, with zero framework overhead. The measured speedup falls short of it by the
-framework's per-step overhead (bookkeeping, Python) — the report shows both.
+over plain decoding, with zero framework overhead (v(n) between measured points: :func:`specframe.costs.v_at`).
+The measured speedup falls short of it by the framework's per-step overhead (bookkeeping, Python) — the report
+shows both.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..costs import v_at
 from ..kv_cache import new_cache, rollback
 
 
@@ -54,18 +56,6 @@ def measure_cost_curve(target: Any, token_ids: list[int], context: int = 512, ma
         if progress is not None:
             progress()
     return {"context": context, "repeats": repeats, "t_ms": t_ms, "v": [t / t_ms[0] for t in t_ms]}
-
-
-def v_at(v: list[float], n: float) -> float:
-    """v(n) by linear interpolation (n >= 1); beyond the measured range, linear extrapolation of the last step."""
-    if n <= 1:
-        return v[0]
-    lo = int(n)
-    if lo >= len(v):
-        slope = v[-1] - v[-2] if len(v) > 1 else 0.0
-        return v[-1] + slope * (n - len(v))
-    frac = n - lo
-    return v[lo - 1] * (1 - frac) + v[lo] * frac
 
 
 def predicted_speedup(tau: float, verified_per_step: float, draft_s_per_step: float, t1_s: float,

@@ -229,51 +229,85 @@ def sweep_header(summary: dict[str, Any]) -> list[str]:
 def render_markdown(results: dict[str, Any], plots: list[str], sections: tuple[str, ...] | list[str] = ()) -> str:
     """report.md of a bench, or of a replay (``results["replay"]`` set: speed-ups and times are the cost model's
     predictions, see :mod:`specframe.replay`); ``sections`` are inserted before the plots."""
-    cfg, env, summary = results["config"], results["environment"], results["summary"]
-    cols = summary["columns"]
-    n_q = len({r["question_id"] for r in results["records"]})
-    replay = results.get("replay")
-    if replay:
-        t = replay["trace"]
-        intro = [
-            "# specframe replay report",
-            "",
-            f"Replay of the trace `{t['path']}` (model `{t['model']}`, {t['dtype']}, recorded by specframe {t['specframe']} "
-            f"with {t['recorded_with']}) on {n_q} question{'s' if n_q != 1 else ''}, {replay['max_new_tokens']} new tokens, "
-            f"seeds {cfg['seeds']}, {cfg['repeats']} repeat(s); {replay['run']}. No target forward ran: each draft was "
-            "verified against the recorded greedy continuation. Times are the cost model's: a forward over n tokens "
-            "costs T(1)·v(n) from the trace's cost curve, draft time is measured here, no framework overhead; speed-ups "
-            "and tokens/s are **predicted**.",
-            f"Environment of the replay: {env['cpu']} ({env['cpu_count']} CPUs), torch {env['torch']}, transformers "
-            f"{env['transformers']}, specframe {env['specframe']}, {env['date']}.",
-        ]
-        speed_title, tps_title = "## Predicted speed-up over `none` and τ", "## Predicted tokens/s by category"
-    else:
-        intro = [
-            "# specframe bench report",
-            "",
-            f"Model `{cfg['model']}` ({cfg['dtype']}, {cfg['device']}), temperature {cfg['temperature']}, "
-            f"{cfg['max_new_tokens']} new tokens, {n_q} question{'s' if n_q != 1 else ''}, seeds {cfg['seeds']}, {cfg['repeats']} repeat(s); "
-            f"strategies interleaved per question after {cfg['warmup']} warm-up question(s).",
-            f"Environment: {env['cpu']} ({env['cpu_count']} CPUs, torch threads {env['torch_threads']}), "
-            f"torch {env['torch']}, transformers {env['transformers']}, specframe {env['specframe']}, {env['date']}.",
-            *_machine_lines(env),
-        ]
-        speed_title, tps_title = "## Speedup over `none` (same run) and τ", "## Tokens/s by category"
+    summary, replay = results["summary"], bool(results.get("replay"))
     parts = [
-        *intro,
-        "",
-        speed_title,
-        "",
-        _md_table(*speedup_rows(summary)),
+        *(_replay_intro(results) if replay else _bench_intro(results)),
+        *_speedup_lines(results),
+        *_category_lines(summary, replay),
+        *_step_time_lines(summary, replay),
+        *_cost_model_lines(results.get("profile"), summary),
+        *_acceptance_lines(summary),
+        *_attribution_lines(summary),
+        *sections,
     ]
-    for family, rows in sweep_rows(summary, cfg["strategies"]).items():
+    if replay:
+        parts += ["", "## Replay check", "", f"Every replayed request committed exactly its recorded tokens "
+                  f"({len(results['records'])} requests)."]
+    else:
+        parts += _lossless_lines(results, results["config"], results["lossless"])
+    if plots:
+        parts += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    return "\n".join(parts) + "\n"
+
+
+def _questions(results: dict[str, Any]) -> str:
+    """"N question(s)": the distinct questions of the records."""
+    n_q = len({r["question_id"] for r in results["records"]})
+    return f"{n_q} question{'s' if n_q != 1 else ''}"
+
+
+def _replay_intro(results: dict[str, Any]) -> list[str]:
+    """Title and paragraph of a replay report: the trace replayed, and that its times are predictions."""
+    cfg, env, replay = results["config"], results["environment"], results["replay"]
+    t = replay["trace"]
+    return [
+        "# specframe replay report",
+        "",
+        f"Replay of the trace `{t['path']}` (model `{t['model']}`, {t['dtype']}, recorded by specframe {t['specframe']} "
+        f"with {t['recorded_with']}) on {_questions(results)}, {replay['max_new_tokens']} new tokens, "
+        f"seeds {cfg['seeds']}, {cfg['repeats']} repeat(s); {replay['run']}. No target forward ran: each draft was "
+        "verified against the recorded greedy continuation. Times are the cost model's: a forward over n tokens "
+        "costs T(1)·v(n) from the trace's cost curve, draft time is measured here, no framework overhead; speed-ups "
+        "and tokens/s are **predicted**.",
+        f"Environment of the replay: {env['cpu']} ({env['cpu_count']} CPUs), torch {env['torch']}, transformers "
+        f"{env['transformers']}, specframe {env['specframe']}, {env['date']}.",
+    ]
+
+
+def _bench_intro(results: dict[str, Any]) -> list[str]:
+    """Title and paragraph of a bench report: the model and run settings, the environment and the machine."""
+    cfg, env = results["config"], results["environment"]
+    return [
+        "# specframe bench report",
+        "",
+        f"Model `{cfg['model']}` ({cfg['dtype']}, {cfg['device']}), temperature {cfg['temperature']}, "
+        f"{cfg['max_new_tokens']} new tokens, {_questions(results)}, seeds {cfg['seeds']}, {cfg['repeats']} repeat(s); "
+        f"strategies interleaved per question after {cfg['warmup']} warm-up question(s).",
+        f"Environment: {env['cpu']} ({env['cpu_count']} CPUs, torch threads {env['torch_threads']}), "
+        f"torch {env['torch']}, transformers {env['transformers']}, specframe {env['specframe']}, {env['date']}.",
+        *_machine_lines(env),
+    ]
+
+
+def _speedup_lines(results: dict[str, Any]) -> list[str]:
+    """The speed-up table (measured, or predicted for a replay), then one ranked table per swept strategy."""
+    summary, replay = results["summary"], results.get("replay")
+    title = "## Predicted speed-up over `none` and τ" if replay else "## Speedup over `none` (same run) and τ"
+    parts = ["", title, "", _md_table(*speedup_rows(summary))]
+    for family, rows in sweep_rows(summary, results["config"]["strategies"]).items():
         how = ("the predicted speed-up of verification alone (τ and the nodes verified, on the trace's cost curve: the "
                "same wherever the replay runs; the next column adds the draft time measured in this replay)"
                if replay else "speed-up")
         parts += ["", f"## Sweep `{family}`: {len(rows)} settings", "", f"Ranked by {how}, then τ.", "",
                   _md_table(sweep_header(summary), rows)]
-    parts += [
+    return parts
+
+
+def _category_lines(summary: dict[str, Any], replay: bool) -> list[str]:
+    """τ and tokens/s (predicted for a replay) per strategy and question category."""
+    cols = summary["columns"]
+    tps_title = "## Predicted tokens/s by category" if replay else "## Tokens/s by category"
+    return [
         "",
         "## τ (mean accepted length) by category",
         "",
@@ -284,6 +318,13 @@ def render_markdown(results: dict[str, Any], plots: list[str], sections: tuple[s
         "",
         _md_table(["strategy"] + cols, [[s] + [_f(e["by_column"].get(c, {}).get("tokens_per_s"), "{:.1f}") for c in cols]
                                         for s, e in summary["strategies"].items()]),
+    ]
+
+
+def _step_time_lines(summary: dict[str, Any], replay: bool) -> list[str]:
+    """Time per verification step split into propose / forward / verify+commit / other, with the framework overhead
+    and α (for a replay: the measured propose time and the modeled forward)."""
+    return [
         "",
         "## Time per target forward (ms) and framework overhead" if not replay else "## Time per step (ms)",
         "",
@@ -300,53 +341,59 @@ def render_markdown(results: dict[str, Any], plots: list[str], sections: tuple[s
                     _f(e["by_column"].get(OVERALL, {}).get("alpha"))]
                    for s, e in summary["strategies"].items()]),
     ]
-    prof = results.get("profile")
-    if prof:
-        v = prof["v"]
-        shown = [n for n in (1, 2, 4, 8, 16, 32) if n <= len(v)]
-        parts += [
-            "",
-            f"## Cost model (context {prof['context']}, median of {prof['repeats']})",
-            "",
-            f"T(1) = {prof['t_ms'][0]:.1f} ms. v(n) = T(n)/T(1): "
-            + ", ".join(f"v({n}) = {v[n - 1]:.2f}" for n in shown) + ".",
-            "",
-            "Predicted speedup = τ / (v(n̄) + d/T(1)) with n̄ tokens verified per forward and d the proposer's time per "
-            "step (zero framework overhead); measured is from the table above.",
-            "",
-            _md_table(["strategy", "predicted", "measured"],
-                      [[s, _f(e.get("predicted_speedup"), "{:.2f}×"),
-                        _f(e["by_column"].get(OVERALL, {}).get("speedup"), "{:.2f}×")]
-                       for s, e in summary["strategies"].items() if "predicted_speedup" in e]),
-        ]
+
+
+def _cost_model_lines(prof: dict[str, Any] | None, summary: dict[str, Any]) -> list[str]:
+    """The measured cost curve v(n) and each strategy's predicted against measured speed-up (nothing without a
+    profile)."""
+    if not prof:
+        return []
+    v = prof["v"]
+    shown = [n for n in (1, 2, 4, 8, 16, 32) if n <= len(v)]
+    return [
+        "",
+        f"## Cost model (context {prof['context']}, median of {prof['repeats']})",
+        "",
+        f"T(1) = {prof['t_ms'][0]:.1f} ms. v(n) = T(n)/T(1): "
+        + ", ".join(f"v({n}) = {v[n - 1]:.2f}" for n in shown) + ".",
+        "",
+        "Predicted speedup = τ / (v(n̄) + d/T(1)) with n̄ tokens verified per forward and d the proposer's time per "
+        "step (zero framework overhead); measured is from the table above.",
+        "",
+        _md_table(["strategy", "predicted", "measured"],
+                  [[s, _f(e.get("predicted_speedup"), "{:.2f}×"),
+                    _f(e["by_column"].get(OVERALL, {}).get("speedup"), "{:.2f}×")]
+                   for s, e in summary["strategies"].items() if "predicted_speedup" in e]),
+    ]
+
+
+def _acceptance_lines(summary: dict[str, Any]) -> list[str]:
+    """Acceptance rate by draft position (the first 8) of the strategies that drafted."""
     acc_rows = [[s] + [f"{a:.2f}" for a in e["acceptance_by_position"][:8]]
                 for s, e in summary["strategies"].items() if e["acceptance_by_position"]]
-    if acc_rows:
-        width = max(len(r) for r in acc_rows)
-        parts += ["", "## Acceptance rate by draft position", "",
-                  _md_table(["strategy"] + [f"pos {i}" for i in range(1, width)],
-                            [r + [""] * (width - len(r)) for r in acc_rows])]
+    if not acc_rows:
+        return []
+    width = max(len(r) for r in acc_rows)
+    return ["", "## Acceptance rate by draft position", "",
+            _md_table(["strategy"] + [f"pos {i}" for i in range(1, width)],
+                      [r + [""] * (width - len(r)) for r in acc_rows])]
+
+
+def _attribution_lines(summary: dict[str, Any]) -> list[str]:
+    """Per-proposer attribution: one table per strategy, other than the baseline, that records it."""
     attributed = [(s, e) for s, e in summary["strategies"].items() if s != BASELINE and e.get("attribution")]
-    if attributed:
-        parts += ["", "## Attribution by proposer", "",
-                  "Per verification step of the strategy. \"run in\": share of the steps with room for a draft (all "
-                  "but a request's last-token steps) in which the proposer was asked to draft (the router may leave "
-                  "it out). An accepted node produced by several proposers (the same token at the "
-                  "same place in the merged tree) is credited to each of them, so credited shares can add up to more "
-                  "than 100 %; \"accepted alone\" counts accepted nodes no other proposer produced. Wasted = verified "
-                  "nodes of that proposer that were not accepted."]
-        for s, e in attributed:
-            parts += ["", f"### {s}", "", _md_table(ATTRIBUTION_HEADER, attribution_rows(e))]
-    parts += list(sections)
-    loss = results["lossless"]
-    if replay:
-        parts += ["", "## Replay check", "", f"Every replayed request committed exactly its recorded tokens "
-                  f"({len(results['records'])} requests)."]
-    else:
-        parts += _lossless_lines(results, cfg, loss)
-    if plots:
-        parts += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
-    return "\n".join(parts) + "\n"
+    if not attributed:
+        return []
+    parts = ["", "## Attribution by proposer", "",
+             "Per verification step of the strategy. \"run in\": share of the steps with room for a draft (all "
+             "but a request's last-token steps) in which the proposer was asked to draft (the router may leave "
+             "it out). An accepted node produced by several proposers (the same token at the "
+             "same place in the merged tree) is credited to each of them, so credited shares can add up to more "
+             "than 100 %; \"accepted alone\" counts accepted nodes no other proposer produced. Wasted = verified "
+             "nodes of that proposer that were not accepted."]
+    for s, e in attributed:
+        parts += ["", f"### {s}", "", _md_table(ATTRIBUTION_HEADER, attribution_rows(e))]
+    return parts
 
 
 def _lossless_lines(results: dict[str, Any], cfg: dict[str, Any], loss: list[dict[str, Any]] | None) -> list[str]:

@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
+from ..console import err, fail
 from ..errors import SpecframeError
 
 datastore_app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
     help="Retrieval datastores (suffix arrays over a corpus's token ids) for the retrieval proposer.",
 )
-err = Console(stderr=True, highlight=False)
 
 
 def _size(n: int) -> str:
@@ -48,8 +47,7 @@ def build(
     try:
         _build(output, model, list(inputs or []), preset, field, force)
     except SpecframeError as exc:
-        err.print(f"error: {exc}", markup=False, soft_wrap=True)
-        raise typer.Exit(2)
+        fail(exc)
 
 
 def _build(output: Path, model: str, inputs: list[Path], preset: Optional[str], field: str, force: bool) -> None:

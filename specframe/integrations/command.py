@@ -7,16 +7,10 @@ from pathlib import Path
 
 import typer
 
+from ..console import fail
 from ..errors import SpecframeError
 
 vllm_app = typer.Typer(no_args_is_help=True, help="Run specframe proposers inside vLLM (docs/vllm.md).")
-
-
-def _fail(exc: BaseException) -> None:
-    from rich.console import Console
-
-    Console(stderr=True, highlight=False).print(f"error: {exc}", markup=False, soft_wrap=True)
-    raise typer.Exit(2)
 
 
 @vllm_app.command("config")
@@ -31,7 +25,7 @@ def config_command(
     try:
         spec = speculative_config(config, k)
     except SpecframeError as exc:
-        _fail(exc)
+        fail(exc)
     typer.echo(json.dumps(spec))
 
 
@@ -44,9 +38,9 @@ def export_command(
     from .vllm import export_model
 
     if output.exists() and not output.is_dir():
-        _fail(ValueError(f"--output {output} is a file: give a folder"))
+        fail(f"--output {output} is a file: give a folder")
     try:
         export_model(model, output)
     except SpecframeError as exc:
-        _fail(exc)
+        fail(exc)
     typer.echo(str(output))

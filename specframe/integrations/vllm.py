@@ -203,21 +203,22 @@ class _Session:
 
     def __init__(self, sf: Any, tokens: Any, prompt_len: int, seed: int) -> None:
         from ..drafting import Drafting
-        from ..metrics import RequestMetrics
+        from ..recorder import Recorder
         from ..sampling import SamplingParams
 
         self._cm = sf.engine()
         engine = self._cm.__enter__()
-        self.metrics = RequestMetrics(prompt_tokens=prompt_len)
-        self.drafting = Drafting(engine.proposers, engine.labels, engine.origins, engine.trees_ok, False,
-                                 engine.merge, engine.router, engine.isolation, self.metrics,
-                                 engine.target.vocab_size, True)
+        self.recorder = Recorder(engine.labels, prompt_len)
+        self.metrics = self.recorder.metrics
+        self.drafting = Drafting(engine.lineup, engine.target, self.recorder, greedy=True)
+        self.drafting.restrict(chains_only=True)  # vLLM verifies one chain per request
         generator = torch.Generator()
         generator.manual_seed(seed)
         self.tokens = torch.as_tensor(tokens, dtype=torch.int64).reshape(1, -1).clone()
         self.state = DecodeState(self.tokens.clone(), prompt_len, SamplingParams(), generator)
         self.drafting.start(self.state, seed)
         self.pending: Any = None  # the MergedDraft given to vLLM last step
+        self.propose_s = 0.0  # seconds drafting it
         self.missed = 0
 
     @property
@@ -235,8 +236,9 @@ class _Session:
             self._feedback(list(sampled), forward_s, finished=False)
         self.tokens = row.reshape(1, -1).clone()
         self.state.tokens = self.tokens.clone()
+        t0 = time.perf_counter()
         merged = self.drafting.propose(self.state, budget)
-        self.pending = merged
+        self.pending, self.propose_s = merged, time.perf_counter() - t0
         draft = merged.tree.token_ids[0, :budget].tolist()
         return [int(t) for t in draft]
 
@@ -245,10 +247,8 @@ class _Session:
         chain = merged.tree.token_ids[0].tolist()
         accepted = _accepted(chain, sampled)
         path = list(range(accepted))
-        self.metrics.record_step(len(chain), accepted, None)
-        self.metrics.new_tokens += len(sampled)
-        self.metrics.forward_s += forward_s
-        self.drafting.feedback(merged, path, sampled, finished, forward_s)
+        report = self.drafting.feedback(merged, path, sampled, finished, forward_s)
+        self.recorder.step(report, merged.depths(), sampled, finished, self.propose_s, 0.0)
         self.pending = None
 
     def close(self) -> None:

@@ -80,22 +80,20 @@ def record(
 ) -> None:
     """Run the target once per question (greedy) and store the prompt and generated ids, the hidden states
     feature-based proposers read, and the target's cost curve: the input of `specframe replay`."""
-    from ..cli import _fail
+    from ..console import fail
 
     try:
         _record(questions, output, model, dtype, max_new_tokens, _cats(categories), limit_per_category,
                 proposer or ["none"], [_proposer_entry(f) for f in features_for or []], threads, not no_chat, profile)
     except SpecframeError as exc:
-        _fail(str(exc))
+        fail(exc)
 
 
 def _record(questions, output, model, dtype, max_new_tokens, cats, limit, proposers, features_for, threads, chat,
             profile) -> None:
-    from rich.console import Console
-
     from ..atomic import replace_folder
     from ..bench.runner import select_questions
-    from ..cli import _machine_flags, load_with_progress
+    from ..console import err, load_with_progress, machine_flags
     from ..config import load_config, resolve_proposers
     from ..models import check_device, resolve_model
     from ..prompts import read_prompts
@@ -103,7 +101,6 @@ def _record(questions, output, model, dtype, max_new_tokens, cats, limit, propos
     from .record import declared_needs, record_trace
     from .trace import write_trace
 
-    err = Console(stderr=True, highlight=False)
     if dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"--dtype must be float32 or bfloat16, got {dtype!r} (a trace fixes the dtype)")
     if max_new_tokens < 1:
@@ -117,7 +114,7 @@ def _record(questions, output, model, dtype, max_new_tokens, cats, limit, propos
         found = sorted({str(p.category) for p in prompts if p.category is not None})
         raise ConfigError(f"--categories {cats} match no question; the file has: {', '.join(found) or '(no categories)'}")
     cfg = load_config(None, model=model, dtype=dtype, chat=chat, proposers=[{"name": p} for p in proposers],
-                      merge=None, **_machine_flags(threads, None))
+                      merge=None, **machine_flags(threads, None))
     registry = build_registry()
     resolve_proposers(cfg, registry)
     if features_for:  # an unknown name or option fails now, before the model loads
@@ -129,7 +126,7 @@ def _record(questions, output, model, dtype, max_new_tokens, cats, limit, propos
 
     _quiet_transformers()
     if profile:  # the machine profile (measured once if missing) gives the cost curve
-        from ..models import load_target
+        from ..loader import load_target
 
         target = load_target(cfg.model, dtype, cfg.device, lambda s: err.print(s, markup=False), threads=cfg.threads,
                              prepack=cfg.prepack, measure=True)
@@ -165,13 +162,13 @@ def replay(
 ) -> None:
     """Replay every strategy of a bench config against recorded traces: τ, α, attribution and predicted speed-ups in
     seconds, without running the target."""
-    from ..cli import _fail
+    from ..console import fail
 
     try:
         _replay(traces, config, output, _cats(categories), limit_per_category, max_new_tokens, use_ray, ray_address,
                 compare)
     except SpecframeError as exc:
-        _fail(str(exc))
+        fail(exc)
 
 
 @dataclass
@@ -190,9 +187,8 @@ class _Plan:
 
 
 def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare) -> None:
-    from rich.console import Console
+    from ..console import err
 
-    err = Console(stderr=True, highlight=False)
     plan = _plan(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare, err)  # 1. validate
     target = _load(plan, err)  # 2. the target's weights (proposers may read them; no forward runs)
     t0 = time.perf_counter()  # 3. replay
@@ -216,17 +212,38 @@ def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_ad
 def _plan(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare, err) -> _Plan:
     """Everything checked before any model loads (the features a strategy reads are checked once it is built)."""
     from ..bench.command import validate_bench_config
-    from ..bench.config import load_bench_config
-    from ..bench.runner import select_questions
-    from ..errors import TraceError
-    from ..models import builtin_names, resolve_model
-    from ..prompts import Prompt
     from ..registry import build_registry
-    from ..sampling import is_greedy_temperature
     from .driver import Request
     from .report import read_live
-    from .sweep import Task, ray_available
-    from .trace import check_trace_matches, read_trace
+    from .sweep import Task
+
+    cfg, trace, budget = _replay_inputs(traces, config, output, cats, limit, max_new_tokens)
+    index, chosen = _chosen_questions(cfg, trace)
+    peers = [s.name for s in cfg.strategies if s.peer is not None]
+    strategies = [s for s in cfg.strategies if s.proposers is not None]
+    registry = build_registry()
+    validate_bench_config(cfg.model_copy(update={"strategies": strategies}), registry)
+    live = read_live(compare) if compare is not None else None
+    use_ray = _use_ray(use_ray, ray_address, strategies)
+    if peers:
+        err.print(f"replay skips the peers {', '.join(peers)} (they run transformers' own generate, not specframe "
+                  "proposers)", markup=False, soft_wrap=True)
+    requests = tuple(Request(index[id(p)], seed, rep) for p in chosen for seed in cfg.seeds for rep in range(cfg.repeats))
+    tasks = [Task(s.model_dump(), requests, budget) for s in strategies]
+    return _Plan(cfg, trace, strategies, chosen, tasks, budget, use_ray, live, registry)
+
+
+def _replay_inputs(traces, config, output, cats, limit, max_new_tokens) -> tuple[Any, Any, int]:
+    """The bench config with the command line's overrides (greedy only) and the trace, checked against each other:
+    ``(config, trace, new tokens to replay per question)``.
+
+    Raises:
+        ConfigError: a bad option or output folder, or a sampling config; TraceError: see
+            :func:`_check_against_trace`.
+    """
+    from ..bench.config import load_bench_config
+    from ..sampling import is_greedy_temperature
+    from .trace import read_trace
 
     if max_new_tokens is not None and max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
@@ -238,6 +255,20 @@ def _plan(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_addr
         raise ConfigError(f"{config}: temperature {cfg.temperature}: replay is greedy only (a trace holds the target's "
                           "greedy continuation, which sampled output does not follow): set temperature: 0")
     trace = read_trace(traces)
+    return cfg, trace, _check_against_trace(cfg, trace, config)
+
+
+def _check_against_trace(cfg: Any, trace: Any, config: Path) -> int:
+    """Check that ``cfg`` can replay ``trace``: the same model and dtype, the same chat setting, no strategy asking for
+    another dtype, and no more new tokens than the trace holds. Returns the new tokens to replay per question.
+
+    Raises:
+        TraceError: one of those does not hold.
+    """
+    from ..errors import TraceError
+    from ..models import builtin_names, resolve_model
+    from .trace import check_trace_matches
+
     # (a built-in name is its own name: another model is refused even where its package is not installed)
     name = cfg.model if cfg.model in builtin_names() else resolve_model(cfg.model).name
     check_trace_matches(trace, name, cfg.dtype, where=str(config))
@@ -252,35 +283,50 @@ def _plan(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_addr
     if budget > trace.max_new_tokens:
         raise TraceError(f"max_new_tokens {budget} is more than the trace holds ({trace.max_new_tokens}): replay with "
                          f"--max-new-tokens {trace.max_new_tokens} or less, or record again with --max-new-tokens {budget}")
+    return budget
+
+
+def _chosen_questions(cfg: Any, trace: Any) -> tuple[dict[int, int], list[Any]]:
+    """The trace's questions the config's category filter and limit select, as prompts, and each chosen prompt's
+    index in the trace (keyed by ``id`` of the prompt).
+
+    Raises:
+        ConfigError: the category filter matches no question of the trace.
+    """
+    from ..bench.runner import select_questions
+    from ..prompts import Prompt
+
     prompts = [Prompt("", q.question_id, q.category) for q in trace.questions]
     index = {id(p): i for i, p in enumerate(prompts)}  # select_questions returns the same objects
     chosen = select_questions(prompts, cfg.categories, cfg.limit_per_category)
     if not chosen:
         found = sorted({str(q.category) for q in trace.questions if q.category is not None})
         raise ConfigError(f"--categories {cfg.categories} match no question of the trace; it has: {', '.join(found)}")
-    peers = [s.name for s in cfg.strategies if s.peer is not None]
-    strategies = [s for s in cfg.strategies if s.proposers is not None]
-    registry = build_registry()
-    validate_bench_config(cfg.model_copy(update={"strategies": strategies}), registry)
-    live = read_live(compare) if compare is not None else None
+    return index, chosen
+
+
+def _use_ray(use_ray: bool | None, ray_address: str | None, strategies: list[Any]) -> bool:
+    """Whether to run the tasks on Ray: as asked, else when a cluster is named or a grid sweep can use an installed
+    Ray.
+
+    Raises:
+        ConfigError: a cluster named with ``--no-ray``, or ``--ray`` without Ray installed.
+    """
+    from .sweep import ray_available
+
     if use_ray is None:
         use_ray = ray_address is not None or (any(s.grid_of for s in strategies) and ray_available())
     elif ray_address is not None and not use_ray:
         raise ConfigError("--ray-address names a Ray cluster, --no-ray runs here: give one of them")
     if use_ray and not ray_available():
         raise ConfigError("--ray: Ray is not installed: pip install 'specframe[ray]' (or drop --ray)")
-    if peers:
-        err.print(f"replay skips the peers {', '.join(peers)} (they run transformers' own generate, not specframe "
-                  "proposers)", markup=False, soft_wrap=True)
-    requests = tuple(Request(index[id(p)], seed, rep) for p in chosen for seed in cfg.seeds for rep in range(cfg.repeats))
-    tasks = [Task(s.model_dump(), requests, budget) for s in strategies]
-    return _Plan(cfg, trace, strategies, chosen, tasks, budget, use_ray, live, registry)
+    return use_ray
 
 
 def _load(plan: _Plan, err: Any) -> Any:
     """The target (weights only) with the trace's cost curve; every task's proposers built once, so a strategy that
     reads features the trace lacks fails before any replay."""
-    from ..models import load_target
+    from ..loader import load_target
     from .driver import with_trace_cost
     from .sweep import check_task, specframe_for
     from .trace import check_same_target

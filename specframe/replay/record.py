@@ -91,35 +91,52 @@ def record_trace(sf: Any, prompts: Sequence[Prompt], *, max_new_tokens: int, cha
     Raises:
         ConfigError / UnknownProposerError: a bad recording strategy or ``features_for`` name.
     """
-    target = sf.target
     layers = declared_needs(sf, features_for)
-    tap = tuple(layers)
     questions: list[TraceQuestion] = []
     for p in prompts:
-        ids = sf.encode(p.text, chat)
-        scorers: list[RecordingScorer] = []
-
-        def factory(t: Any, own: tuple[int, ...], want_hidden: bool) -> TargetScorer:
-            if not tap:
-                return TargetScorer(t, own, want_hidden)
-            scorers.append(RecordingScorer(t, own, want_hidden, tap))
-            return scorers[-1]
-
-        with sf.engine(proposers=list(proposers), sampling=GREEDY) as engine, torch.inference_mode():
-            res = engine.generate(ids, max_new_tokens=max_new_tokens, sampling=GREEDY, scorer=factory)
-        q = TraceQuestion(p.question_id, p.category, list(ids), list(res.token_ids), res.finish_reason)
-        if tap:
-            rows = torch.cat(scorers[0].rows, 0)  # [T - 1, F, H]: positions 0 .. T - 2
-            for f, (layer, kind) in enumerate(layers.items()):
-                start = 0 if kind == "all" else max(0, len(ids) - 2)
-                q.features[layer] = (start, rows[start:, f].contiguous())
-        questions.append(q)
+        questions.append(_record_question(sf, p, max_new_tokens, chat, proposers, layers))
         advance()
+    return Trace(_manifest(sf, questions, max_new_tokens, chat, proposers, features_for, layers), questions)
+
+
+def _record_question(sf: Any, p: Prompt, max_new_tokens: int, chat: bool, proposers: Sequence[dict[str, Any]],
+                     layers: dict[int, str]) -> TraceQuestion:
+    """Generate greedily for one prompt with the recording strategy; with ``layers`` to record, a recording scorer
+    keeps their hidden states at every committed position (from the prompt's last-but-one position on for a
+    ``"last"`` layer)."""
+    tap = tuple(layers)
+    ids = sf.encode(p.text, chat)
+    scorers: list[RecordingScorer] = []
+
+    def factory(t: Any, own: tuple[int, ...], want_hidden: bool) -> TargetScorer:
+        if not tap:
+            return TargetScorer(t, own, want_hidden)
+        scorers.append(RecordingScorer(t, own, want_hidden, tap))
+        return scorers[-1]
+
+    with sf.engine(proposers=list(proposers), sampling=GREEDY) as engine, torch.inference_mode():
+        res = engine.generate(ids, max_new_tokens=max_new_tokens, sampling=GREEDY, scorer=factory)
+    q = TraceQuestion(p.question_id, p.category, list(ids), list(res.token_ids), res.finish_reason)
+    if tap:
+        rows = torch.cat(scorers[0].rows, 0)  # [T - 1, F, H]: positions 0 .. T - 2
+        for f, (layer, kind) in enumerate(layers.items()):
+            start = 0 if kind == "all" else max(0, len(ids) - 2)
+            q.features[layer] = (start, rows[start:, f].contiguous())
+    return q
+
+
+def _manifest(sf: Any, questions: list[TraceQuestion], max_new_tokens: int, chat: bool,
+              proposers: Sequence[dict[str, Any]], features_for: Sequence[str | dict[str, Any]],
+              layers: dict[int, str]) -> dict[str, Any]:
+    """The trace's manifest: format and versions, the model and the settings it was recorded with, what a replay
+    needs of the target (vocabulary, context, shapes, its cost curve when profiled), the recorded feature layers
+    and one summary line per question."""
+    target = sf.target
     info = target.info
     text = target.model.config.get_text_config()
     cost = getattr(info, "cost", None)
     settings = getattr(target, "settings", None)
-    manifest = {
+    return {
         "format": FORMAT, "version": VERSION, "specframe": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "model": target.name, "dtype": str(target.dtype).removeprefix("torch."),
@@ -135,7 +152,6 @@ def record_trace(sf: Any, prompts: Sequence[Prompt], *, max_new_tokens: int, cha
         "questions": [{"question_id": q.question_id, "category": q.category, "prompt_tokens": len(q.prompt),
                        "new_tokens": len(q.generated), "finish_reason": q.finish_reason} for q in questions],
     }
-    return Trace(manifest, questions)
 
 
 def _ns() -> list[int]:

@@ -99,7 +99,7 @@ class _Worker:
 
         import torch
 
-        from ..models import load_target
+        from ..loader import load_target
         from ..registry import build_registry
         from .driver import with_trace_cost
 

@@ -2,31 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import typer
-from rich.console import Console
 
-from ..errors import ConfigError, SpecframeError
+from ..console import err, one_error_line
+from ..errors import ConfigError
 
 train_app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
     help="Train learned proposers for a target (self-distillation on the CPU).",
 )
-err = Console(stderr=True, highlight=False)
-
-
-@contextlib.contextmanager
-def _one_error_line() -> Iterator[None]:
-    """A specframe error ends the command with one ``error: ...`` line and exit code 2."""
-    try:
-        yield
-    except SpecframeError as exc:
-        err.print(f"error: {exc}", markup=False, soft_wrap=True)
-        raise typer.Exit(2)
 
 _MODEL = typer.Option("smollm2-135m-instruct", "--model", help="Target: built-in name, model folder or .gguf file.")
 _OUTPUT = typer.Option(..., "--output", help="Folder for the weights, model card, loss log (resumes if present).")
@@ -81,7 +69,8 @@ def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: i
          seed: int, dtype: str, eval_prompts: int, settings, mix: str = "broad") -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from ..models import load_target, resolve_model
+    from ..loader import load_target
+    from ..models import resolve_model
     from .recipe import RECIPES, run_recipe
 
     if prompts < 16:
@@ -134,10 +123,11 @@ def corpus(
     """Build (or finish) a self-distillation corpus: the target's own greedy answers to a broad prompt mix."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from ..models import load_target, resolve_model
+    from ..loader import load_target
+    from ..models import resolve_model
     from .corpus import MIXES, CorpusSettings, build_corpus, corpus_stats, mix_prompts
 
-    with _one_error_line():
+    with one_error_line():
         if prompts < 16 or max_new_tokens < 8 or batch_size < 1:
             raise ConfigError("--prompts must be >= 16, --max-new-tokens >= 8 and --batch-size >= 1")
         if mix not in MIXES:
@@ -180,7 +170,7 @@ def draft(
     """Distil a small draft model (a few of the target's layers, its embeddings and tokenizer) from the target."""
     from .draft import DraftSettings
 
-    with _one_error_line():
+    with one_error_line():
         ids = _ints(layers, "--layers")
         if epochs < 1 or vocab_subset < 16 or not lr > 0 or max_records < 0:
             raise ConfigError("--epochs must be >= 1, --vocab-subset >= 16, --lr > 0 and --max-records >= 0")
@@ -206,7 +196,7 @@ def eagle(
     """Train an EAGLE-style drafter on the target's own features and greedy answers (training-time test)."""
     from .eagle import EagleSettings
 
-    with _one_error_line():
+    with one_error_line():
         layers = tuple(_ints(feature_layers, "--feature-layers")) or None
         if epochs < 1 or vocab_subset < 16 or not lr > 0 or batch_size < 1 or max_len < 8 or ttt_steps < 1:
             raise ConfigError("--epochs, --batch-size and --ttt-steps must be >= 1, --max-len >= 8, --vocab-subset >= 16 "
@@ -231,7 +221,7 @@ def medusa(
     """Train Medusa-1 heads on the target's own answers (self-distillation)."""
     from .medusa import MedusaSettings
 
-    with _one_error_line():
+    with one_error_line():
         if heads < 1 or epochs < 1 or not lr > 0 or batch_positions < 1 or max_records < 0:
             raise ConfigError("--heads, --epochs and --batch-positions must be >= 1, --lr > 0 and --max-records >= 0")
         s = MedusaSettings(num_heads=heads, epochs=epochs, lr=lr, seed=seed, batch_positions=batch_positions,

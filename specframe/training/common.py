@@ -1,5 +1,6 @@
-"""What both recipes share: the frequent-token subset, batching, a cosine schedule, resumable checkpoints and the
-loss log (``train-log.jsonl``, one ``{"step", "loss", "acc"}`` record per step; plotted into ``loss.png``)."""
+"""What the trainers (draft, EAGLE, Medusa) share: the frequent-token subset, batching (resumable), a cosine
+schedule, resumable checkpoints, the loss log (``train-log.jsonl``, one ``{"step", "loss", "acc"}`` record per step;
+plotted into ``loss.png``) and :class:`TrainingRun`, the bookkeeping of one training loop."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import os
 import random
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import torch
 from torch import Tensor
 
 from ..errors import ConfigError
+
+T = TypeVar("T")
 
 
 def token_subset(records: Iterable[dict], size: int, always: Iterable[int]) -> tuple[Tensor, float]:
@@ -36,12 +39,26 @@ def token_subset(records: Iterable[dict], size: int, always: Iterable[int]) -> t
     return torch.tensor(sorted(keep), dtype=torch.int64), coverage
 
 
+def subset_index(token_map: Tensor, vocab_size: int) -> Tensor:
+    """``[vocab_size]`` int64: each token's index in the subset ``token_map``, -100 (ignored by the loss) outside."""
+    sub_index = torch.full((vocab_size,), -100, dtype=torch.int64)
+    sub_index[token_map] = torch.arange(token_map.numel())
+    return sub_index
+
+
 def length_batches(lengths: list[int], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
     """Indices grouped into batches of similar length (little padding), batch order shuffled per epoch."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     random.Random(seed * 1000 + epoch).shuffle(batches)
     return batches
+
+
+def resumed_batches(batches_of: Callable[[int], Sequence[T]], per_epoch: int, epochs: int, step: int) -> Iterator[T]:
+    """The batches ``batches_of(epoch)`` (``per_epoch`` of them) epoch after epoch, from the run's ``step``-th batch
+    on: a resumed run skips the batches it has done. Each batch yielded must count as one step."""
+    for epoch in range(step // per_epoch, epochs):
+        yield from batches_of(epoch)[max(0, step - epoch * per_epoch) :]
 
 
 def cosine_lr(step: int, total: int, base: float, warmup: int) -> float:
@@ -74,6 +91,67 @@ class Checkpoint:
         tmp = self.path.with_suffix(".tmp")
         torch.save({"settings": self.settings, **state}, tmp)
         os.replace(tmp, self.path)
+
+
+class TrainingRun:
+    """The bookkeeping of one training loop: resume ``model`` and ``opt`` from ``out/ckpt.pt`` (made with
+    ``settings``; with ``rng``, the torch RNG state too), optimizer steps, the loss log, ``progress(step, total,
+    loss)`` calls, and a checkpoint every ``save_every`` steps and at the last one. ``step`` counts the batches
+    done, skipped ones included.
+
+    Raises:
+        ConfigError: the checkpoint was made with other settings.
+    """
+
+    def __init__(self, out: Path, settings: dict, model: torch.nn.Module, opt: torch.optim.Optimizer, total: int, *,
+                 save_every: int = 50, rng: bool = True, strict: bool = True,
+                 progress: Callable[[int, int, float], None] | None = None) -> None:
+        self.out, self.model, self.opt, self.total = out, model, opt, total
+        self.save_every, self.rng, self.progress = save_every, rng, progress
+        self.ckpt = Checkpoint(out, settings)
+        self.step = self._resume(strict)
+        self.log = LossLog(out, self.step)
+
+    def _resume(self, strict: bool) -> int:
+        state = self.ckpt.load()
+        if state is None:
+            return 0
+        self.model.load_state_dict(state["model"], strict=strict)
+        self.opt.load_state_dict(state["opt"])
+        if self.rng:
+            torch.set_rng_state(state["rng"])
+        return state["step"]
+
+    def update(self, loss: Tensor, lr: float, clip: float | None = None) -> None:
+        """One optimizer step on ``loss`` at learning rate ``lr``, the gradient norm clipped to ``clip`` if given."""
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]], clip)
+        self.opt.step()
+
+    def done(self, loss: float, acc: float) -> None:
+        """Log the step just trained, report progress, and checkpoint when it is due."""
+        self.log.add(self.step, loss, acc)
+        self.step += 1
+        if self.progress:
+            self.progress(self.step, self.total, loss)
+        if self.step % self.save_every == 0 or self.step == self.total:
+            state: dict[str, Any] = {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step}
+            if self.rng:
+                state["rng"] = torch.get_rng_state()
+            self.ckpt.save(**state)
+
+    def skip(self) -> None:
+        """A batch with nothing to learn: it counts as a step, with no update, log line or checkpoint."""
+        self.step += 1
+
+    def close(self) -> tuple[float, float]:
+        """Close the loss log; the mean loss and accuracy of the last 20 steps (:func:`final_means`)."""
+        self.log.close()
+        return final_means(self.out)
 
 
 class LossLog:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..learned.small_draft import build_from_target
-from .common import Checkpoint, LossLog, cosine_lr, final_means, length_batches, plot_loss, token_subset
+from .common import TrainingRun, cosine_lr, length_batches, plot_loss, resumed_batches, subset_index, token_subset
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,42 @@ def _examples(records: list[dict], max_len: int) -> list[tuple[list[int], int]]:
     return out
 
 
+def _training_examples(records: list[dict], s: DraftSettings,
+                       teacher: list[dict] | None) -> tuple[list[tuple[list[int], int]], dict[int, dict]]:
+    """The examples to train on, and with ``s.soft_labels`` each example's teacher record (keyed by ``id`` of the
+    example: the teacher's own sequences, prompt included).
+
+    Raises:
+        ConfigError: soft labels without the teacher pass, or no usable example.
+    """
+    soft: dict[int, dict] = {}
+    if s.soft_labels:
+        if teacher is None:
+            raise ConfigError("soft labels need the teacher pass (specframe.training.teacher.teacher_pass)")
+        examples = [(t["ids"], t["start"]) for t in teacher]
+        soft = {id(e): t for e, t in zip(examples, teacher)}
+    else:
+        examples = _examples(records, s.max_len)
+    if not examples:
+        raise ConfigError("the corpus has no usable responses (none with 2 or more tokens): build a larger corpus")
+    return examples, soft
+
+
+def _batch(rows: list[tuple[list[int], int]], sub_index: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``ids [B, W]`` (right-padded with 0), ``mask [B, W]``, ``labels [B, W]``: at ``t`` the subset index of
+    token ``t + 1`` where that token is a response token inside the subset, else -100."""
+    width = max(len(r[0]) for r in rows)
+    ids = torch.zeros((len(rows), width), dtype=torch.int64)
+    mask = torch.zeros((len(rows), width), dtype=torch.int64)
+    labels = torch.full((len(rows), width), -100, dtype=torch.int64)
+    for j, (seq, start) in enumerate(rows):
+        t = torch.tensor(seq)
+        ids[j, : len(seq)] = t
+        mask[j, : len(seq)] = 1
+        labels[j, start - 1 : len(seq) - 1] = sub_index[t[start:]]  # logits at i predict token i + 1
+    return ids, mask, labels
+
+
 def train_draft(
     target: Any, records: list[dict], out: Path, s: DraftSettings, progress: Callable[[int, int, float], None] | None = None,
     teacher: list[dict] | None = None,
@@ -73,78 +109,53 @@ def train_draft(
     token_map, coverage = token_subset(records, s.vocab_subset, target.eos_token_ids)
     draft = build_from_target(target.model, list(s.layers), token_map)
     draft.train()
-    sub_index = torch.full((target.vocab_size,), -100, dtype=torch.int64)
-    sub_index[token_map] = torch.arange(token_map.numel())
-    if s.soft_labels:
-        if teacher is None:
-            raise ConfigError("soft labels need the teacher pass (specframe.training.teacher.teacher_pass)")
-        examples = [(t["ids"], t["start"]) for t in teacher]
-        soft = {id(e): t for e, t in zip(examples, teacher)}
-    else:
-        examples = _examples(records, s.max_len)
-    if not examples:
-        raise ConfigError("the corpus has no usable responses (none with 2 or more tokens): build a larger corpus")
-    per_epoch = len(length_batches([len(e[0]) for e in examples], s.batch_size, s.seed, 0))
+    sub_index = subset_index(token_map, target.vocab_size)
+    examples, soft = _training_examples(records, s, teacher)
+    lengths = [len(e[0]) for e in examples]
+    per_epoch = len(length_batches(lengths, s.batch_size, s.seed, 0))
     total = per_epoch * s.epochs
     params = [p for p in draft.lm.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    ckpt = Checkpoint(out, {"draft": asdict(s), "records": len(records)})
-    state = ckpt.load()
-    step = 0
-    if state is not None:
-        draft.lm.load_state_dict(state["model"], strict=False)
-        opt.load_state_dict(state["opt"])
-        step = state["step"]
-        torch.set_rng_state(state["rng"])
-    logger = LossLog(out, step)
+    run = TrainingRun(out, {"draft": asdict(s), "records": len(records)}, draft.lm, opt, total, strict=False,
+                      progress=progress)
     t0 = time.perf_counter()
-    for epoch in range(step // per_epoch, s.epochs):
-        batches = length_batches([len(e[0]) for e in examples], s.batch_size, s.seed, epoch)
-        for b in batches[step - epoch * per_epoch :]:
-            rows = [examples[i] for i in b]
-            width = max(len(r[0]) for r in rows)
-            ids = torch.zeros((len(rows), width), dtype=torch.int64)
-            mask = torch.zeros((len(rows), width), dtype=torch.int64)
-            labels = torch.full((len(rows), width), -100, dtype=torch.int64)
-            for j, (seq, start) in enumerate(rows):
-                t = torch.tensor(seq)
-                ids[j, : len(seq)] = t
-                mask[j, : len(seq)] = 1
-                labels[j, start - 1 : len(seq) - 1] = sub_index[t[start:]]  # logits at i predict token i + 1
-            if not bool((labels != -100).any()):  # every label outside the subset: nothing to learn here
-                step += 1
-                continue
-            for g in opt.param_groups:
-                g["lr"] = cosine_lr(step, total, s.lr, s.warmup)
-            logits = draft(ids, attention_mask=mask)
-            if s.soft_labels:
-                loss, labels = _soft_loss(logits, [soft[id(r)] for r in rows], sub_index)
-            else:
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            with torch.no_grad():
-                valid = labels != -100
-                acc = float((logits.argmax(-1)[valid] == labels[valid]).float().mean())
-            logger.add(step, float(loss.detach()), acc)
-            step += 1
-            if progress:
-                progress(step, total, float(loss.detach()))
-            if step % 50 == 0 or step == total:
-                ckpt.save(model=draft.lm.state_dict(), opt=opt.state_dict(), step=step, rng=torch.get_rng_state())
-    logger.close()
+    batches = resumed_batches(lambda epoch: length_batches(lengths, s.batch_size, s.seed, epoch), per_epoch,
+                              s.epochs, run.step)
+    for b in batches:
+        rows = [examples[i] for i in b]
+        ids, mask, labels = _batch(rows, sub_index)
+        if not bool((labels != -100).any()):  # every label outside the subset: nothing to learn here
+            run.skip()
+            continue
+        teach = [soft[id(r)] for r in rows] if s.soft_labels else None
+        loss, acc = _loss(draft(ids, attention_mask=mask), labels, teach, sub_index)
+        run.update(loss, cosine_lr(run.step, total, s.lr, s.warmup), clip=1.0)
+        run.done(float(loss.detach()), acc)
+    final_loss, final_acc = run.close()
     draft.eval()
     return {
-        "steps": step,
-        "final_loss": final_means(out)[0],
-        "final_acc": final_means(out)[1],
+        "steps": run.step,
+        "final_loss": final_loss,
+        "final_acc": final_acc,
         "subset_coverage": coverage,
         "train_s": time.perf_counter() - t0,
         "trainable_params": sum(p.numel() for p in params),
         "draft": draft,
     }
+
+
+def _loss(logits: torch.Tensor, labels: torch.Tensor, teach: list[dict] | None,
+          sub_index: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The batch's loss (cross-entropy against the hard ``labels``, or with ``teach`` against the target's top-K
+    distributions, :func:`_soft_loss`) and the draft's top-1 accuracy against the target's greedy choice."""
+    if teach is not None:
+        loss, labels = _soft_loss(logits, teach, sub_index)
+    else:
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
+    with torch.no_grad():
+        valid = labels != -100
+        acc = float((logits.argmax(-1)[valid] == labels[valid]).float().mean())
+    return loss, acc
 
 
 def _soft_loss(logits: torch.Tensor, teach: list[dict], sub_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..learned.eagle_drafter import EagleDrafter, EagleSpec, init_from_target, new_drafter
-from .common import Checkpoint, LossLog, cosine_lr, final_means, length_batches, plot_loss, token_subset
+from .common import TrainingRun, cosine_lr, length_batches, plot_loss, resumed_batches, subset_index, token_subset
 
 
 @dataclass(frozen=True)
@@ -47,13 +47,19 @@ class EagleSettings:
 
 
 def _examples(records: list[dict], max_len: int) -> list[tuple[list[int], int]]:
-    """``(ids, first response index)`` per record with 3+ response tokens, cut from the left to ``max_len``."""
+    """``(ids, first response index)`` per record with 3+ response tokens, cut from the left to ``max_len``.
+
+    Raises:
+        ConfigError: no record has 3 or more response tokens.
+    """
     out = []
     for r in records:
         ids = r["prompt_ids"] + r["response_ids"]
         cut = max(0, len(ids) - max_len)
         if len(r["response_ids"]) >= 3:
             out.append((ids[cut:], max(1, len(r["prompt_ids"]) - cut)))
+    if not out:
+        raise ConfigError("the corpus has no usable responses (none with 3 or more tokens): build a larger corpus")
     return out
 
 
@@ -82,6 +88,55 @@ def target_features(model: Any, ids: torch.Tensor, valid: torch.Tensor, layers: 
     return torch.stack([out.hidden_states[i] for i in layers], 2)
 
 
+def _drafter(target: Any, s: EagleSettings, token_map: torch.Tensor) -> tuple[EagleSpec, EagleDrafter, bool]:
+    """A new drafter in training mode for the target (seeded), its decoder layer copied from the target's last
+    layer when ``s.init_from_target`` and the shapes allow: ``(spec, drafter, whether it was copied)``."""
+    spec = EagleSpec.for_target(target.model.config, target.info.name, s.feature_layers)
+    drafter = new_drafter(spec, token_map, s.seed)
+    copied = s.init_from_target and init_from_target(drafter, target.model)
+    drafter.train()
+    return spec, drafter, copied
+
+
+def _autocast(s: EagleSettings, target: Any) -> contextlib.AbstractContextManager:
+    """The context the drafter's forwards run in: bfloat16 autocast on a CPU target when ``s.autocast``."""
+    if s.autocast and target.device.type == "cpu":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _inputs(target: Any, ids: torch.Tensor, valid: torch.Tensor, layers: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    """The drafter's inputs, on the CPU: the target's features ``[B, W, F, H]`` (:func:`target_features`) and, at
+    every position ``t``, the target's input embedding of token ``t + 1`` (0 past the end) ``[B, W, H]`` float32."""
+    feats = target_features(target.model, ids, valid, layers).to("cpu")
+    with torch.no_grad():
+        nxt = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], 1)
+        emb = target.model.get_input_embeddings()(nxt.to(target.device)).to("cpu").float()
+    return feats, emb
+
+
+def _unrolled_loss(drafter: EagleDrafter, feats: torch.Tensor, emb: torch.Tensor, valid: torch.Tensor,
+                   labels: torch.Tensor, head_rows: torch.Tensor,
+                   weights: list[float]) -> tuple[torch.Tensor, list[float]]:
+    """The drafter unrolled ``len(weights)`` times on its own outputs: the weighted mean of each pass's
+    cross-entropy, and each pass's accuracy (NaN for a pass with no label; pass ``j + 1`` needs real features up
+    to ``t - j``, so its first ``j`` positions are left out)."""
+    outs = drafter.unrolled(drafter.fuse_features(feats.float()), emb, len(weights), valid)
+    loss = torch.zeros(())
+    accs = []
+    for j, a in enumerate(outs):
+        lab = labels.clone()
+        lab[:, :j] = -100  # pass j+1 needs real features up to t - j
+        keep = lab != -100
+        if not bool(keep.any()):
+            accs.append(float("nan"))
+            continue
+        logits = drafter.logits(a[keep], head_rows).float()
+        loss = loss + weights[j] * F.cross_entropy(logits, lab[keep])
+        accs.append(float((logits.argmax(-1) == lab[keep]).float().mean()))
+    return loss / sum(weights), accs
+
+
 def train_eagle(target: Any, records: list[dict], out: Path, s: EagleSettings,
                 progress: Callable[[int, int, float], None] | None = None) -> dict:
     """Train and save an EAGLE drafter into ``out``; resumes from ``out/ckpt.pt`` when present.
@@ -105,88 +160,41 @@ def train_eagle(target: Any, records: list[dict], out: Path, s: EagleSettings,
     if s.max_records:
         records = records[: s.max_records]
     token_map, coverage = token_subset(records, s.vocab_subset, target.eos_token_ids)
-    spec = EagleSpec.for_target(target.model.config, target.info.name, s.feature_layers)
-    drafter = new_drafter(spec, token_map, s.seed)
-    copied = s.init_from_target and init_from_target(drafter, target.model)
-    drafter.train()
-    sub_index = torch.full((target.vocab_size,), -100, dtype=torch.int64)
-    sub_index[token_map] = torch.arange(token_map.numel())
+    spec, drafter, copied = _drafter(target, s, token_map)
+    sub_index = subset_index(token_map, target.vocab_size)
     examples = _examples(records, s.max_len)
-    if not examples:
-        raise ConfigError("the corpus has no usable responses (none with 3 or more tokens): build a larger corpus")
     head_rows = target.model.get_output_embeddings().weight.detach()[token_map].float()
-    embed = target.model.get_input_embeddings()
-    per_epoch = len(length_batches([len(e[0]) for e in examples], s.batch_size, s.seed, 0))
+    lengths = [len(e[0]) for e in examples]
+    per_epoch = len(length_batches(lengths, s.batch_size, s.seed, 0))
     total = per_epoch * s.epochs
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    ckpt = Checkpoint(out, {"eagle": asdict(s), "records": len(records)})
-    state = ckpt.load()
-    step = 0
-    if state is not None:
-        drafter.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step = state["step"]
-        torch.set_rng_state(state["rng"])
-    logger = LossLog(out, step)
+    run = TrainingRun(out, {"eagle": asdict(s), "records": len(records)}, drafter, opt, total, progress=progress)
     weights = [s.step_decay**j for j in range(s.ttt_steps)]
     pass_acc = [[] for _ in range(s.ttt_steps)]
     t0 = time.perf_counter()
-    amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if s.autocast and target.device.type == "cpu" else (
-        contextlib.nullcontext)
-    for epoch in range(step // per_epoch, s.epochs):
-        batches = length_batches([len(e[0]) for e in examples], s.batch_size, s.seed, epoch)
-        for b in batches[step - epoch * per_epoch :]:
-            ids, valid, labels = _batch([examples[i] for i in b], sub_index)
-            for g in opt.param_groups:
-                g["lr"] = cosine_lr(step, total, s.lr, s.warmup)
-            feats = target_features(target.model, ids, valid, spec.feature_layers).to("cpu")
-            with torch.no_grad():
-                nxt = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], 1)
-                emb = embed(nxt.to(target.device)).to("cpu").float()
-            with amp():
-                outs = drafter.unrolled(drafter.fuse_features(feats.float()), emb, s.ttt_steps, valid)
-                loss = torch.zeros(())
-                accs = []
-                for j, a in enumerate(outs):
-                    lab = labels.clone()
-                    lab[:, :j] = -100  # pass j+1 needs real features up to t - j
-                    keep = lab != -100
-                    if not bool(keep.any()):
-                        accs.append(float("nan"))
-                        continue
-                    logits = drafter.logits(a[keep], head_rows).float()
-                    loss = loss + weights[j] * F.cross_entropy(logits, lab[keep])
-                    accs.append(float((logits.argmax(-1) == lab[keep]).float().mean()))
-                loss = loss / sum(weights)
-            if not bool(torch.isfinite(loss)) or not loss.requires_grad:
-                step += 1
-                continue
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            logger.add(step, float(loss.detach()), accs[0])
-            for j, acc in enumerate(accs):
-                pass_acc[j] = (pass_acc[j] + [acc])[-20:]
-            step += 1
-            if progress:
-                progress(step, total, float(loss.detach()))
-            if step % 50 == 0 or step == total:
-                ckpt.save(model=drafter.state_dict(), opt=opt.state_dict(), step=step, rng=torch.get_rng_state())
-    logger.close()
+    batches = resumed_batches(lambda epoch: length_batches(lengths, s.batch_size, s.seed, epoch), per_epoch,
+                              s.epochs, run.step)
+    for b in batches:
+        ids, valid, labels = _batch([examples[i] for i in b], sub_index)
+        feats, emb = _inputs(target, ids, valid, spec.feature_layers)
+        with _autocast(s, target):
+            loss, accs = _unrolled_loss(drafter, feats, emb, valid, labels, head_rows, weights)
+        if not bool(torch.isfinite(loss)) or not loss.requires_grad:
+            run.skip()
+            continue
+        run.update(loss, cosine_lr(run.step, total, s.lr, s.warmup), clip=1.0)
+        for j, acc in enumerate(accs):
+            pass_acc[j] = (pass_acc[j] + [acc])[-20:]
+        run.done(float(loss.detach()), accs[0])
+    final_loss, final_acc = run.close()
     drafter.eval()
     return {
-        "steps": step,
-        "final_loss": final_means(out)[0],
-        "final_acc": final_means(out)[1],
+        "steps": run.step, "final_loss": final_loss, "final_acc": final_acc,
         "final_acc_by_pass": [sum(a) / len(a) if a else float("nan") for a in pass_acc],
-        "subset_coverage": coverage,
-        "train_s": time.perf_counter() - t0,
-        "trainable_params": sum(p.numel() for p in params),
-        "init_from_target_layer": bool(copied),
-        "feature_layers": list(spec.feature_layers),
-        "drafter": drafter,
+        "subset_coverage": coverage, "train_s": time.perf_counter() - t0,
+        "trainable_params": sum(p.numel() for p in params), "init_from_target_layer": bool(copied),
+        "feature_layers": list(spec.feature_layers), "drafter": drafter,
     }
 
 

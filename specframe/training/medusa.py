@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..learned.medusa_heads import MedusaHeads
-from .common import Checkpoint, LossLog, cosine_lr, final_means, length_batches, plot_loss, token_subset
+from .common import TrainingRun, cosine_lr, length_batches, plot_loss, resumed_batches, subset_index, token_subset
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,22 @@ def from_teacher(teacher: list[dict], num_heads: int) -> tuple[Tensor, Tensor]:
     return torch.cat(hs), torch.cat(ls)
 
 
+def _position_batches(m: int, size: int, seed: int, epoch: int) -> tuple[Tensor, ...]:
+    """The batches of an epoch: ``size`` of the ``m`` positions each, in a permutation seeded per epoch."""
+    g = torch.Generator().manual_seed(seed * 1000 + epoch)
+    return torch.randperm(m, generator=g).split(size)
+
+
+def _head_losses(logits: Tensor, lab: Tensor) -> Tensor:
+    """``[D]``: each head's cross-entropy over the subset (``logits [b, D, S]``, ``lab [b, D]``, -100 = no label);
+    a head with no label in the batch gets a zero that keeps the graph."""
+    return torch.stack([
+        F.cross_entropy(logits[:, i], lab[:, i], ignore_index=-100) if bool((lab[:, i] != -100).any())
+        else logits.sum() * 0.0
+        for i in range(lab.shape[1])
+    ])
+
+
 def train_medusa(
     target: Any, records: list[dict], out: Path, s: MedusaSettings,
     progress: Callable[[str, int, int, float], None] | None = None, teacher: list[dict] | None = None,
@@ -136,8 +152,7 @@ def train_medusa(
                                  (lambda d, n: progress("hidden", d, n, 0.0)) if progress else None)
     t_hidden = time.perf_counter() - t0
     token_map, coverage = token_subset(records, s.vocab_subset, target.eos_token_ids)
-    sub_index = torch.full((target.vocab_size,), -100, dtype=torch.int64)
-    sub_index[token_map] = torch.arange(token_map.numel())
+    sub_index = subset_index(token_map, target.vocab_size)
     sub_labels = torch.where(labels >= 0, sub_index[labels.clamp(min=0)], torch.full_like(labels, -100))
     w_sub = target.model.get_output_embeddings().weight.detach()[token_map].float()  # [S, H]
     heads = MedusaHeads(hidden.shape[1], s.num_heads, s.num_layers, token_map).float().train()
@@ -145,49 +160,27 @@ def train_medusa(
     m = hidden.shape[0]
     per_epoch = (m + s.batch_positions - 1) // s.batch_positions
     total = per_epoch * s.epochs
-    ckpt = Checkpoint(out, {"medusa": asdict(s), "records": len(records), "positions": m})
-    state = ckpt.load()
-    step = 0
-    if state is not None:
-        heads.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step = state["step"]
-    logger = LossLog(out, step)
+    run = TrainingRun(out, {"medusa": asdict(s), "records": len(records), "positions": m}, heads, opt, total,
+                      save_every=200, rng=False,
+                      progress=(lambda d, n, loss: progress("train", d, n, loss)) if progress else None)
     weights = torch.tensor([0.8**i for i in range(s.num_heads)])
     t1 = time.perf_counter()
-    for epoch in range(step // per_epoch, s.epochs):
-        g = torch.Generator().manual_seed(s.seed * 1000 + epoch)
-        perm = torch.randperm(m, generator=g)
-        for k in range(step - epoch * per_epoch, per_epoch):
-            idx = perm[k * s.batch_positions : (k + 1) * s.batch_positions]
-            h, lab = hidden[idx].float(), sub_labels[idx]
-            for grp in opt.param_groups:
-                grp["lr"] = cosine_lr(step, total, s.lr, s.warmup)
-            logits = heads(h) @ w_sub.T  # [b, D, S]
-            losses = torch.stack([
-                F.cross_entropy(logits[:, i], lab[:, i], ignore_index=-100) if bool((lab[:, i] != -100).any())
-                else logits.sum() * 0.0
-                for i in range(s.num_heads)
-            ])
-            loss = (losses * weights).sum()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            with torch.no_grad():
-                valid = lab[:, 0] != -100
-                acc = float((logits[:, 0].argmax(-1)[valid] == lab[valid, 0]).float().mean()) if valid.any() else 0.0
-            lv = float(losses[0].detach())
-            logger.add(step, lv, acc)
-            step += 1
-            if progress:
-                progress("train", step, total, lv)
-            if step % 200 == 0 or step == total:
-                ckpt.save(model=heads.state_dict(), opt=opt.state_dict(), step=step)
-    logger.close()
+    batches = resumed_batches(lambda epoch: _position_batches(m, s.batch_positions, s.seed, epoch), per_epoch,
+                              s.epochs, run.step)
+    for idx in batches:
+        h, lab = hidden[idx].float(), sub_labels[idx]
+        logits = heads(h) @ w_sub.T  # [b, D, S]
+        losses = _head_losses(logits, lab)
+        run.update((losses * weights).sum(), cosine_lr(run.step, total, s.lr, s.warmup))
+        with torch.no_grad():
+            valid = lab[:, 0] != -100
+            acc = float((logits[:, 0].argmax(-1)[valid] == lab[valid, 0]).float().mean()) if valid.any() else 0.0
+        run.done(float(losses[0].detach()), acc)
+    final_loss, final_acc = run.close()
     heads.eval()
     return {
-        "steps": step, "positions": m, "final_loss_head0": final_means(out)[0],
-        "final_acc_head0": final_means(out)[1], "subset_coverage": coverage,
+        "steps": run.step, "positions": m, "final_loss_head0": final_loss,
+        "final_acc_head0": final_acc, "subset_coverage": coverage,
         "hidden_s": t_hidden, "train_s": time.perf_counter() - t1, "heads": heads,
     }
 

@@ -1,0 +1,247 @@
+"""Structure figures of the source tree (issue 16's before/after table), read from the code with ``ast``.
+
+    python scripts/structure_report.py [ROOT] [--json]
+
+Prints, for the tree at ROOT (default: this checkout):
+
+- the decode loop's length: lines of ``_Request.step`` in specframe/engine.py (def line to last line);
+- modules that write request metrics: an assignment or augmented assignment to a field of ``RequestMetrics`` /
+  ``ProposerMetrics`` (matched by field name on an object spelled ``metrics``, ``m``, ``own``, ``pm`` or
+  ``*.metrics``), or a call of their ``record*`` methods, outside specframe/metrics.py's own classes;
+- resolution paths: modules outside specframe/config.py that turn config entries into plugin classes themselves
+  (calls of ``registry.proposer`` / ``merge_policy`` / ``router`` or of the ``resolve_*`` helpers);
+- import cycles among specframe's modules (every ``import`` that runs, top-level or inside a function; not those
+  under ``if TYPE_CHECKING:``), and plugins or
+  contrib modules that import ``specframe.bench``;
+- functions over 60 lines in specframe/, plugins/ and contrib/;
+- token-trie builders: top-level functions or classes that build a trie of their own, found by its child
+  index, a ``dict[tuple[int, int], int]`` from (parent node, token) to node.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import sys
+from pathlib import Path
+
+METRIC_FIELDS = {
+    "prompt_tokens", "new_tokens", "target_forwards", "drafted_tokens", "accepted_tokens", "proposer_faults",
+    "proposer_fault_kinds", "proposer_disabled", "wall_s", "prefill_s", "propose_s", "forward_s", "verify_s",
+    "drafted_by_position", "accepted_by_position", "steps", "skipped_steps", "proposed_nodes", "drafted_nodes",
+    "accepted_alone", "wasted_nodes", "draft_s", "faults", "disabled",
+}
+METRIC_OWNERS = re.compile(r"^(self\.)?(metrics|m|own|pm|[a-z_]+\.metrics)$")
+RESOLVERS = {"resolve_proposers", "resolve_merge", "resolve_router"}
+REGISTRY_LOOKUPS = {"proposer", "merge_policy", "router"}
+
+
+def _modules(root: Path, folders: tuple[str, ...]) -> list[Path]:
+    return sorted(p for f in folders for p in (root / f).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _name(root: Path, path: Path) -> str:
+    rel = path.relative_to(root).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def loop_lines(root: Path) -> int:
+    tree = ast.parse((root / "specframe/engine.py").read_text())
+    for cls in ast.walk(tree):
+        if isinstance(cls, ast.ClassDef) and cls.name == "_Request":
+            for fn in cls.body:
+                if isinstance(fn, ast.FunctionDef) and fn.name == "step":
+                    return fn.end_lineno - fn.lineno + 1
+    return -1
+
+
+def _writes_metrics(node: ast.AST) -> bool:
+    targets: list[ast.AST] = []
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        targets = [node.target]
+    for t in targets:
+        base = t.value if isinstance(t, ast.Subscript) else t
+        if isinstance(base, ast.Attribute) and base.attr in METRIC_FIELDS:
+            if METRIC_OWNERS.match(ast.unparse(base.value)):
+                return True
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        f = node.func
+        if f.attr in ("record", "record_step") and METRIC_OWNERS.match(ast.unparse(f.value)):
+            return True
+        if f.attr in ("append", "extend", "__setitem__") and isinstance(f.value, ast.Attribute) \
+                and f.value.attr in METRIC_FIELDS and METRIC_OWNERS.match(ast.unparse(f.value.value)):
+            return True
+    return False
+
+
+def metric_writers(root: Path) -> list[str]:
+    out = []
+    for path in _modules(root, ("specframe", "plugins")):
+        tree = ast.parse(path.read_text())
+        skip: set[int] = set()
+        if path.name == "metrics.py" and path.parent.name == "specframe":  # the metrics classes' own methods
+            for cls in tree.body:
+                if isinstance(cls, ast.ClassDef) and cls.name in ("RequestMetrics", "ProposerMetrics"):
+                    skip.update(id(n) for n in ast.walk(cls))
+        if any(_writes_metrics(n) for n in ast.walk(tree) if id(n) not in skip):
+            out.append(str(path.relative_to(root)))
+    return out
+
+
+def resolution_paths(root: Path) -> list[str]:
+    out = []
+    for path in _modules(root, ("specframe", "plugins")):
+        if path.relative_to(root).as_posix() == "specframe/config.py":
+            continue
+        tree = ast.parse(path.read_text())
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Call):
+                f = n.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+                on_registry = isinstance(f, ast.Attribute) and "registry" in ast.unparse(f.value).lower()
+                if name in RESOLVERS or (name in REGISTRY_LOOKUPS and on_registry) or (
+                        isinstance(f, ast.Attribute) and ast.unparse(f.value) in ("reg", "self.registry", "registry")
+                        and name in REGISTRY_LOOKUPS):
+                    out.append(str(path.relative_to(root)))
+                    break
+    return out
+
+
+def _imports(root: Path, path: Path, tree: ast.AST) -> set[str]:
+    me = _name(root, path)
+    package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    out = set()
+    typing_only = {id(m) for n in ast.walk(tree) if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)
+                   for b in n.body for m in ast.walk(b)}
+    for n in ast.walk(tree):
+        if id(n) in typing_only:  # `if TYPE_CHECKING:` imports never run
+            continue
+        if isinstance(n, ast.Import):
+            out.update(a.name for a in n.names)
+        elif isinstance(n, ast.ImportFrom):
+            if n.level:
+                base = package.split(".")
+                base = base[: len(base) - (n.level - 1)]
+                mod = ".".join(base + ([n.module] if n.module else []))
+            else:
+                mod = n.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in n.names)
+    return out
+
+
+def import_cycles(root: Path) -> tuple[list[list[str]], list[str]]:
+    paths = _modules(root, ("specframe",))
+    names = {_name(root, p): p for p in paths}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        deps = set()
+        for imp in _imports(root, path, ast.parse(path.read_text())):
+            while imp and imp not in names:
+                imp = imp.rsplit(".", 1)[0] if "." in imp else ""
+            if imp and imp != name and not name.startswith(imp + ".") and imp != "specframe":
+                deps.add(imp)
+        graph[name] = deps
+    # Tarjan's strongly connected components
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    sccs: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                sccs.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in graph:
+        if v not in index:
+            visit(v)
+    on_bench = []
+    for path in _modules(root, ("plugins", "contrib")):
+        if any(i == "specframe.bench" or i.startswith("specframe.bench.")
+               for i in _imports(root, path, ast.parse(path.read_text()))):
+            on_bench.append(str(path.relative_to(root)))
+    return sccs, on_bench
+
+
+def long_functions(root: Path, limit: int = 60) -> list[tuple[str, int]]:
+    out = []
+    for path in _modules(root, ("specframe", "plugins", "contrib")):
+        tree = ast.parse(path.read_text())
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = n.end_lineno - n.lineno + 1
+                if lines > limit:
+                    out.append((f"{path.relative_to(root)}:{n.name}", lines))
+    return sorted(out, key=lambda x: -x[1])
+
+
+def trie_builders(root: Path) -> list[str]:
+    """Where a token trie is built: a ``(parent node, token) -> node`` dict (annotated
+    ``dict[tuple[int, int], int]``), named by the enclosing top-level class or function."""
+    out = []
+    for path in _modules(root, ("specframe", "plugins", "contrib")):
+        rel = path.relative_to(root).as_posix()
+        tree = ast.parse(path.read_text())
+        for top in tree.body:
+            if not isinstance(top, (ast.FunctionDef, ast.ClassDef)):
+                continue
+            if any(isinstance(n, ast.AnnAssign) and ast.unparse(n.annotation).replace(" ", "")
+                   == "dict[tuple[int,int],int]" for n in ast.walk(top)):
+                out.append(f"{rel}:{top.name}")
+    return out
+
+
+def main(argv: list[str]) -> None:
+    args = [a for a in argv if not a.startswith("--")]
+    root = Path(args[0] if args else Path(__file__).resolve().parents[1]).resolve()
+    cycles, on_bench = import_cycles(root)
+    report = {
+        "loop_lines": loop_lines(root),
+        "metric_writers": metric_writers(root),
+        "resolution_paths": resolution_paths(root),
+        "import_cycles": cycles,
+        "plugins_importing_bench": on_bench,
+        "functions_over_60_lines": long_functions(root),
+        "trie_builders": trie_builders(root),
+    }
+    if "--json" in argv:
+        print(json.dumps(report, indent=1))
+        return
+    print(f"tree: {root}")
+    print(f"decode loop (_Request.step): {report['loop_lines']} lines")
+    for key in ("metric_writers", "resolution_paths", "plugins_importing_bench", "trie_builders"):
+        print(f"{key}: {len(report[key])}  {', '.join(report[key])}")
+    print(f"import_cycles: {len(cycles)}  " + "; ".join(" <-> ".join(c) for c in cycles))
+    fl = report["functions_over_60_lines"]
+    print(f"functions_over_60_lines: {len(fl)}  " + ", ".join(f"{n} ({k})" for n, k in fl))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,172 @@
+"""The contracts for combining several proposers under one verification pass: attribution (what each proposer
+drafted and had accepted in a step), merge policies (how their drafts share the merged tree's node budget) and
+routers (which proposers run each step, with what node budget). See docs/combining.md.
+
+The single-proposer contracts (drafts, decode state, proposers, verifiers) are in :mod:`specframe.contracts`.
+Shapes: N merged-tree nodes, P proposers, L depth of a node (1 = child of the newest committed token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, Sequence, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .contracts import DraftTree, TargetInfo
+
+
+@dataclass(frozen=True, slots=True)
+class ProposerStep:
+    """One proposer's part in one verification step (attribution; see docs/combining.md).
+
+    Crediting rule: an accepted node credits every proposer that produced it, so with overlapping drafts the
+    proposers' ``accepted`` add up to more than the step's accepted tokens; ``accepted_alone`` counts the
+    accepted nodes no other proposer produced.
+    """
+
+    name: str  # the proposer's label (its name; ``name#2`` for a second instance of the same name)
+    asked: bool  # propose was called (False: the router left it out, it is disabled, or no budget was left)
+    budget: int  # node budget it was given (0 when not asked)
+    proposed: int  # nodes it returned (after truncation to its budget; 0 on a fault)
+    drafted: int  # of those, nodes in the verified tree (a node shared with another proposer counts for each)
+    drafted_by_depth: tuple[int, ...]  # [L] drafted nodes at depth l + 1 (L: its deepest drafted node)
+    accepted: int  # credited: its nodes on the accepted path (a prefix of the path)
+    accepted_alone: int  # accepted nodes only it produced
+    draft_s: float  # seconds in its propose call
+    fault: bool  # it faulted in this step (see specframe.isolation)
+
+    @property
+    def wasted(self) -> int:
+        """Verified nodes of this proposer that were not accepted."""
+        return self.drafted - self.accepted
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """What merge policies, routers and observers learn after each step."""
+
+    proposers: tuple[ProposerStep, ...]  # one per proposer, in the engine's order
+    verified: int  # N, nodes of the merged tree the target scored (plus the newest token: N + 1 positions)
+    accepted: int  # accepted path length
+    forward_s: float  # seconds of the target's verification forward
+
+
+class MergePolicyConfig(BaseModel):
+    """Base of every merge policy's config (``merge:`` in the top-level config); ``policy`` selects it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: str
+    max_nodes: int = Field(24, ge=1, le=256, description="Most nodes of the merged tree (the verification width).")
+
+
+@runtime_checkable
+class MergePolicy(Protocol):
+    """Decides how several proposers' drafts share the merged tree's node budget.
+
+    Construction: ``cls(config, target_info)``; ``max_nodes`` is the merged tree's node budget. The merge itself
+    (dedup, provenance, exactness rules) is :func:`specframe.merge.merge_drafts`; a policy only plans it.
+    """
+
+    name: ClassVar[str]
+    Config: ClassVar[type[MergePolicyConfig]]
+    max_nodes: int
+
+    def start(self, proposers: Sequence[str]) -> None:
+        """A new request with these proposer labels (engine order)."""
+
+    def plan(self, drafts: Sequence[DraftTree], max_nodes: int) -> Sequence[tuple[int, int]]:
+        """``(proposer index, quota)`` in insertion order: the first ``quota`` nodes of that proposer's draft go
+        in, earlier entries first; ``drafts[j]`` is empty for a proposer that did not draft this step."""
+
+    def on_step(self, report: StepReport) -> None:
+        """Feedback after each step (live acceptance per proposer)."""
+
+
+class MergePolicyBase:
+    """Convenience base: stores the config and ``max_nodes``; no-op ``start``/``on_step``."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type[MergePolicyConfig]] = MergePolicyConfig
+
+    def __init__(self, config: MergePolicyConfig, target: TargetInfo | None = None) -> None:
+        self.config = config
+        self.target = target
+        self.max_nodes = config.max_nodes
+
+    def start(self, proposers: Sequence[str]) -> None:
+        self.proposers = tuple(proposers)
+
+    def plan(self, drafts: Sequence[DraftTree], max_nodes: int) -> Sequence[tuple[int, int]]:  # pragma: no cover
+        raise NotImplementedError
+
+    def on_step(self, report: StepReport) -> None:
+        return None
+
+
+class RouterConfig(BaseModel):
+    """Base of every router's config (``router:`` in the top-level config); ``name`` selects it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+
+
+@runtime_checkable
+class Router(Protocol):
+    """Decides, each step, which of several combined proposers run and with what node budget.
+
+    Construction: ``cls(config, target_info)``. Routing never changes what greedy decoding emits, nor the
+    distribution of what sampling emits; but under sampling it decides which proposers draw from the request's
+    generator, so to keep a seed reproducing the same tokens a router must decide deterministically from the seed
+    and the feedback's counts (no global RNG, no draws from the request's generator, and no wall-clock timings
+    unless ``greedy``).
+    """
+
+    name: ClassVar[str]
+    Config: ClassVar[type[RouterConfig]]
+
+    def start(self, proposers: Sequence[str], seed: int, greedy: bool) -> None:
+        """A new request with these proposer labels (engine order), its seed, and whether it decodes greedily."""
+
+    def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> Sequence[int]:
+        """Node budget per proposer for this step (``0`` = skip it); ``budget`` is the step's draft budget,
+        ``max_nodes`` the merged tree's, ``available[j]`` False for a proposer disabled by faults."""
+
+    def on_step(self, report: StepReport) -> None:
+        """Feedback after each step (who drafted what, what was accepted, the forward's time)."""
+
+    def revise(self, budget: int, max_nodes: int, available: Sequence[bool],
+               drafts: Sequence[DraftTree | None], budgets: Sequence[int]) -> Sequence[int]:
+        """Called after each proposer that ran this step, in the engine's order, with the drafts so far
+        (``drafts[j]`` None for a proposer still to run, empty for one skipped or faulty) and the current
+        per-proposer numbers. Returns new ones: for a proposer still to run its node budget (0 = skip it), for
+        one that drafted how many of its nodes to keep (a prefix; more than it drafted keeps all). A cascade:
+        cheap proposers first, the costly ones only when the cheap ones' drafts look short.
+        :class:`RouterBase`'s keeps every number as it is."""
+
+
+class RouterBase:
+    """Convenience base: stores the config; runs every proposer with the full budget."""
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type[RouterConfig]] = RouterConfig
+
+    def __init__(self, config: RouterConfig, target: TargetInfo | None = None) -> None:
+        self.config = config
+        self.target = target
+
+    def start(self, proposers: Sequence[str], seed: int, greedy: bool) -> None:
+        self.proposers = tuple(proposers)
+
+    def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> Sequence[int]:
+        return [budget if ok else 0 for ok in available]
+
+    def on_step(self, report: StepReport) -> None:
+        return None
+
+    def revise(self, budget: int, max_nodes: int, available: Sequence[bool],
+               drafts: Sequence[DraftTree | None], budgets: Sequence[int]) -> Sequence[int]:
+        """Keeps the step's numbers as they are (see :meth:`Router.revise`)."""
+        return list(budgets)

@@ -1,0 +1,67 @@
+"""What every ``specframe`` command shares: the stderr console, the one-line error exit, loading with a spinner.
+
+Every user error prints one line ``error: ...`` on stderr and exits with code 2, before anything is written to
+stdout or to an output folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Iterator, NoReturn
+
+import typer
+from rich.console import Console
+
+from .errors import ConfigError, SpecframeError
+
+err = Console(stderr=True, highlight=False)
+
+
+def fail(message: str | BaseException) -> NoReturn:
+    """Print ``error: <message>`` on stderr and exit with code 2."""
+    err.print(f"error: {message}", markup=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+@contextlib.contextmanager
+def one_error_line() -> Iterator[None]:
+    """A :class:`~specframe.errors.SpecframeError` raised inside ends the command through :func:`fail`."""
+    try:
+        yield
+    except SpecframeError as exc:
+        fail(exc)
+
+
+def machine_flags(threads: str | None, prepack: str | None) -> dict:
+    """``--threads`` / ``--prepack`` as config values (None = not given).
+
+    Raises:
+        ConfigError: a value that is not a whole number >= 1 or auto (threads), or on / off / auto (prepack).
+    """
+    out: dict = {}
+    if threads is not None:
+        if threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
+            raise ConfigError(f"--threads must be a whole number >= 1 or auto, got {threads!r}")
+        out["threads"] = threads if threads == "auto" else int(threads)
+    if prepack is not None:
+        values = {"on": True, "off": False, "auto": "auto", "true": True, "false": False}
+        if prepack.lower() not in values:
+            raise ConfigError(f"--prepack must be on, off or auto, got {prepack!r}")
+        out["prepack"] = values[prepack.lower()]
+    return out
+
+
+def load_with_progress(cfg: Any, registry: Any, what: str = "") -> Any:
+    """``specframe.load`` with a spinner, and a bar while a first machine profile is measured."""
+    import specframe
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=err, transient=True) as progress:
+        progress.add_task(f"loading {what or cfg.model} ...", total=None)
+        return specframe.load(cfg, registry=registry, log=lambda s: err.print(s, markup=False), progress=progress)

@@ -1,0 +1,57 @@
+"""Loading a target to run: the model (:mod:`specframe.models`), the settings this machine's profile chooses
+(:mod:`specframe.tune`: dtype, threads, weight layout) and the target adapter (:class:`specframe.target.Target`)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
+                log: Callable[[str], None] = lambda s: None, threads: int | str = "auto", prepack: bool | str = "auto",
+                speculative: bool = True, progress=None, measure: bool | None = None):
+    """Resolve, convert (once) and load a target. Returns a :class:`specframe.target.Target`.
+
+    ``dtype``, ``threads`` and ``prepack`` set to ``auto`` are chosen from this machine's measured profile
+    (:mod:`specframe.tune`; measured once when ``dtype`` is auto, with a bar on ``progress``); the chosen settings
+    and reasons are ``target.settings``, the live cost curve v(n) is ``target.info.cost``, and
+    ``target.governor`` keeps the thread count within the free cores during a run. A cache entry that fails to
+    load is rebuilt once.
+
+    Raises:
+        ConfigError: bad device or dtype name, or ``prepack`` asked for where it is not available.
+    """
+    from .models import check_device, convert_gguf, load_model, model_directory, resolve_dtype, resolve_model
+    from .packed import pack_linears
+    from .target import Target
+    from .tune import Candidate, CostCurve, ThreadGovernor, resolve_settings
+
+    check_device(device)
+    if dtype not in ("auto", "bfloat16", "float32"):
+        resolve_dtype(dtype, device)  # raises the one-line error
+    source = resolve_model(name_or_path)
+    directory = model_directory(source, log)
+    settings, profile, _ = resolve_settings(directory, source.name, device, dtype, threads, prepack, speculative,
+                                            progress, measure)
+    if device == "cpu":
+        torch.set_num_threads(settings.threads)
+    torch_dtype = torch.bfloat16 if settings.dtype == "bfloat16" else torch.float32
+    try:
+        model, tok = load_model(directory, torch_dtype, device)
+    except (OSError, ValueError, RuntimeError):
+        if source.gguf is None:
+            raise
+        log(f"cache entry {directory} is unreadable; rebuilding it")
+        convert_gguf(source.gguf, directory, log)
+        model, tok = load_model(directory, torch_dtype, device)
+    if settings.prepack:
+        pack_linears(model)
+    target = Target(model, tok, name=source.name)
+    from .machine import usable_cores
+
+    measured = profile.find(Candidate(settings.dtype, settings.threads, settings.prepack)) if profile else None
+    curve = CostCurve(measured.t_ms if measured else None)
+    target.attach_machine(settings, ThreadGovernor(settings, threads == "auto" and device == "cpu",
+                                                   usable_cores()[0], profile, curve))
+    return target

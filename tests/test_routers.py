@@ -1,0 +1,236 @@
+"""The adaptive router (docs/combining.md) on its own: routing, probing, cost curves, per-depth statistics,
+revise (cascades and trimming) and its configuration."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from specframe import DraftTree
+from specframe.combining import ProposerStep, StepReport
+from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter, _prefix_levels, load_cost_curve
+
+from .combining_helpers import chain, step, tree
+
+
+def test_router_drops_a_useless_proposer_and_probes_it_again():
+    router = AdaptiveRouter(AdaptiveConfig(explore=0.0, probe_every=5))
+    router.start(["good", "bad"], seed=0, greedy=True)
+    assert all(b > 0 for b in router.route(16, 24, [True, True]))  # optimistic priors: both run at first
+    for _ in range(30):
+        budgets = router.route(16, 24, [True, True])
+        router.on_step(StepReport((step("good", 4, 4, budget=budgets[0], proposed=4),
+                                   step("bad", 4 if budgets[1] else 0, 0, asked=budgets[1] > 0, budget=budgets[1])),
+                                  8, 4, 0.02))
+    runs = []
+    for _ in range(10):
+        budgets = router.route(16, 24, [True, True])
+        runs.append(budgets[1] > 0)
+        assert budgets[0] >= 4  # the good one always runs, deep enough for what it gets accepted
+        router.on_step(StepReport((step("good", 4, 4, budget=budgets[0], proposed=4),
+                                   step("bad", 4 if budgets[1] else 0, 0, asked=budgets[1] > 0, budget=budgets[1])),
+                                  8, 4, 0.02))
+    assert runs.count(True) == 2  # the bad one only when probed (every 5th step)
+    assert router.route(16, 24, [False, True])[0] == 0  # a disabled proposer is never given a budget
+
+
+def test_router_is_deterministic_under_a_seed_and_leaves_the_global_rng_alone():
+    def decisions(seed):
+        router = AdaptiveRouter(AdaptiveConfig(explore=0.5, draft_cost={"a": 0.2, "b": 0.2, "c": 0.2}))
+        router.start(["a", "b", "c"], seed=seed, greedy=False)
+        out = []
+        for i in range(40):
+            budgets = router.route(12, 16, [True, True, True])
+            out.append(tuple(budgets))
+            # a and b get some of their nodes accepted, c never: c is left out but for probes and exploration
+            router.on_step(StepReport(tuple(step(n, min(b, 3), 0 if n == "c" or not b else 1 + (i + k) % 3,
+                                                 asked=b > 0, budget=b)
+                                            for k, (n, b) in enumerate(zip("abc", budgets))), 6, 1, 0.01))
+        return out
+
+    torch.manual_seed(0)
+    random.seed(0)
+    state = (torch.get_rng_state(), random.getstate())
+    assert decisions(3) == decisions(3)
+    assert (torch.equal(torch.get_rng_state(), state[0]), random.getstate() == state[1]) == (True, True)
+    assert decisions(3) != decisions(4)  # exploration draws from the router's own seeded generator
+
+
+def test_router_draft_costs_timings_only_under_greedy():
+    router = AdaptiveRouter(AdaptiveConfig(draft_cost={"slow": 50.0}, explore=0.0))
+    router.start(["fast", "slow"], seed=0, greedy=False)
+    assert not router.timed and router.route(8, 16, [True, True])[1] == 0  # too costly to ever pay off
+    for _ in range(5):  # measured times are ignored under sampling: the seed alone fixes the decisions
+        router.on_step(StepReport((step("fast", 2, 2), step("slow", 0, 0, asked=False)), 2, 2, forward_s=9.0))
+    assert router.t1 is None and router.draft_s == [0.0, 0.0]
+    router.start(["fast", "slow"], seed=0, greedy=True)
+    assert router.timed
+    router.on_step(StepReport((step("fast", 2, 2, draft_s=0.5), step("slow", 0, 0, asked=False)), 2, 2, forward_s=0.1))
+    assert router.t1 == pytest.approx(0.1 / router.v(3)) and router._draft_cost(0) == pytest.approx(0.5 / router.t1)
+
+
+def test_router_cost_curve_from_a_bench_profile(tmp_path):
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"profile": {"v": [2.0, 2.0, 2.0, 8.0]}}))
+    router = AdaptiveRouter(AdaptiveConfig(cost_profile=str(results)))
+    assert router.curve == [1.0, 1.0, 1.0, 4.0] and router.v(3) == 1.0 and router.v(4) == 4.0
+    # with 3 verified tokens free and a 4th costing 4x, one proposer gets at most 2 nodes
+    router.start(["a"], seed=0, greedy=True)
+    assert router.plan(16, 24, [True])[1] == [2]
+    assert router.route(16, 24, [True]) == [16]  # free to draft: drafts fully ...
+    assert router.revise(16, 24, [True], [chain(list(range(8)))], [16]) == [2]  # ... and keeps what pays
+    assert AdaptiveRouter(AdaptiveConfig()).v(11) == pytest.approx(1.3)  # the linear default
+    assert load_cost_curve(AdaptiveConfig(cost_curve=[1.0, 1.5])) == [1.0, 1.5]
+    (tmp_path / "bad.json").write_text("{}")
+    # a bad profile fails when the config is validated (at load), not mid-request
+    with pytest.raises(ValidationError, match="no profile.v"):
+        AdaptiveConfig(cost_profile=str(tmp_path / "bad.json"))
+    with pytest.raises(ValidationError, match="does not exist"):
+        AdaptiveConfig(cost_profile=str(tmp_path / "missing.json"))
+    for v in ([], [0.0, 1.0, 2.0], [1.0, -5.0, 2.0]):
+        (tmp_path / "v.json").write_text(json.dumps({"profile": {"v": v}}))
+        with pytest.raises(ValidationError, match="non-empty list of times > 0"):
+            AdaptiveConfig(cost_profile=str(tmp_path / "v.json"))
+    with pytest.raises(Exception, match="cost_curve"):
+        AdaptiveConfig(cost_curve=[1.0, 0.0])
+
+
+def test_router_on_step_counts_idle_steps_and_conditional_hits():
+    router = AdaptiveRouter(AdaptiveConfig(prior=0.6, decay=0.9, measure="never"))
+    router.start(["a", "b"], seed=0, greedy=True)
+    prior = [0.6 ** d for d in range(1, 13)]
+    # a: a 3-chain with its first 2 nodes accepted; b left out
+    router.on_step(StepReport((step("a", 3, 2, budget=16), step("b", asked=False)), 3, 2, 0.0))
+    assert router.idle == [0, 1]
+    # per-depth continuation rates: depths 1 and 2 were reached and accepted, depth 3 reached and rejected
+    assert router.cont[0][:3] == pytest.approx([0.9 * 0.6 + 0.1, 0.9 * 0.6 + 0.1, 0.9 * 0.6])
+    assert router.hit[0][:3] == pytest.approx([0.64, 0.64 ** 2, 0.64 ** 2 * 0.54])  # their running products
+    assert router.cont[0][3:] == pytest.approx([0.6] * 9)  # depths it did not draft tell nothing about its hits
+    assert router.hit[1] == pytest.approx(prior)  # not asked: unchanged
+    # the unconditional reach also learns that a reached nothing past depth 2 (it was not cut short)
+    assert router.reach[0][3] == pytest.approx(0.9 * 0.6 ** 4)
+    # b asked (a tree: 2 roots, 1 child; nothing accepted), a left out
+    router.on_step(StepReport((step("a", asked=False),
+                               step("b", 3, 0, budget=4, depths=(2, 1))), 3, 0, 0.0))
+    assert router.idle == [1, 0]
+    # depth 1 was put to the test and failed; depth 2 was never reached, so its rate keeps the prior
+    assert router.cont[1][:3] == pytest.approx([0.9 * 0.6, 0.6, 0.6])
+    assert router.hit[1][:3] == pytest.approx([0.54, 0.54 * 0.6, 0.54 * 0.36])
+    assert router.width[1][:2] == pytest.approx([0.9 + 0.1 * 2, 1.0])
+    before = [list(h) for h in router.hit]  # a faulty step counts as asked (idle 0) but teaches nothing
+    faulty = ProposerStep("a", True, 8, 0, 0, (), 0, 0, 0.0, True)
+    router.on_step(StepReport((faulty, step("b", asked=False)), 0, 0, 0.0))
+    assert router.idle == [0, 1] and router.hit == before
+
+
+def cheap_and_costly_router(every: int) -> AdaptiveRouter:
+    """a: free to draft (cost 0), drafts an 8-chain every ``every``-th step (then all of it is accepted) and
+    nothing otherwise; b: costs 0.3 one-token forwards, drafts 4 and gets 2 accepted."""
+    router = AdaptiveRouter(AdaptiveConfig(draft_cost={"b": 0.3}, measure="never", explore=0.0, probe_every=1000))
+    router.start(["a", "b"], seed=0, greedy=True)
+    for i in range(20):
+        drafted = 8 if i % every == 0 else 0
+        router.on_step(StepReport((step("a", drafted, drafted, budget=16), step("b", 4, 2, budget=4)), 8, 8, 0.0))
+    return router
+
+
+def test_router_cascade_skips_the_costly_proposer_when_the_cheap_draft_is_long_and_trusted():
+    router = cheap_and_costly_router(every=5)
+    # when a drafts its draft is accepted (hit: conditional on drafting), but it mostly has nothing to draft (reach)
+    assert all(r < 0.35 and c > 0.7 for c, r in zip(router.cont[0][:8], router.reach[0][:8]))
+    assert all(h > r + 0.2 for h, r in zip(router.hit[0][:3], router.reach[0][:3]))
+    budgets = router.route(16, 24, [True, True])
+    assert budgets[0] == 16  # free: drafts with the full budget
+    assert budgets[1] > 0  # before a's draft is known, b is worth running
+    long = chain(list(range(1, 9)))
+    assert router.revise(16, 24, [True, True], [long, None], budgets) == [8, 0]  # long, trusted: b skipped, a whole
+    after_empty = router.revise(16, 24, [True, True], [DraftTree.empty(), None], budgets)
+    assert after_empty[0] == 0 and after_empty[1] > 0  # a drafted nothing: b runs
+    # an unavailable proposer still to run gets nothing
+    assert router.revise(16, 24, [True, False], [DraftTree.empty(), None], budgets)[1] == 0
+
+
+def test_router_revise_trims_a_draft_to_the_prefix_that_pays():
+    # no tolerance: trim to the exact optimum; a cost curve where each extra node costs 0.1 of a forward
+    router = AdaptiveRouter(AdaptiveConfig(measure="never", explore=0.0, keep_tolerance=0.0, cost_slope=0.1))
+    router.start(["a", "b"], seed=0, greedy=True)
+    for _ in range(20):  # a's 8-chains: only the first node is ever accepted
+        router.on_step(StepReport((step("a", 8, 1, budget=16), step("b", asked=False)), 8, 1, 0.0))
+    long = chain(list(range(1, 9)))
+    assert router.revise(16, 24, [True, False], [long, None], [16, 0]) == [1, 0]
+    router.start(["a", "b"], seed=0, greedy=True)
+    for _ in range(20):  # all 8 accepted: the whole draft pays
+        router.on_step(StepReport((step("a", 8, 8, budget=16), step("b", asked=False)), 8, 8, 0.0))
+    assert router.revise(16, 24, [True, False], [long, None], [16, 0]) == [8, 0]
+    # a tree is trimmed to the topological prefix holding its paying levels: depths 1 and 2, the first 4 nodes
+    router.start(["a", "b"], seed=0, greedy=True)
+    for _ in range(20):  # depths 1 and 2 accepted, depth 3 never
+        router.on_step(StepReport((step("a", 5, 2, budget=16, depths=(2, 2, 1)), step("b", asked=False)), 5, 2, 0.0))
+    t = tree([1, 2, 3, 4, 5], [-1, -1, 0, 1, 2])  # depths 1 1 2 2 3
+    assert router.revise(16, 24, [True, False], [t, None], [16, 0]) == [4, 0]
+
+
+def test_router_revise_keeps_probed_proposers_whole():
+    router = AdaptiveRouter(AdaptiveConfig(draft_cost={"b": 0.3}, measure="never", explore=0.0, probe_every=3))
+    router.start(["a", "b"], seed=0, greedy=True)
+    long, b_draft = chain(list(range(1, 9))), chain([9] * 5)
+    seen = []
+    for _ in range(6):
+        budgets = router.route(16, 24, [True, True])
+        forced = 1 in router.forced
+        ahead = router.revise(16, 24, [True, True], [long, None], budgets)
+        behind = router.revise(16, 24, [True, True], [long, b_draft], ahead)
+        seen.append((forced, budgets[1], ahead[1], behind[1]))
+        # a's drafts all accepted, b's never: b is only ever run when probed
+        router.on_step(StepReport((step("a", 8, 8, budget=16),
+                                   step("b", 5 if ahead[1] else 0, 0, asked=ahead[1] > 0, budget=ahead[1])), 8, 8, 0.0))
+    assert [f for f, *_ in seen] == [False, False, True, False, False, True]  # every 3rd step
+    for forced, routed, ahead, behind in seen[1:]:
+        if forced:  # probed: full budget, and its draft is kept whole however poor its statistics
+            assert (routed, ahead, behind) == (16, 16, 5)
+        else:  # route plans b without the free a (b alone might pay); knowing a's long chain, revise skips it
+            assert ahead == 0
+
+
+def test_prefix_levels_of_a_draft():
+    # nodes(D): the shortest prefix (what DraftTree.truncate keeps) holding every node of depth <= D
+    assert _prefix_levels(chain([4, 5, 6]), 12) == ([1, 2, 3],)
+    assert _prefix_levels(chain([4, 5, 6]), 2) == ([1, 2],)  # no deeper than the plan's depth
+    assert _prefix_levels(tree([1, 2, 3, 4, 5], [-1, -1, 0, 1, 2]), 12) == ([2, 4, 5],)  # depths 1 1 2 2 3
+    # a root after a depth-2 node: depth 1 needs 3 nodes, so depth 2 does too
+    assert _prefix_levels(tree([1, 2, 3, 4], [-1, 0, -1, 1]), 12) == ([3, 3, 4],)  # depths 1 2 1 3
+    assert _prefix_levels(tree([1, 2, 3, 4], [-1, 0, -1, 1]), 1) == ([3],)
+    assert _prefix_levels(DraftTree.empty(), 12) == ([],)
+
+
+def test_router_revise_never_skips_a_free_proposer_still_to_run():
+    # b is free to draft but has never had anything accepted; a drafted a long chain that is always accepted
+    router = AdaptiveRouter(AdaptiveConfig(measure="never", explore=0.0))
+    router.start(["a", "b"], seed=0, greedy=True)
+    for _ in range(20):
+        router.on_step(StepReport((step("a", 8, 8, budget=16), step("b", 4, 0, budget=16)), 12, 8, 0.0))
+    ahead = router.revise(16, 24, [True, True], [chain(list(range(1, 9))), None], [16, 16])
+    assert ahead[1] == 16  # it drafts (free) ...
+    behind = router.revise(16, 24, [True, True], [chain(list(range(1, 9))), chain([9] * 4)], ahead)
+    assert behind == [8, 0]  # ... and none of its draft is worth verifying
+
+
+def test_config_shorthands_and_router_errors(caplog):
+    from specframe.config import SpecframeConfig
+
+    assert SpecframeConfig(proposers=["ngram", {"name": "medusa", "top_k": 2}]).proposers == [
+        {"name": "ngram"}, {"name": "medusa", "top_k": 2}]
+    assert SpecframeConfig(router=False).router.name == "none" and SpecframeConfig(router=None).router.name == "none"
+    with pytest.raises(ValidationError, match="give a router name"):
+        SpecframeConfig(router=3)
+    router = AdaptiveRouter(AdaptiveConfig(draft_cost={"draft-modle": 0.3}))
+    with caplog.at_level(logging.WARNING, logger="specframe"):
+        router.start(["ngram", "draft-model"], seed=0, greedy=True)
+        router.start(["ngram", "draft-model"], seed=1, greedy=True)
+    warned = [r for r in caplog.records if "draft-modle" in r.getMessage()]
+    assert len(warned) == 1 and router.configured_cost == [0.0, 0.0]  # a misspelt label is named once, not used
