@@ -9,7 +9,9 @@ Prints, for the tree at ROOT (default: this checkout):
   ``ProposerMetrics`` (matched by field name on an object spelled ``metrics``, ``m``, ``own``, ``pm`` or
   ``*.metrics``), or a call of their ``record*`` methods, outside specframe/metrics.py's own classes;
 - resolution paths: modules outside specframe/config.py that turn config entries into plugin classes themselves
-  (calls of ``registry.proposer`` / ``merge_policy`` / ``router`` or of the ``resolve_*`` helpers);
+  (calls of ``registry.proposer`` / ``merge_policy`` / ``router`` or of the per-kind ``resolve_*`` helpers, each
+  with its own rule for when merge and router count), and the modules that use the one path,
+  ``config.resolve_plugins``;
 - import cycles among specframe's modules (every ``import`` that runs, top-level or inside a function; not those
   under ``if TYPE_CHECKING:``), and plugins or
   contrib modules that import ``specframe.bench``;
@@ -33,7 +35,8 @@ METRIC_FIELDS = {
     "accepted_alone", "wasted_nodes", "draft_s", "faults", "disabled",
 }
 METRIC_OWNERS = re.compile(r"^(self\.)?(metrics|m|own|pm|[a-z_]+\.metrics)$")
-RESOLVERS = {"resolve_proposers", "resolve_merge", "resolve_router"}
+RESOLVERS = {"resolve_proposers", "resolve_merge", "resolve_router", "_resolve_proposers", "_resolve_merge",
+             "_resolve_router"}
 REGISTRY_LOOKUPS = {"proposer", "merge_policy", "router"}
 
 
@@ -110,6 +113,16 @@ def resolution_paths(root: Path) -> list[str]:
                         and name in REGISTRY_LOOKUPS):
                     out.append(str(path.relative_to(root)))
                     break
+    return out
+
+
+def one_path_callers(root: Path) -> list[str]:
+    out = []
+    for path in _modules(root, ("specframe", "plugins")):
+        tree = ast.parse(path.read_text())
+        if any(isinstance(n, ast.Call) and (getattr(n.func, "id", None) or getattr(n.func, "attr", None))
+               == "resolve_plugins" for n in ast.walk(tree)):
+            out.append(str(path.relative_to(root)))
     return out
 
 
@@ -226,6 +239,7 @@ def main(argv: list[str]) -> None:
         "loop_lines": loop_lines(root),
         "metric_writers": metric_writers(root),
         "resolution_paths": resolution_paths(root),
+        "resolve_plugins_callers": one_path_callers(root),
         "import_cycles": cycles,
         "plugins_importing_bench": on_bench,
         "functions_over_60_lines": long_functions(root),
@@ -236,7 +250,8 @@ def main(argv: list[str]) -> None:
         return
     print(f"tree: {root}")
     print(f"decode loop (_Request.step): {report['loop_lines']} lines")
-    for key in ("metric_writers", "resolution_paths", "plugins_importing_bench", "trie_builders"):
+    for key in ("metric_writers", "resolution_paths", "resolve_plugins_callers", "plugins_importing_bench",
+                "trie_builders"):
         print(f"{key}: {len(report[key])}  {', '.join(report[key])}")
     print(f"import_cycles: {len(cycles)}  " + "; ".join(" <-> ".join(c) for c in cycles))
     fl = report["functions_over_60_lines"]

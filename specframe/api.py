@@ -20,18 +20,19 @@ from typing import Any, Callable, Iterator, Sequence
 from pydantic import ValidationError
 
 from .config import (
+    Plugins,
+    RequestSettings,
     SamplingConfig,
     SpecframeConfig,
     _one_line,
     load_config,
     proposer_shorthand,
-    resolve_merge,
-    resolve_proposers,
-    resolve_router,
+    resolve_plugins,
+    settings_error,
 )
 from .drafting import FallbackPolicy
 from .engine import Engine, GenerationResult, proposer_labels
-from .errors import ConfigError, SpecframeError, UnknownRouterError
+from .errors import ConfigError, SpecframeError
 from .isolation import IsolationPolicy, UnbuiltProposer
 from .registry import Registry, build_registry
 from .sampling import SamplingParams
@@ -62,31 +63,6 @@ def _check_keywords(function: str, given: dict[str, Any], known: Sequence[str]) 
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise TypeError(f"{function}() got an unexpected keyword argument {name!r}{hint}; it takes: "
                             f"{', '.join(known)}")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check_request(max_new_tokens: Any, temperature: Any, top_p: Any, top_k: Any, seed: Any, stop: Any,
-                   on_text: Any) -> None:
-    """Types and ranges of :meth:`Specframe.generate_result`'s arguments, named as the caller spelled them (the
-    sampling ranges are checked by :class:`SamplingParams`, whose messages use the same names)."""
-    if max_new_tokens is not None and not (_is_int(max_new_tokens) and max_new_tokens >= 1):
-        raise ConfigError(f"max_new_tokens must be a whole number >= 1, got {max_new_tokens!r}")
-    if seed is not None and not (_is_int(seed) and 0 <= seed < 2**63):
-        raise ConfigError(f"seed must be a whole number in [0, 2**63), got {seed!r}")
-    if top_k is not None and not _is_int(top_k):
-        raise ConfigError(f"top_k must be a whole number >= 0 (0 = off), got {top_k!r}")
-    for name, v in (("temperature", temperature), ("top_p", top_p)):
-        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool)):
-            raise ConfigError(f"{name} must be a number, got {v!r}")
-    if stop is not None:
-        stops = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stops, (list, tuple)) or not all(isinstance(x, str) and x for x in stops):
-            raise ConfigError(f"stop must be a non-empty string or a list of them, got {stop!r}")
-    if on_text is not None and not callable(on_text):
-        raise ConfigError(f"on_text must be a function taking each new piece of text, got {on_text!r}")
 
 
 class Specframe:
@@ -146,61 +122,41 @@ class Specframe:
             self._pool.give(key, obj)
         held.clear()
 
-    def _active(self, entries: Any, held: list) -> list[Any]:
-        """Proposer instances for these entries (``"ngram"`` is short for ``[{"name": "ngram"}]``); a proposer whose
-        constructor raised is an :class:`UnbuiltProposer` (disabled for the request)."""
+    def _resolved(self, proposers: Any, merge: Any, router: Any) -> Plugins:
+        """This request's plugin classes (:func:`~specframe.config.resolve_plugins`): the config's, with the request's
+        overrides (None: the config's; ``"ngram"`` is short for ``[{"name": "ngram"}]``). A lone proposer is routed
+        (its draft trimmed to what pays) when the router is set explicitly, or when the target carries this machine's
+        measured cost curve."""
+        base = self.config
+        data: dict[str, Any] = {"proposers": proposer_shorthand(base.proposers if proposers is None else proposers)}
+        if merge is not None or "merge" in base.model_fields_set:
+            data["merge"] = base.merge if merge is None else merge
+        if router is not None or "router" in base.model_fields_set:
+            data["router"] = base.router if router is None else router
         try:
-            cfg = SpecframeConfig.model_validate({"proposers": proposer_shorthand(entries)})
+            cfg = SpecframeConfig.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(f"proposers: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-        out = []
-        for cls, pcfg in resolve_proposers(cfg, self.registry):
+            raise ConfigError(_one_line(exc)) from None
+        return resolve_plugins(cfg, self.registry, lone_router=bool(getattr(self.target.info, "cost", None)))
+
+    def _instances(self, plugins: Plugins, held: list) -> tuple[list[Any], Any, Any]:
+        """``(proposers, merge policy, router)`` instances for one request (from the pool; recorded in ``held``). A
+        plugin whose constructor raised is left out: an :class:`UnbuiltProposer` (disabled for the request), the
+        :class:`FallbackPolicy` (proposers in order, each draft whole), no router."""
+        active = []
+        for cls, pcfg in plugins.proposers:
             obj = self._take("proposer", cls, pcfg, held)
-            out.append(obj if obj is not None else UnbuiltProposer(cls.name, self._broken_error("proposer", cls, pcfg)))
-        return out
+            active.append(obj if obj is not None else UnbuiltProposer(cls.name, self._broken_error("proposer", cls, pcfg)))
+        policy = None
+        if len(active) > 1:
+            cls, mcfg = plugins.merge
+            policy = self._take("merge policy", cls, mcfg, held) or FallbackPolicy(mcfg.max_nodes)
+        routed = self._take("router", *plugins.router, held) if plugins.router is not None else None
+        return active, policy, routed
 
     def _broken_error(self, kind: str, cls: type, cfg: Any) -> BaseException:
         with self._lock:
             return self._broken.get(f"{kind}:{cls.name}:{cfg.model_dump_json()}", RuntimeError("not built"))
-
-    def _combining(self, merge: Any, router: Any, held: list) -> tuple[Any, Any]:
-        """The merge policy and router instances for a combined request (``None`` arguments: the config's)."""
-        base = self.config
-        settings = {"merge": base.merge if merge is None else merge, "router": base.router if router is None else router}
-        try:
-            cfg = SpecframeConfig.model_validate(settings)
-        except ValidationError as exc:
-            raise ConfigError(_one_line(exc, "merge/router")) from None
-        cls, mcfg = resolve_merge(cfg.merge, self.registry)
-        policy = self._take("merge policy", cls, mcfg, held)
-        if policy is None:  # its constructor raised: proposers in order, each draft whole
-            policy = FallbackPolicy(mcfg.max_nodes)
-        return policy, self._router(router, held)
-
-    def _lone_router(self, router: Any, held: list) -> Any:
-        """A lone proposer is routed (its draft trimmed to what pays) when the router is set explicitly, or when the
-        target carries this machine's measured cost curve (a target loaded with a machine profile); otherwise its
-        draft is verified whole. A router plugin that is not installed then just means no routing."""
-        explicit = router is not None or "router" in self.config.model_fields_set
-        if not explicit and not getattr(self.target.info, "cost", None):
-            return None
-        try:
-            return self._router(router, held)
-        except UnknownRouterError:
-            if explicit:
-                raise
-            return None
-
-    def _router(self, router: Any, held: list) -> Any:
-        """The router instance (``None`` argument: the config's); None for ``router: none`` (or a router whose
-        constructor raised). A lone proposer is routed too: the router trims its draft to what pays on this
-        machine's cost curve."""
-        try:
-            cfg = SpecframeConfig.model_validate({"router": self.config.router if router is None else router})
-        except ValidationError as exc:
-            raise ConfigError(_one_line(exc, "router")) from None
-        resolved = resolve_router(cfg.router, self.registry)
-        return None if resolved is None else self._take("router", *resolved, held)
 
     def _verifier(self, sampling: SamplingParams, held: list) -> Any:
         name = self.config.verifier
@@ -222,11 +178,7 @@ class Specframe:
         go to the pool for the first requests."""
         held: list = []
         try:
-            active = self._active(self.config.proposers if proposers is None else proposers, held)
-            if len(active) > 1:
-                self._combining(None, None, held)
-            else:
-                self._lone_router(None, held)
+            self._instances(self._resolved(proposers, None, None), held)
         finally:
             self._give_back(held)
 
@@ -246,9 +198,7 @@ class Specframe:
         """
         held: list = []
         try:
-            active = self._active(self.config.proposers if proposers is None else proposers, held)
-            policy, routed = (self._combining(merge, router, held) if len(active) > 1
-                              else (None, self._lone_router(router, held)))
+            active, policy, routed = self._instances(self._resolved(proposers, merge, router), held)
             labels = proposer_labels([p.name for p in active])
             yield Engine(
                 self.target, active, verifier or self._verifier(sampling, held), merge=policy, router=routed,
@@ -285,47 +235,51 @@ class Specframe:
             ConfigError: a value out of range or of the wrong type (the message names the parameter as spelled here).
             TypeError: a prompt that is neither text nor a list of token ids.
         """
-        c, s = self.config, self.config.sampling
-        _check_request(max_new_tokens, temperature, top_p, top_k, seed, stop, on_text)
-        sampling = SamplingParams(
-            temperature=s.temperature if temperature is None else temperature,
-            top_k=s.top_k if top_k is None else top_k,
-            top_p=s.top_p if top_p is None else top_p,
-        )
-        if isinstance(prompt, str):
-            ids = self.encode(prompt, chat)
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            ids = list(prompt)
-            bad = next((t for t in ids if not 0 <= t < self.target.vocab_size), None)
-            if bad is not None:
-                raise ConfigError(f"prompt: token id {bad} is outside the model's vocabulary [0, {self.target.vocab_size})")
-        else:
-            raise TypeError("prompt must be a str or a list of token ids (one prompt per call)")
-        if isinstance(stop, str):
-            stop = [stop]
+        if on_text is not None and not callable(on_text):
+            raise ConfigError(f"on_text must be a function taking each new piece of text, got {on_text!r}")
+        req = self._request_settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                     top_k=top_k, seed=seed, stop=stop)
+        sampling = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
+        ids = self._prompt_ids(prompt, chat)
         with self.engine(proposers, merge, router, sampling) as engine:
             governor = getattr(self.target, "governor", None)
             load = governor.check() if governor is not None else None  # threads within the free cores
             observer = self.registry.observers()  # None when no plugin observes: the loop then skips events
             result = engine.generate(
-                ids,
-                max_new_tokens=c.max_new_tokens if max_new_tokens is None else max_new_tokens,
-                sampling=sampling,
-                seed=s.seed if seed is None else seed,
-                stop_strings=tuple(c.stop if stop is None else stop),
-                on_text=on_text,
-                observer=observer,
+                ids, max_new_tokens=req.max_new_tokens, sampling=sampling, seed=req.seed,
+                stop_strings=tuple(req.stop), on_text=on_text, observer=observer,
                 between_steps=governor.check if governor is not None else None,  # a neighbour may start mid-request
             )
-        labels = engine.labels
         if observer is not None:
-            observer.request(tuple(labels), len(ids), tuple(result.token_ids), result.finish_reason,
+            observer.request(tuple(engine.labels), len(ids), tuple(result.token_ids), result.finish_reason,
                              result.metrics.to_dict())
         result.question_id = question_id
-        settings = getattr(self.target, "settings", None)
-        if settings is not None:
+        if getattr(self.target, "settings", None) is not None:
             result.machine = {**self.machine_info(), "others_load": round(load or 0.0, 2)}
         return result
+
+    def _request_settings(self, **given: Any) -> RequestSettings:
+        """The request's settings: the given ones (validated, named as spelled here), else the config's."""
+        try:
+            RequestSettings.model_validate({k: v for k, v in given.items() if v is not None})
+        except ValidationError as exc:
+            raise ConfigError(settings_error(exc)) from None
+        c, s = self.config, self.config.sampling
+        config = {"max_new_tokens": c.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
+                  "top_k": s.top_k, "seed": s.seed, "stop": c.stop}
+        return RequestSettings.model_validate({k: config[k] if v is None else v for k, v in given.items()})
+
+    def _prompt_ids(self, prompt: str | list[int], chat: bool | None) -> list[int]:
+        """Text is encoded (with the chat template unless ``chat`` is False); token ids are checked and used as they
+        are."""
+        if isinstance(prompt, str):
+            return self.encode(prompt, chat)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            bad = next((t for t in prompt if not 0 <= t < self.target.vocab_size), None)
+            if bad is not None:
+                raise ConfigError(f"prompt: token id {bad} is outside the model's vocabulary [0, {self.target.vocab_size})")
+            return list(prompt)
+        raise TypeError("prompt must be a str or a list of token ids (one prompt per call)")
 
     def machine_info(self) -> dict[str, Any]:
         """How the target runs here: CPU, ISA flags, usable cores, dtype / threads / prepack and why, the profile."""
@@ -374,14 +328,7 @@ def load(
     else:
         cfg = load_config(config, **overrides)
     reg = registry or build_registry()
-    resolve_proposers(cfg, reg)  # fail on an unknown proposer or bad option before loading a model
-    # merge and router only act when proposers are combined; set explicitly, a typo in them fails now, not on the
-    # day a second proposer is added (left at their defaults, one proposer needs neither plugin installed)
-    combined = len(cfg.proposers) > 1
-    if combined or "merge" in cfg.model_fields_set:
-        resolve_merge(cfg.merge, reg)
-    if combined or "router" in cfg.model_fields_set:
-        resolve_router(cfg.router, reg)
+    resolve_plugins(cfg, reg)  # an unknown plugin or bad option fails before a model loads
     if cfg.verifier != "auto":
         reg.verifier(cfg.verifier)
     if target is None:

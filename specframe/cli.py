@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from .console import err, fail, load_with_progress, machine_flags
-from .errors import ConfigError, SpecframeError
+from .errors import ConfigError, PromptTooLongError, SpecframeError
 
 app = typer.Typer(
     add_completion=False,
@@ -42,17 +42,20 @@ def _root(
     """specframe: speculative decoding with pluggable proposers, exact output."""
 
 
-def _check_flags(max_new_tokens, temperature, top_p, top_k, seed=None) -> None:
-    if max_new_tokens is not None and max_new_tokens < 1:
-        raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    if temperature is not None and not temperature >= 0:
-        raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ConfigError(f"--top-p must be in (0, 1], got {top_p}")
-    if seed is not None and not 0 <= seed < 2**63:
-        raise ConfigError(f"--seed must be in [0, 2**63), got {seed}")
-    if top_k is not None and top_k < 0:
-        raise ConfigError(f"--top-k must be >= 0 (0 = off), got {top_k}")
+_FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
+          "seed": "--seed"}
+
+
+def _check_flags(**given) -> None:
+    """The flags' values, by the config's own rules (:class:`~specframe.config.RequestSettings`), named as flags."""
+    from pydantic import ValidationError
+
+    from .config import RequestSettings, settings_error
+
+    try:
+        RequestSettings.model_validate({k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        raise ConfigError(settings_error(exc, _FLAGS)) from None
 
 
 def _proposer_entries(names: list[str], configured: list[dict]) -> list[dict]:
@@ -98,15 +101,42 @@ def generate(
 
 def _generate(prompt, prompts_file, limit, category, config, model, proposer, merge, max_nodes, router, max_new_tokens,
               temperature, top_p, top_k, seed, dtype, threads, prepack, device, stop, no_chat, stream, as_json) -> None:
-    from .config import load_config, resolve_merge, resolve_proposers, resolve_router
+    from .config import resolve_plugins
     from .models import check_device, resolve_dtype, resolve_model
-    from .prompts import Prompt, read_prompts
+    from .registry import build_registry
 
-    _check_flags(max_new_tokens, temperature, top_p, top_k, seed)
+    # 1. every flag and the config, checked before anything loads
+    _check_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     if stream and as_json:
         raise ConfigError("--stream and --json cannot be combined: --json keeps stdout for records only")
     if (prompt is None) == (prompts_file is None):
         raise ConfigError("give either a PROMPT argument or --prompts-file (exactly one)")
+    cfg = _flags_config(config, model, proposer, merge, max_nodes, router, max_new_tokens, temperature, top_p, top_k,
+                        seed, dtype, threads, prepack, device, stop, no_chat)
+    _check_flags_apply(cfg, merge, max_nodes, top_p, top_k, threads, prepack, prompts_file, limit, category)
+    prompts = _select_prompts(prompt, prompts_file, limit, category)
+    registry = build_registry()
+    resolve_plugins(cfg, registry)  # an unknown plugin or bad option fails before the model loads
+    check_device(cfg.device)
+    resolve_dtype(cfg.dtype, cfg.device)
+    resolve_model(cfg.model)  # unknown name / missing package fails here, before loading
+    # 2. load, encode, 3. generate
+    sf = load_with_progress(cfg, registry)
+    encoded = [sf.encode(p.text) for p in prompts]
+    for p, ids in zip(prompts, encoded):
+        if len(ids) >= sf.target.max_context:
+            where = f"question {p.question_id}" if p.question_id is not None else "the prompt"
+            raise PromptTooLongError(
+                f"{where} has {len(ids)} tokens; the model's context is {sf.target.max_context}: shorten it"
+            )
+    _run(sf, prompts, encoded, stream, as_json)
+
+
+def _flags_config(config, model, proposer, merge, max_nodes, router, max_new_tokens, temperature, top_p, top_k, seed,
+                  dtype, threads, prepack, device, stop, no_chat):
+    """The config file (if any) with the flags applied over it."""
+    from .config import load_config
+
     cfg = load_config(
         config, model=model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         seed=seed, dtype=dtype, device=device, chat=False if no_chat else None, stop=stop or None,
@@ -122,6 +152,11 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, me
         cfg = load_config(None, base=cfg.model_dump(), merge=settings)
     if router is not None:
         cfg = load_config(None, base=cfg.model_dump(), router=router if router != cfg.router.name else None)
+    return cfg
+
+
+def _check_flags_apply(cfg, merge, max_nodes, top_p, top_k, threads, prepack, prompts_file, limit, category) -> None:
+    """Refuse a flag that would have no effect with the others (it would silently do nothing)."""
     if len(cfg.proposers) < 2 and (merge is not None or max_nodes is not None):
         given = " and ".join(f for f, v in (("--merge", merge), ("--max-nodes", max_nodes)) if v is not None)
         raise ConfigError(
@@ -145,6 +180,12 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, me
                                   f"to select: give --prompts-file, or drop {flag}")
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {limit}")
+
+
+def _select_prompts(prompt, prompts_file, limit, category) -> list:
+    """The PROMPT argument, or the prompts of --prompts-file selected by --category and --limit."""
+    from .prompts import Prompt, read_prompts
+
     prompts = read_prompts(prompts_file) if prompts_file is not None else [Prompt(prompt)]
     if category is not None:
         found = sorted({str(p.category) for p in prompts if p.category is not None})
@@ -152,32 +193,7 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, me
         if not prompts:
             has = f"the file has: {', '.join(found)}" if found else "the file's prompts have no `category`"
             raise ConfigError(f"--category {category!r} matches no prompt; {has}")
-    prompts = prompts[:limit]
-
-    from .registry import build_registry
-
-    registry = build_registry()
-    resolve_proposers(cfg, registry)
-    if len(cfg.proposers) > 1:
-        resolve_merge(cfg.merge, registry)
-        resolve_router(cfg.router, registry)
-    elif router is not None:
-        resolve_router(cfg.router, registry)
-    check_device(cfg.device)
-    resolve_dtype(cfg.dtype, cfg.device)
-    resolve_model(cfg.model)  # unknown name / missing package fails here, before loading
-
-    import specframe
-
-    sf = load_with_progress(cfg, registry)
-    encoded = [sf.encode(p.text) for p in prompts]
-    for p, ids in zip(prompts, encoded):
-        if len(ids) >= sf.target.max_context:
-            where = f"question {p.question_id}" if p.question_id is not None else "the prompt"
-            raise specframe.errors.PromptTooLongError(
-                f"{where} has {len(ids)} tokens; the model's context is {sf.target.max_context}: shorten it"
-            )
-    _run(sf, prompts, encoded, stream, as_json)
+    return prompts[:limit]
 
 
 def answer_header(i: int, n: int, prompt) -> str:

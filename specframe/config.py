@@ -12,7 +12,8 @@ Example ``specframe.yaml``::
         max_n: 4
 
 Each proposer's own options are validated by its plugin's config model once plugins are loaded
-(:func:`resolve_proposers`), so an unknown name lists the installed proposers.
+(:func:`resolve_plugins`, the one path from a config to plugin classes), so an unknown name lists the installed
+proposers.
 
 Several proposers are combined into one verification tree per step (see docs/combining.md)::
 
@@ -20,31 +21,76 @@ Several proposers are combined into one verification tree per step (see docs/com
     merge: {policy: priority, max_nodes: 24}      # or policy: confidence; plus that policy's own options
     router: adaptive                              # or {name: adaptive, ...options}, or none
 
-``merge`` and ``router`` are validated by their plugins' config models (:func:`resolve_merge`,
-:func:`resolve_router`); they only matter with two or more proposers.
+``merge`` and ``router`` are validated by their plugins' config models (:func:`resolve_plugins`); they only
+matter with two or more proposers (a router may also trim a lone proposer's drafts to what pays on this
+machine).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from .combining import MergePolicyConfig, RouterConfig
 from .contracts import ProposerConfig
-from .errors import ConfigError
+from .errors import ConfigError, UnknownRouterError
+from .sampling import check_max_new_tokens, check_seed, check_temperature, check_top_k, check_top_p
+
+
+Temperature = Annotated[float, BeforeValidator(check_temperature)]
+TopP = Annotated[float, BeforeValidator(check_top_p)]
+TopK = Annotated[int, BeforeValidator(check_top_k)]
+Seed = Annotated[int, BeforeValidator(check_seed)]
+MaxNewTokens = Annotated[int, BeforeValidator(check_max_new_tokens)]
 
 
 class SamplingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    temperature: float = Field(0.0, ge=0, allow_inf_nan=False,
-                               description="0 = greedy (so is any value below 1e-5); above samples (speculative sampling).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus filter, in (0, 1]; 1 = off.")
-    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 = off.")
-    seed: int = Field(0, ge=0, lt=2**63, description="Seed of the per-request torch.Generator, in [0, 2**63).")
+    temperature: Temperature = Field(0.0, description="0 = greedy (so is any value below 1e-5); above samples "
+                                     "(speculative sampling).")
+    top_p: TopP = Field(1.0, description="Nucleus filter, in (0, 1]; 1 = off.")
+    top_k: TopK = Field(0, description="Keep the k most likely tokens; 0 = off.")
+    seed: Seed = Field(0, description="Seed of the per-request torch.Generator, in [0, 2**63).")
+
+
+def _stops(v: Any) -> list[str]:
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(x, str) and x for x in stops):
+        raise ValueError("must be a non-empty string or a list of them")
+    return list(stops)
+
+
+class RequestSettings(BaseModel):
+    """One request's settings that override the config: ``Specframe.generate(...)`` keywords and the CLI's
+    flags (None = the config's). Validated by the same rules as the config (:mod:`specframe.sampling`); see
+    :func:`settings_error` for the message."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: MaxNewTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    seed: Seed | None = None
+    stop: Annotated[list[str], BeforeValidator(_stops)] | None = None
+
+
+def settings_error(exc: ValidationError, names: dict[str, str] | None = None) -> str:
+    """A :class:`RequestSettings` validation error as one line naming each value as its user spelled it
+    (``names``: field -> spelling, e.g. ``{"temperature": "--temperature"}``; default: the field's name), e.g.
+    ``temperature must be a number, got 'hot'``."""
+    parts = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else "(top level)"
+        name = (names or {}).get(field, field)
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{name} {msg}, got {err['input']!r}" if err["type"] == "value_error" else f"{name}: {msg}")
+    return "; ".join(parts)
 
 
 class IsolationConfig(BaseModel):
@@ -60,7 +106,7 @@ class IsolationConfig(BaseModel):
 
 class MergeSettings(BaseModel):
     """``merge:``: how combined proposers' drafts share one tree. Other keys are the policy's own options, checked
-    against its config model once plugins are loaded (:func:`resolve_merge`)."""
+    against its config model once plugins are loaded (:func:`resolve_plugins`)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -70,7 +116,7 @@ class MergeSettings(BaseModel):
 
 class RouterSettings(BaseModel):
     """``router:``: which combined proposers run each step. ``none`` = every proposer, every step. Other keys
-    are the router's own options (:func:`resolve_router`)."""
+    are the router's own options (:func:`resolve_plugins`)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -103,7 +149,7 @@ class SpecframeConfig(BaseModel):
     prepack: bool | Literal["auto"] = Field(
         "auto", description="Pre-pack linear weights for oneDNN (CPU); auto = where the machine profile measured it faster.")
     chat: bool = Field(True, description="Apply the tokenizer's chat template when it has one.")
-    max_new_tokens: int = Field(128, ge=1, description="Tokens to generate per prompt at most.")
+    max_new_tokens: MaxNewTokens = Field(128, description="Tokens to generate per prompt at most.")
     stop: list[str] = Field(default_factory=list, description="Stop strings (cut from the text).")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     isolation: IsolationConfig = Field(default_factory=IsolationConfig)
@@ -161,12 +207,13 @@ class SpecframeConfig(BaseModel):
         return v
 
 
-def _one_line(exc: ValidationError, where: str) -> str:
+def _one_line(exc: ValidationError, where: str | None = None) -> str:
+    """A validation error as one line: ``where: field.path: message; ...`` (``where`` left out when None)."""
     parts = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
         parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
-    return f"{where}: " + "; ".join(parts)
+    return ("" if where is None else f"{where}: ") + "; ".join(parts)
 
 
 def load_config(path: str | Path | None = None, base: dict[str, Any] | None = None, **overrides: Any) -> SpecframeConfig:
@@ -211,7 +258,47 @@ def load_config(path: str | Path | None = None, base: dict[str, Any] | None = No
         raise ConfigError(_one_line(exc, where)) from None
 
 
-def resolve_proposers(config: SpecframeConfig, registry: Any) -> list[tuple[type, ProposerConfig]]:
+@dataclass(frozen=True)
+class Plugins:
+    """A config's plugins, resolved: each class with its validated config (instances are built per request)."""
+
+    proposers: tuple[tuple[type, ProposerConfig], ...]  # in the configured order (provenance order)
+    merge: tuple[type, MergePolicyConfig] | None  # None: one proposer and ``merge`` left at its default
+    router: tuple[type, RouterConfig] | None  # None: ``router: none``, or not needed (see resolve_plugins)
+
+
+def resolve_plugins(config: SpecframeConfig, registry: Any, *, lone_router: bool = False) -> Plugins:
+    """The one path from a config to plugin classes, used by the Python API, the CLI, bench, replay, training and
+    the vLLM bridge alike.
+
+    Proposers are always resolved. ``merge`` and ``router`` act when two or more proposers are combined; with one
+    proposer they are resolved when set explicitly (a typo fails now, not on the day a second proposer is added),
+    and the router also with ``lone_router`` (a lone proposer routed on this machine's cost curve), where a
+    default router that is not installed just means no router.
+
+    Raises:
+        UnknownProposerError / UnknownMergePolicyError / UnknownRouterError: no installed plugin has that name
+            (the message lists the installed ones).
+        DuplicateRegistrationError: two installed plugins register that name.
+        ConfigError: an option unknown or out of range for its plugin, or the same proposer twice with the same
+            options.
+    """
+    proposers = tuple(_resolve_proposers(config, registry))
+    combined = len(proposers) > 1
+    merge = _resolve_merge(config.merge, registry) if combined or "merge" in config.model_fields_set else None
+    router = None
+    explicit_router = "router" in config.model_fields_set
+    if combined or explicit_router:
+        router = _resolve_router(config.router, registry)
+    elif lone_router:
+        try:
+            router = _resolve_router(config.router, registry)
+        except UnknownRouterError:
+            router = None
+    return Plugins(proposers, merge, router)
+
+
+def _resolve_proposers(config: SpecframeConfig, registry: Any) -> list[tuple[type, ProposerConfig]]:
     """Validate each proposer entry against its plugin's config model.
 
     Raises:
@@ -237,7 +324,7 @@ def resolve_proposers(config: SpecframeConfig, registry: Any) -> list[tuple[type
     return out
 
 
-def resolve_merge(settings: MergeSettings | dict[str, Any], registry: Any) -> tuple[type, MergePolicyConfig]:
+def _resolve_merge(settings: MergeSettings | dict[str, Any], registry: Any) -> tuple[type, MergePolicyConfig]:
     """Validate ``merge:`` against its policy's config model.
 
     Raises:
@@ -253,7 +340,7 @@ def resolve_merge(settings: MergeSettings | dict[str, Any], registry: Any) -> tu
         raise ConfigError(_one_line(exc, f"merge policy {data['policy']!r}")) from None
 
 
-def resolve_router(settings: RouterSettings | dict[str, Any] | str | None, registry: Any) -> tuple[type, RouterConfig] | None:
+def _resolve_router(settings: RouterSettings | dict[str, Any] | str | None, registry: Any) -> tuple[type, RouterConfig] | None:
     """Validate ``router:`` against its router's config model; None for ``router: none``.
 
     Raises:

@@ -270,7 +270,7 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     if dtype == "bfloat16":
         return torch.bfloat16
     if dtype != "auto":
-        raise ConfigError(f"--dtype must be bfloat16, float32 or auto, got {dtype!r}")
+        raise ConfigError(f"dtype must be bfloat16, float32 or auto, got {dtype!r}")
     if device == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     is_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
@@ -280,9 +280,9 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
 
 def check_device(device: str) -> None:
     if device not in ("cpu", "cuda"):
-        raise ConfigError(f"--device must be cpu or cuda, got {device!r}")
+        raise ConfigError(f"device must be cpu or cuda, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda was asked for but no CUDA device is available: use --device cpu")
+        raise ConfigError("device cuda was asked for but no CUDA device is available: use device cpu")
 
 
 def load_model(directory: Path, dtype: torch.dtype, device: str, tokenizer: bool = True):

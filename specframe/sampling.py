@@ -26,13 +26,61 @@ def is_greedy_temperature(temperature: float) -> bool:
     return temperature < GREEDY_BELOW
 
 
+# --- the value rules, written once: SamplingParams, the pydantic config models and the per-request settings use
+# them; each returns the value (normalised) or raises ValueError with what is wrong, and the caller names the value
+# as its user spelled it ("temperature", "sampling.temperature", "--temperature")
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _whole(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_temperature(v: object) -> float:
+    if not _number(v):
+        raise ValueError("must be a number")
+    if not 0 <= v < float("inf"):
+        raise ValueError("must be a finite number >= 0 (0 = greedy)")
+    return float(v)
+
+
+def check_top_p(v: object) -> float:
+    if not _number(v):
+        raise ValueError("must be a number")
+    if not 0 < v <= 1:
+        raise ValueError("must be in (0, 1]")
+    return float(v)
+
+
+def check_top_k(v: object) -> int:
+    if not _whole(v):
+        raise ValueError("must be a whole number >= 0 (0 = off)")
+    if v < 0:
+        raise ValueError("must be >= 0 (0 = off)")
+    return int(v)
+
+
+def check_seed(v: object) -> int:
+    if not (_whole(v) and 0 <= v < 2**63):
+        raise ValueError("must be a whole number in [0, 2**63)")
+    return int(v)
+
+
+def check_max_new_tokens(v: object) -> int:
+    if not (_whole(v) and v >= 1):
+        raise ValueError("must be a whole number >= 1")
+    return int(v)
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How tokens are chosen from the target distribution.
 
     ``temperature`` below :data:`GREEDY_BELOW` (1e-5; 0 included) means greedy decoding (argmax of the raw
-    logits); ``top_k == 0`` and ``top_p == 1`` disable those filters. Messages name the Python parameters (the CLI
-    checks its own flags first).
+    logits); ``top_k == 0`` and ``top_p == 1`` disable those filters. Messages name the Python parameters.
 
     Raises:
         ConfigError: temperature negative or not finite, top_p outside (0, 1], or top_k < 0.
@@ -43,12 +91,12 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.temperature < float("inf"):
-            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        for name, rule in (("temperature", check_temperature), ("top_p", check_top_p), ("top_k", check_top_k)):
+            value = getattr(self, name)
+            try:
+                rule(value)
+            except ValueError as exc:
+                raise ConfigError(f"{name} {exc}, got {value!r}") from None
 
     @property
     def is_greedy(self) -> bool:

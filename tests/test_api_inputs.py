@@ -23,7 +23,7 @@ def sf():
 def test_cli_seed_out_of_range_is_one_line_exit_2(seed):
     res = CliRunner().invoke(app, ["generate", "hi", "--seed", seed, "--model", "no-such-model"])
     assert res.exit_code == 2
-    assert "--seed must be in [0, 2**63)" in res.output and "Traceback" not in res.output
+    assert "--seed must be a whole number in [0, 2**63)" in res.output and "Traceback" not in res.output
 
 
 def test_single_stop_string_is_not_split_into_characters(sf):

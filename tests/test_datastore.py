@@ -185,7 +185,7 @@ def test_replace_rules(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
-    with pytest.raises(DatastoreError, match="--force"):
+    with pytest.raises(DatastoreError, match=r"not a datastore: choose another output, or replace it \(force=True\)"):
         build_datastore([[1]], other, vocab_size=8)
     assert (other / "notes.txt").read_text() == "mine"
     build_datastore([[1]], other, vocab_size=8, force=True)
@@ -335,7 +335,7 @@ def test_build_command_preset(model_dir, tmp_path):
         ({"e.jsonl": "\n"}, ["--input", "{d}/e.jsonl"], "empty input"),
         ({"a.csv": "aa"}, ["--input", "{d}/a.csv"], "use .txt or .jsonl"),
         ({"b.jsonl": '{"text": "aa"}\n{"body": "ab"}\n'}, ["--input", "{d}/b.jsonl"],
-         "b.jsonl:2: no field 'text' (it has: body); choose one with --field"),
+         "b.jsonl:2: no field 'text' (it has: body); choose the field that holds the text"),
         ({"b.jsonl": '{"text": 3}\n'}, ["--input", "{d}/b.jsonl"], "b.jsonl:1: field 'text' is a int"),
         ({"b.jsonl": "[1]\n"}, ["--input", "{d}/b.jsonl"], "b.jsonl:1: expected a JSON object"),
         ({"b.jsonl": "{oops\n"}, ["--input", "{d}/b.jsonl"], "b.jsonl:1: not valid JSON"),

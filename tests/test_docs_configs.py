@@ -14,7 +14,7 @@ import pytest
 from specframe import models
 from specframe.bench.command import validate_bench_config
 from specframe.bench.config import load_bench_config
-from specframe.config import load_config, resolve_merge, resolve_proposers, resolve_router
+from specframe.config import load_config, resolve_plugins
 from specframe.registry import build_registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,11 +53,7 @@ def check(path: Path, registry) -> None:
         validate_bench_config(load_bench_config(path), registry)
         return
     cfg = load_config(path)
-    resolve_proposers(cfg, registry)
-    if len(cfg.proposers) > 1 or "merge" in cfg.model_fields_set:
-        resolve_merge(cfg.merge, registry)
-    if len(cfg.proposers) > 1 or "router" in cfg.model_fields_set:
-        resolve_router(cfg.router, registry)
+    resolve_plugins(cfg, registry)
     if cfg.verifier != "auto":
         registry.verifier(cfg.verifier)
     models.check_device(cfg.device)

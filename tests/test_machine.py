@@ -541,7 +541,7 @@ def test_governor_never_changes_explicit_threads_but_warns_once(set_threads, cap
         gov.check(force=True)
         gov.check(force=True)
     assert set_threads == [] and s.threads == 2 and s.threads_reason == "as given"
-    assert len(caplog.records) == 1 and "--threads is 2" in caplog.records[0].getMessage()
+    assert len(caplog.records) == 1 and "threads is set to 2" in caplog.records[0].getMessage()
 
 
 # --- pre-packed weights ----------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from specframe.config import load_config, resolve_proposers
+from specframe.config import load_config, resolve_plugins
 from specframe.contracts import DecodeState, TargetInfo
 from specframe.errors import ConfigError
 from specframe.registry import build_registry
@@ -96,8 +96,8 @@ def test_config_bounds(field, value):
 def test_bad_options_through_the_registry_name_the_proposer():
     cfg = load_config(None, proposers=[{"name": "ngram", "min_n": 4, "max_n": 2}])
     with pytest.raises(ConfigError, match=r"proposer 'ngram'.*min_n \(4\) must be <= max_n \(2\)"):
-        resolve_proposers(cfg, build_registry())
-    ((cls, pcfg),) = resolve_proposers(load_config(None, proposers=[{"name": "ngram", "k": 3}]), build_registry())
+        resolve_plugins(cfg, build_registry())
+    ((cls, pcfg),) = resolve_plugins(load_config(None, proposers=[{"name": "ngram", "k": 3}]), build_registry()).proposers
     assert cls is NgramProposer and pcfg == NgramConfig(k=3)
 
 

@@ -15,7 +15,7 @@ import torch
 from pydantic import ValidationError
 
 from specframe import DecodeState
-from specframe.config import load_config, resolve_proposers
+from specframe.config import load_config, resolve_plugins
 from specframe.datastore import build_datastore
 from specframe.engine import Engine
 from specframe.errors import ConfigError
@@ -153,8 +153,8 @@ def test_config_validation():
         RetrievalConfig(max_nodes=0)
     with pytest.raises(ValidationError):
         RetrievalConfig(datastor="x")  # extra="forbid"
-    ((cls, cfg),) = resolve_proposers(load_config(None, proposers=[{"name": "retrieval", "max_depth": 4}]),
-                                      build_registry())
+    ((cls, cfg),) = resolve_plugins(load_config(None, proposers=[{"name": "retrieval", "max_depth": 4}]),
+                                    build_registry()).proposers
     assert cls is RetrievalProposer and cfg == RetrievalConfig(max_depth=4)
 
 

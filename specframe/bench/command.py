@@ -58,7 +58,7 @@ def validate_bench_config(cfg: Any, registry: Any) -> None:
             a name no installed plugin provides; UnknownModelError / ModelNotInstalledError: a model or assistant
             that cannot be found.
     """
-    from ..config import SpecframeConfig, resolve_merge, resolve_proposers, resolve_router
+    from ..config import SpecframeConfig, resolve_plugins
     from ..models import check_device, resolve_model
 
     for s in cfg.strategies:
@@ -68,10 +68,7 @@ def validate_bench_config(cfg: Any, registry: Any) -> None:
                 scfg = SpecframeConfig.model_validate({"proposers": s.proposers, **combo})
             except ValidationError as exc:
                 raise ConfigError(f"strategy {s.name!r}: {exc.errors()[0]['msg']}") from None
-            resolve_proposers(scfg, registry)
-            if len(s.proposers) > 1 or combo:
-                resolve_merge(scfg.merge, registry)
-                resolve_router(scfg.router, registry)
+            resolve_plugins(scfg, registry)
     check_device(cfg.device)
     resolve_model(cfg.model)
     for s in cfg.strategies:

@@ -54,11 +54,13 @@ def _build(output: Path, model: str, inputs: list[Path], preset: Optional[str], 
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .sources import load_tokenizer, read_file, read_preset, tokenize, tokenizer_info
-    from .store import DatastoreError, build_datastore, check_output
+    from .store import DatastoreError, build_datastore, occupied
 
     if not inputs and preset is None:
         raise DatastoreError("nothing to index: give --input FILE (repeatable) and/or --preset pydoc")
-    check_output(output, force)  # before any work
+    kind = None if force else occupied(output)  # before any work
+    if kind is not None:
+        raise DatastoreError(f"--output {output} is {kind}: choose another path or pass --force to replace it")
     t0 = time.perf_counter()
     sources = ([read_preset(preset)] if preset is not None else []) + [read_file(p, field) for p in inputs]
     texts = [t for s in sources for t in s.texts]

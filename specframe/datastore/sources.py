@@ -108,7 +108,7 @@ def read_file(path: Path, field: str = "text") -> Source:
                 raise DatastoreError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
             if field not in record:
                 keys = ", ".join(sorted(map(str, record))) or "none"
-                raise DatastoreError(f"{path}:{lineno}: no field {field!r} (it has: {keys}); choose one with --field")
+                raise DatastoreError(f"{path}:{lineno}: no field {field!r} (it has: {keys}); choose the field that holds the text")
             value = record[field]
             if not isinstance(value, str):
                 raise DatastoreError(f"{path}:{lineno}: field {field!r} is a {type(value).__name__}, not a string")

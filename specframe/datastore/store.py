@@ -92,17 +92,24 @@ def _is_empty_dir(path: Path) -> bool:
     return path.is_dir() and not any(path.iterdir())
 
 
+def occupied(output: Path) -> str | None:
+    """What is at ``output`` that a new datastore must not silently replace (``"a file"``, ``"a folder that is not
+    a datastore"``), or None (nothing, an empty folder or a datastore)."""
+    output = Path(output)
+    if not (output.exists() or output.is_symlink()) or is_datastore(output) or _is_empty_dir(output):
+        return None
+    return "a file" if output.is_file() else "a folder that is not a datastore"
+
+
 def check_output(output: Path, force: bool = False) -> None:
     """Refuse to replace something that is not a datastore (an existing datastore or empty folder is fine).
 
     Raises:
         DatastoreError: ``output`` exists, is neither a datastore nor an empty folder, and ``force`` is off.
     """
-    output = Path(output)
-    if force or not (output.exists() or output.is_symlink()) or is_datastore(output) or _is_empty_dir(output):
-        return
-    kind = "a file" if output.is_file() else "a folder that is not a datastore"
-    raise DatastoreError(f"--output {output} is {kind}: choose another path or pass --force to replace it")
+    kind = None if force else occupied(output)
+    if kind is not None:
+        raise DatastoreError(f"{output} is {kind}: choose another output, or replace it (force=True)")
 
 
 def _concat(documents: Iterable[Sequence[int]], vocab_size: int) -> tuple[np.ndarray, int, int]:

@@ -122,11 +122,11 @@ def check_proposers(config: Any, registry: Any = None) -> list[str]:
             ``feature_layers``), which vLLM's ``custom_class`` does not pass to a proposer.
         UnknownProposerError, ConfigError: an unknown proposer or a bad option (as everywhere in specframe).
     """
-    from ..config import resolve_proposers
+    from ..config import resolve_plugins
     from ..registry import build_registry
 
     names = []
-    for cls, _ in resolve_proposers(config, registry or build_registry()):
+    for cls, _ in resolve_plugins(config, registry or build_registry()).proposers:
         if getattr(cls, "needs_hidden_states", False) or getattr(cls, "reads_features", False):
             raise VllmIntegrationError(
                 f"proposer {cls.name!r} reads the target's hidden states, which vLLM's custom_class interface does "

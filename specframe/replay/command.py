@@ -94,7 +94,7 @@ def _record(questions, output, model, dtype, max_new_tokens, cats, limit, propos
     from ..atomic import replace_folder
     from ..bench.runner import select_questions
     from ..console import err, load_with_progress, machine_flags
-    from ..config import load_config, resolve_proposers
+    from ..config import load_config, resolve_plugins
     from ..models import check_device, resolve_model
     from ..prompts import read_prompts
     from ..registry import build_registry
@@ -116,9 +116,9 @@ def _record(questions, output, model, dtype, max_new_tokens, cats, limit, propos
     cfg = load_config(None, model=model, dtype=dtype, chat=chat, proposers=[{"name": p} for p in proposers],
                       merge=None, **machine_flags(threads, None))
     registry = build_registry()
-    resolve_proposers(cfg, registry)
+    resolve_plugins(cfg, registry)
     if features_for:  # an unknown name or option fails now, before the model loads
-        resolve_proposers(load_config(None, proposers=features_for), registry)
+        resolve_plugins(load_config(None, proposers=features_for), registry)
     check_device(cfg.device)
     resolve_model(cfg.model)
 

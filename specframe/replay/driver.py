@@ -154,8 +154,9 @@ def check_needs(trace: Trace, layers: Sequence[int], want_hidden: bool, strategy
         missing.append(hidden_layer)
     if missing:
         what = "the last hidden state" if missing == [hidden_layer] and want_hidden else f"hidden states of layers {missing}"
-        raise TraceError(f"strategy {strategy!r} reads {what}, which the trace at {trace.path} does not hold: record it "
-                         f"with --features-for NAME for each proposer of that strategy (e.g. --features-for medusa)")
+        raise TraceError(f"strategy {strategy!r} reads {what}, which the trace at {trace.path} does not hold: record a "
+                         f"trace that holds them: `specframe trace record` with --features-for NAME for each proposer of "
+                         f"that strategy (e.g. --features-for medusa)")
 
 
 class TraceTarget:
@@ -217,7 +218,7 @@ def replay_requests(engine_for: Callable[[], ContextManager[Any]], trace: Trace,
     if max_new_tokens > trace.max_new_tokens:
         raise TraceError(f"max_new_tokens {max_new_tokens} is more than the trace at {trace.path} holds "
                          f"({trace.max_new_tokens}): replay with max_new_tokens <= {trace.max_new_tokens}, or record "
-                         f"again with --max-new-tokens {max_new_tokens}")
+                         f"a trace of at least {max_new_tokens} tokens")
     cost = CostModel(trace.manifest.get("cost"))
     hidden_layer = int(trace.manifest["target"]["num_hidden_layers"])
     out = []

@@ -25,9 +25,9 @@ def read_live(path: Path) -> dict[str, Any]:
         doc = json.loads(Path(path).read_text())
         doc["summary"]["strategies"], doc["records"]  # noqa: B018 - the fields the comparison reads
     except OSError as exc:
-        raise ConfigError(f"--compare {path}: cannot read it ({exc.strerror})") from None
+        raise ConfigError(f"compare with {path}: cannot read it ({exc.strerror})") from None
     except (ValueError, KeyError, TypeError):
-        raise ConfigError(f"--compare {path}: not the results.json of a `specframe bench` run") from None
+        raise ConfigError(f"compare with {path}: not the results.json of a `specframe bench` run") from None
     return doc
 
 

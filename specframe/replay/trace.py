@@ -218,7 +218,7 @@ def check_trace_matches(trace: Trace, model: str, dtype: str, where: str = "the 
                          f"{model!r}: replay it with model: {trace.model}, or record a trace of {model}")
     if dtype != "auto" and trace.dtype != dtype:
         raise TraceError(f"the trace at {trace.path} was recorded in {trace.dtype}, {where} asks for {dtype}: replay "
-                         f"it with dtype: {trace.dtype}, or record a trace in {dtype} (--dtype {dtype})")
+                         f"it with dtype: {trace.dtype}, or record a trace in {dtype}")
 
 
 def check_same_target(trace: Trace, target: Any) -> None:

@@ -57,22 +57,18 @@ def evaluate_tau(target: Any, proposer_name: str, options: dict, num_prompts: in
                  progress: Callable[[int, int], None] | None = None, mix: str = "pydoc") -> dict:
     """Greedy τ (tokens per target forward) and tok/s of a proposer on held-out prompts of the corpus ``mix``
     (another seed), vs ``none``."""
-    from ..engine import Engine
-    from ..registry import build_registry
-    from ..verifiers import GreedyVerifier
+    from ..api import load
 
-    reg = build_registry()
+    # the one config -> plugins path; no router: the model card's τ is the proposer's own, untrimmed
+    sf = load(target=target, proposers=[{"name": proposer_name, **options}], router="none", temperature=0.0)
     held_out = mix_prompts(CorpusSettings("", num_prompts, 8, 1, EVAL_SEED, "", mix))
     prompts = [target.encode_prompt(p["text"]) for p in held_out]
     res = {}
     for name, opts in ((proposer_name, options), ("none", {})):
-        cls = reg.proposer(name)
-        proposer = cls(cls.Config(name=name, **opts), target.info)
-        engine = Engine(target, [proposer], GreedyVerifier())
         toks = fwd = 0
         secs = 0.0
         for i, ids in enumerate(prompts):
-            r = engine.generate(ids, max_new_tokens=max_new_tokens)
+            r = sf.generate_result(ids, proposers=[{"name": name, **opts}], max_new_tokens=max_new_tokens)
             toks += r.metrics.new_tokens
             fwd += r.metrics.target_forwards
             secs += r.metrics.wall_s
