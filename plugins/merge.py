@@ -26,7 +26,7 @@ from specframe.combining import MergePolicyBase, MergePolicyConfig, StepReport
 
 
 class PriorityConfig(MergePolicyConfig):
-    policy: Literal["priority"] = "priority"
+    name: Literal["priority"] = "priority"
 
 
 class PriorityPolicy(MergePolicyBase):
@@ -40,7 +40,7 @@ class PriorityPolicy(MergePolicyBase):
 
 
 class ConfidenceConfig(MergePolicyConfig):
-    policy: Literal["confidence"] = "confidence"
+    name: Literal["confidence"] = "confidence"
     decay: float = Field(0.8, ge=0.0, lt=1.0, description="Weight of the past in each proposer's acceptance average.")
     prior: float = Field(0.5, ge=0.0, le=1.0, description="Acceptance assumed for a proposer not verified yet.")
     floor: float = Field(0.05, gt=0.0, le=1.0, description="Least weight of a proposer that drafted, so it keeps a share.")

@@ -4,7 +4,7 @@
     rec = sf.generate("Summarize ...", max_new_tokens=64)        # dict, the same record as `--json`
     rec = sf.generate("...", proposers=[{"name": "none"}])        # per-request proposer override
     rec = sf.generate("...", proposers=[{"name": "ngram"}, {"name": "draft-model"}],      # combined proposers
-                      merge={"policy": "priority", "max_nodes": 24}, router="adaptive")
+                      merge={"name": "priority", "max_nodes": 24}, router="adaptive")
 """
 
 from __future__ import annotations

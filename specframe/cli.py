@@ -145,10 +145,10 @@ def _flags_config(config, model, proposer, merge, max_nodes, router, max_new_tok
     if proposer:
         cfg = load_config(None, base=cfg.model_dump(), proposers=_proposer_entries(proposer, cfg.proposers))
     if merge is not None or max_nodes is not None:
-        settings = {**cfg.merge.model_dump(), **({"policy": merge} if merge else {}),
+        settings = {**cfg.merge.model_dump(), **({"name": merge} if merge else {}),
                     **({"max_nodes": max_nodes} if max_nodes is not None else {})}
-        if merge and merge != cfg.merge.policy:  # another policy: the file's options were for the old one
-            settings = {k: v for k, v in settings.items() if k in ("policy", "max_nodes")}
+        if merge and merge != cfg.merge.name:  # another policy: the file's options were for the old one
+            settings = {k: v for k, v in settings.items() if k in ("name", "max_nodes")}
         cfg = load_config(None, base=cfg.model_dump(), merge=settings)
     if router is not None:
         cfg = load_config(None, base=cfg.model_dump(), router=router if router != cfg.router.name else None)

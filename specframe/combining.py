@@ -9,9 +9,9 @@ Shapes: N merged-tree nodes, P proposers, L depth of a node (1 = child of the ne
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, Sequence, runtime_checkable
+from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .contracts import DraftTree, TargetInfo
 
@@ -52,13 +52,30 @@ class StepReport:
     forward_s: float  # seconds of the target's verification forward
 
 
+def merge_key(data: Any) -> Any:
+    """``merge:`` settings with ``name`` as the selecting key: the old spelling ``policy: NAME`` is read as
+    ``name: NAME`` (both given: they must agree)."""
+    if isinstance(data, dict) and "policy" in data:
+        data = dict(data)
+        old = data.pop("policy")
+        if data.setdefault("name", old) != old:
+            raise ValueError(f"merge: `name` ({data['name']!r}) and its old spelling `policy` ({old!r}) disagree")
+    return data
+
+
 class MergePolicyConfig(BaseModel):
-    """Base of every merge policy's config (``merge:`` in the top-level config); ``policy`` selects it."""
+    """Base of every merge policy's config (``merge:`` in the top-level config); ``name`` selects it, as it selects
+    proposers and routers (``policy`` is read as ``name``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    policy: str
+    name: str
     max_nodes: int = Field(24, ge=1, le=256, description="Most nodes of the merged tree (the verification width).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_key(cls, data: Any) -> Any:
+        return merge_key(data)
 
 
 @runtime_checkable

@@ -18,7 +18,7 @@ proposers.
 Several proposers are combined into one verification tree per step (see docs/combining.md)::
 
     proposers: [{name: ngram}, {name: draft-model}]
-    merge: {policy: priority, max_nodes: 24}      # or policy: confidence; plus that policy's own options
+    merge: {name: priority, max_nodes: 24}        # or name: confidence; plus that policy's own options
     router: adaptive                              # or {name: adaptive, ...options}, or none
 
 ``merge`` and ``router`` are validated by their plugins' config models (:func:`resolve_plugins`); they only
@@ -33,9 +33,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from .combining import MergePolicyConfig, RouterConfig
+from .combining import MergePolicyConfig, RouterConfig, merge_key
 from .contracts import ProposerConfig
 from .errors import ConfigError, UnknownRouterError
 from .sampling import check_max_new_tokens, check_seed, check_temperature, check_top_k, check_top_p
@@ -110,8 +119,14 @@ class MergeSettings(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    policy: str = Field("priority", description="Merge policy (see `specframe plugins`): priority | confidence | ...")
+    name: str = Field("priority", description="Merge policy (see `specframe plugins`): priority | confidence | ... "
+                      "(`policy:` is read as `name:`)")
     max_nodes: int = Field(24, ge=1, le=256, description="Most nodes of the merged tree (the verification width).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_key(cls, data: Any) -> Any:
+        return merge_key(data)
 
 
 class RouterSettings(BaseModel):
@@ -175,7 +190,7 @@ class SpecframeConfig(BaseModel):
     @field_validator("merge", mode="before")
     @classmethod
     def _merge_shorthand(cls, v: Any) -> Any:
-        return {"policy": v} if isinstance(v, str) else v
+        return {"name": v} if isinstance(v, str) else v
 
     @field_validator("threads")
     @classmethod
@@ -332,12 +347,13 @@ def _resolve_merge(settings: MergeSettings | dict[str, Any], registry: Any) -> t
         ConfigError: an option is unknown or out of range for that policy.
     """
     data = settings.model_dump() if isinstance(settings, BaseModel) else dict(settings)
-    data.setdefault("policy", "priority")
-    cls = registry.merge_policy(data["policy"])
+    data = merge_key(data)
+    data.setdefault("name", "priority")
+    cls = registry.merge_policy(data["name"])
     try:
         return cls, cls.Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_one_line(exc, f"merge policy {data['policy']!r}")) from None
+        raise ConfigError(_one_line(exc, f"merge policy {data['name']!r}")) from None
 
 
 def _resolve_router(settings: RouterSettings | dict[str, Any] | str | None, registry: Any) -> tuple[type, RouterConfig] | None:

@@ -65,9 +65,9 @@ def specframe_register_verifiers(register: Callable[[type], None]) -> None:
 def specframe_register_merge_policies(register: Callable[[type], None]) -> None:
     """Register merge policy classes: how several combined proposers' drafts share one verification tree.
 
-    :param register: call ``register(cls)`` once per class. ``cls.name`` selects it (``merge: {policy: NAME}`` in
+    :param register: call ``register(cls)`` once per class. ``cls.name`` selects it (``merge: {name: NAME}`` in
         config), ``cls.Config`` is its pydantic config model (a subclass of
-        :class:`specframe.combining.MergePolicyConfig`, which holds ``policy`` and ``max_nodes``;
+        :class:`specframe.combining.MergePolicyConfig`, which holds ``name`` and ``max_nodes``;
         ``extra="forbid"``); ``cls(config, target_info)`` follows :class:`specframe.combining.MergePolicy`:
         ``plan(drafts, max_nodes)`` returns ``(proposer index, quota)`` pairs in insertion order, and
         ``start``/``on_step`` receive the proposer labels and each step's

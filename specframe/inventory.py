@@ -116,7 +116,7 @@ def plugin_summary(info: PluginInfo) -> dict[str, Any]:
         "module": info.module,
         "proposers": [proposer_summary(c) for c in info.proposers],
         "verifiers": [verifier_summary(c) for c in info.verifiers],
-        "merge_policies": [component_summary(c, "policy") for c in info.merge_policies],
+        "merge_policies": [component_summary(c, "name") for c in info.merge_policies],
         "routers": [component_summary(c, "name") for c in info.routers],
         "observes": list(info.observes),
         "error": info.error,  # why it is left out (it failed to load); null = loaded

@@ -333,7 +333,7 @@ def test_merge_with_two_proposers_is_accepted(monkeypatch):
         pass
 
     def load(cfg, **kwargs):
-        raise Loaded(cfg.merge.policy)
+        raise Loaded(cfg.merge.name)
 
     monkeypatch.setattr(specframe.api, "load", load)
     with pytest.raises(Loaded, match="confidence"):  # got past every check, with the policy asked for

@@ -117,3 +117,19 @@ def test_one_proposer_needs_no_merge_policy_installed(envs, monkeypatch):
     assert sf.generate(PROMPT, max_new_tokens=8)["token_ids"] == refs[0][:8]
     with pytest.raises(KeyError, match=r"unknown merge policy 'priority'; installed: \(none\)"):
         specframe.load(SpecframeConfig(proposers=[{"name": "ngram"}, {"name": "ngram", "k": 3}]), target=target)
+
+
+def test_name_selects_a_merge_policy_and_the_old_policy_key_still_reads():
+    """``merge: {name: ...}`` selects the policy, as ``name`` selects proposers and routers; ``policy:`` is read as
+    ``name:`` (configs written before), and the two must agree when both are given."""
+    from specframe.config import load_config, resolve_plugins
+    from specframe.registry import build_registry
+
+    reg = build_registry()
+    two = [{"name": "ngram"}, {"name": "none"}]
+    new = resolve_plugins(load_config(None, proposers=two, merge={"name": "confidence", "max_nodes": 9}), reg)
+    old = resolve_plugins(load_config(None, proposers=two, merge={"policy": "confidence", "max_nodes": 9}), reg)
+    assert new.merge == old.merge and new.merge[0].name == "confidence" and new.merge[1].max_nodes == 9
+    assert load_config(None, merge="confidence").merge.name == "confidence"
+    with pytest.raises(ConfigError, match="disagree"):
+        load_config(None, proposers=two, merge={"name": "priority", "policy": "confidence"})

@@ -33,7 +33,7 @@ def test_a_grid_expands_into_named_strategies():
     b = next(s for s in cfg.strategies if s.grid_of == "both" and s.grid_point["merge.max_nodes"] == 16
              and s.grid_point["router.free_cost"] == 0.1)
     assert b.name == "both merge.max_nodes=16 router.free_cost=0.1 retrieval.max_depth=4"
-    assert b.merge == {"policy": "priority", "max_nodes": 16} and b.router == {"name": "adaptive", "free_cost": 0.1}
+    assert b.merge == {"name": "priority", "max_nodes": 16} and b.router == {"name": "adaptive", "free_cost": 0.1}
     assert b.proposers[1] == {"name": "retrieval", "max_nodes": 8, "max_depth": 4}
 
 

@@ -29,7 +29,7 @@ class Strategy(BaseModel):
         None, description="specframe proposer configs; two or more are combined (see docs/combining.md)."
     )
     merge: dict[str, Any] | str | None = Field(
-        None, description="Combined proposers: merge policy, e.g. {policy: priority, max_nodes: 24} (default: that)."
+        None, description="Combined proposers: merge policy, e.g. {name: priority, max_nodes: 24} (default: that)."
     )
     router: dict[str, Any] | str | None = Field(
         None, description="Combined proposers: router, e.g. adaptive (the default) or none."

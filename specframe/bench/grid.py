@@ -23,6 +23,8 @@ import copy
 import itertools
 from typing import Any
 
+from ..combining import merge_key
+
 
 def _label_options(proposers: list[dict[str, Any]]) -> dict[str, int]:
     from ..engine import proposer_labels
@@ -55,7 +57,7 @@ def expand(strategy: Any) -> list[Any]:
     for combo in itertools.product(*grid.values()):
         point = dict(zip(grid, combo))
         proposers = copy.deepcopy(strategy.proposers)
-        merge = _as_dict(strategy.merge, "policy", "priority")
+        merge = merge_key(_as_dict(strategy.merge, "name", "priority"))
         router = _as_dict(strategy.router, "name", "adaptive")
         for key, value in point.items():
             head, _, option = key.partition(".")
