@@ -9,9 +9,9 @@ up to ``max_nodes`` nodes, and the target verifies all of it in one forward. Dra
 (sliding-window attention) the draft is the chain of each head's top-1.
 
 Heads trained over a frequent-token subset (``specframe train medusa`` keeps the 8 192 most frequent response
-tokens, FR-Spec, Zhao et al. 2025) score only those rows of the LM head: ``[D, H] @ [H, S]`` instead of
-``[H, V]``: 0.7 ms instead of 6.0 ms per proposal for SmolLM2 (V = 49 152; measured with S = 8 192, bf16, 2 CPU
-cores; the shipped heads use S = 5 492, every token their training answers contained).
+tokens, FR-Spec, Zhao et al. 2025) score only those rows of the LM head: ``[L, H] @ [H, S]`` (L heads, one per
+depth) instead of ``[H, V]``: 0.7 ms instead of 6.0 ms per proposal for SmolLM2 (V = 49 152; measured with S = 8 192,
+bf16, 2 CPU cores; the shipped heads use S = 5 492, every token their training answers contained).
 Tokens outside the subset are never drafted; the target still verifies every token, so output is unchanged.
 
 Weights: ``heads: DIR`` (written by ``specframe train medusa``), or by default the heads shipped for the
@@ -50,8 +50,8 @@ def grow_tree(top_ids: list[list[int]], top_probs: list[list[float]], max_nodes:
     """Best-first token tree over independent per-depth candidates.
 
     Args:
-        top_ids: ``[D][k]`` candidate tokens per depth (depth ``d`` = head ``d``), best first.
-        top_probs: ``[D][k]`` their probabilities.
+        top_ids: ``[L][top_k]`` candidate tokens per depth, best first (row ``d``: head ``d``, depth ``d + 1``).
+        top_probs: ``[L][top_k]`` their probabilities.
         max_nodes: node budget.
 
     Returns:
@@ -121,14 +121,14 @@ class MedusaProposer(ProposerBase):
         if state.hidden is None:
             return DraftTree.empty(state.tokens.shape[0])
         h = state.hidden[:1].to(self.heads.heads[0][0].linear.weight.dtype)  # [1, H]
-        feats = self.heads(h)[0, : self.num_heads]  # [D, H]
+        feats = self.heads(h)[0, : self.num_heads]  # [L, H]
         if self.token_map is None:
-            logits = self.lm_head(feats)  # [D, V]
+            logits = self.lm_head(feats)  # [L, V]
         else:
-            logits = feats @ self.w_sub.T  # [D, S]
+            logits = feats @ self.w_sub.T  # [L, S]
             if self.b_sub is not None:
                 logits = logits + self.b_sub
-        probs = torch.softmax(logits.float(), dim=-1)  # [D, V or S]
+        probs = torch.softmax(logits.float(), dim=-1)  # [L, V or S]
         cfg = self.config
         budget = min(budget, cfg.max_nodes)
         if not self.trees or cfg.top_k == 1 or budget <= 1:

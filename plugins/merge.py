@@ -7,7 +7,7 @@ draft); the merge itself, with deduplication, provenance and the exactness rules
 - ``priority``: proposers in the configured order; each draft goes in whole while the budget lasts, so an earlier
   proposer's nodes always come first. Duplicates of nodes already in the tree cost nothing.
 - ``confidence``: the budget is shared in proportion to each proposer's live acceptance (an exponential moving
-  average of accepted / verified nodes, credited as in the attribution), the most trusted proposer first; a
+  average of accepted / drafted nodes, credited as in the attribution), the most trusted proposer first; a
   proposer that drafted fewer nodes than its share leaves the rest to the others.
 
 Worked example (``confidence``, ``max_nodes = 8``): live acceptances 0.6 (ngram, drafted 6 nodes) and 0.2
@@ -69,7 +69,7 @@ def share_budget(sizes: Sequence[int], weights: Sequence[float], max_nodes: int)
 
 
 class ConfidencePolicy(MergePolicyBase):
-    """Shares the node budget by each proposer's live acceptance (EMA of accepted / verified nodes)."""
+    """Shares the node budget by each proposer's live acceptance (EMA of accepted / drafted nodes)."""
 
     name = "confidence"
     Config = ConfidenceConfig

@@ -28,19 +28,19 @@ The router serves a lone proposer too when the target carries a measured cost cu
 machine profile) or the router is set explicitly (``router: none`` turns it off): its draft is trimmed to what
 pays.
 
-Choice (greedy ascent, deterministic): with depths ``D_j`` (0 = skip), the expected committed tokens are
-``E = 1 + sum_d [1 - prod_j (1 - reach[j][d] * [d <= D_j])]`` (the bonus token, plus depth ``d`` reached by any
+Choice (greedy ascent, deterministic): with depths ``L_j`` (0 = skip), the expected committed tokens are
+``E = 1 + sum_d [1 - prod_j (1 - reach[j][d] * [d <= L_j])]`` (the bonus token, plus depth ``d`` reached by any
 proposer, treating proposers as independent — optimistic for correlated ones) and the cost in one-token forwards
-is ``C = v(1 + sum_j nodes_j(D_j)) + sum_{j: D_j > 0} cost[j]`` with ``nodes_j(D) = ceil(sum_{d<=D}
+is ``C = v(1 + sum_j nodes_j(L_j)) + sum_{j: L_j > 0} cost[j]`` with ``nodes_j(L) = ceil(sum_{d<=L}
 width[j][d])``. Starting from nobody, it repeatedly deepens the one proposer (to any deeper level) that most
 raises ``E / C``, while that ratio rises and the node budgets hold (each proposer's nodes <= the step's budget,
-all together <= the merged tree's ``max_nodes``). A proposer's node budget is ``nodes_j(D_j)``.
+all together <= the merged tree's ``max_nodes``). A proposer's node budget is ``nodes_j(L_j)``.
 
 Cascade (``revise``, after each proposer drafts, in the configured order): a proposer whose draft cost is at
-most ``free_cost`` drafts with the full budget, and ``route`` plans the costly ones without the free ones (an upper
+most ``free_cost`` drafts with the full budget, and ``route`` weighs the costly ones without the free ones (an upper
 bound: 0 means not worth running even alone); then the same ascent runs with the drafts made so far known — a
-drafted proposer's options are the prefixes of its actual draft (``nodes(D)`` = shortest prefix holding its nodes
-of depth <= D) valued with ``hit[j][d]``, the probability its nodes reach depth ``d`` on the accepted path given
+drafted proposer's options are the prefixes of its actual draft (``nodes(L)`` = shortest prefix holding its nodes
+of depth <= L) valued with ``hit[j][d]``, the probability its nodes reach depth ``d`` on the accepted path given
 its kept draft reaches depth ``d`` — the product of per-depth continuation rates ``cont[j][d]`` (the chance that
 depth ``d + 1`` is accepted once the path got to depth ``d``, learned only from steps that got there, so the worth
 of a long match survives a run of misses) — and its draft cost counts as spent. Proposers still to run get their
@@ -158,7 +158,7 @@ def load_cost_curve(config: AdaptiveConfig) -> list[float] | None:
 
 class AdaptiveRouter(RouterBase):
     """Runs the proposers, and gives them the node budgets, that maximise expected tokens per unit cost; after each
-    proposer drafts, replans the rest knowing its draft (a cascade) and trims what is not worth verifying."""
+    proposer drafts, decides again on the rest knowing its draft (a cascade) and trims what is not worth verifying."""
 
     name = "adaptive"
     Config = AdaptiveConfig
@@ -199,8 +199,8 @@ class AdaptiveRouter(RouterBase):
     # --- decision ------------------------------------------------------------------------------------------
     def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> list[int]:
         free = [ok and self._draft_cost(j) <= self.config.free_cost for j, ok in enumerate(available)]
-        # the costly proposers are planned without the free ones, whose drafts revise() will weigh once known
-        _, nodes = self.plan(budget, max_nodes, [ok and not f for ok, f in zip(available, free)])
+        # the costly proposers are weighed without the free ones, whose drafts revise() will weigh once known
+        _, nodes = self.allocate(budget, max_nodes, [ok and not f for ok, f in zip(available, free)])
         self.forced = set()
         for j, f in enumerate(free):
             if f:
@@ -220,9 +220,9 @@ class AdaptiveRouter(RouterBase):
 
     def revise(self, budget: int, max_nodes: int, available: Sequence[bool],
                drafts: Sequence[DraftTree | None], budgets: Sequence[int]) -> list[int]:
-        """Replan given the drafts made so far: budgets of the proposers still to run (0 = skip), and how much of
+        """Decide again given the drafts made so far: budgets of the proposers still to run (0 = skip), and how much of
         each draft to keep (the prefix that maximises E / C)."""
-        _, nodes = self.plan(budget, max_nodes, available, drafts)
+        _, nodes = self.allocate(budget, max_nodes, available, drafts)
         for j in range(len(nodes)):
             if drafts[j] is None and budgets[j] == 0:
                 nodes[j] = 0  # a proposer the step's route left out stays out
@@ -232,16 +232,16 @@ class AdaptiveRouter(RouterBase):
                 nodes[j] = budget  # free to draft: it drafts; what of it is kept is decided once it is known
         return nodes
 
-    def plan(self, budget: int, max_nodes: int, available: Sequence[bool],
+    def allocate(self, budget: int, max_nodes: int, available: Sequence[bool],
              drafts: Sequence[DraftTree | None] | None = None) -> tuple[list[int], list[int]]:
         """``(depth per proposer, node budget per proposer)`` by greedy ascent of E / C (module docstring).
 
-        With ``drafts`` (see :meth:`revise`), a proposer that drafted is planned from its actual draft — its depths
+        With ``drafts`` (see :meth:`revise`), a proposer that drafted is judged by its actual draft — its depths
         and node counts, ``hit`` as its reach, its draft cost already spent — and its number is the nodes to keep.
         """
         p, dmax = len(available), min(self.config.max_depth, max(budget, 0))
         hits = self.hit if drafts is not None else None
-        options: list[tuple[list[int], list[float], float]] = []  # per proposer: nodes(D) for D=1.., reach, cost
+        options: list[tuple[list[int], list[float], float]] = []  # per proposer: nodes(L) for L=1.., reach, cost
         fixed = 0.0  # draft cost already spent this step (drafted proposers), in one-token forwards
         for j in range(p):
             draft = None if drafts is None else drafts[j]
@@ -368,8 +368,8 @@ class AdaptiveRouter(RouterBase):
 
 
 def _prefix_levels(draft: DraftTree, dmax: int) -> tuple[list[int]]:
-    """For a drafted tree, ``nodes(D)`` for D = 1..its depth (at most ``dmax``): the shortest prefix (topological
-    order, what :meth:`DraftTree.truncate` keeps) holding every node of depth <= D."""
+    """For a drafted tree, ``nodes(L)`` for L = 1..its depth (at most ``dmax``): the shortest prefix (topological
+    order, what :meth:`DraftTree.truncate` keeps) holding every node of depth <= L."""
     if not draft.num_nodes:
         return ([],)
     depths = node_depths(draft.parent[0].tolist())

@@ -38,7 +38,7 @@ class ProposerStep:
 
     @property
     def wasted(self) -> int:
-        """Verified nodes of this proposer that were not accepted."""
+        """Drafted nodes of this proposer that were not accepted."""
         return self.drafted - self.accepted
 
 
@@ -47,7 +47,7 @@ class StepReport:
     """What merge policies, routers and observers learn after each step."""
 
     proposers: tuple[ProposerStep, ...]  # one per proposer, in the engine's order
-    verified: int  # N, nodes of the merged tree the target scored (plus the newest token: N + 1 positions)
+    verified: int  # N, the step's drafted nodes: the merged tree's, scored with the newest token (N + 1 positions)
     accepted: int  # accepted path length
     forward_s: float  # seconds of the target's verification forward
 
@@ -148,7 +148,7 @@ class Router(Protocol):
         """A new request with these proposer labels (engine order), its seed, and whether it decodes greedily."""
 
     def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> Sequence[int]:
-        """Node budget per proposer for this step (``0`` = skip it); ``budget`` is the step's draft budget,
+        """Node budget per proposer for this step (``0`` = skip it); ``budget`` is the step's node budget,
         ``max_nodes`` the merged tree's, ``available[j]`` False for a proposer disabled by faults."""
 
     def on_step(self, report: StepReport) -> None:

@@ -108,7 +108,7 @@ class IsolationConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     propose_timeout_s: float | None = Field(
-        5.0, gt=0, description="A propose call slower than this many seconds is a fault (its draft is dropped); null = no budget."
+        5.0, gt=0, description="A propose call slower than this many seconds is a fault (its draft is dropped); null = no time limit."
     )
     max_faults: int = Field(3, ge=1, description="Faults in one request after which the proposer is disabled for its rest.")
 

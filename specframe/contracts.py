@@ -1,7 +1,7 @@
 """The contracts between the engine and its plugins: drafts, decode state, verification results.
 
 Glossary (shapes): B batch, T committed sequence length, N draft-tree nodes, K draft length of a chain,
-V vocabulary, H hidden size.
+V vocabulary, H hidden size, F feature layers (the terms and every letter: docs/how-it-works.md, "Vocabulary").
 
 Terms: a *draft* is a token tree proposed by a *proposer*; the *target* scores every node in one forward; the
 *verifier* walks the tree and keeps an *accepted* path; after the first rejection it draws a *recovered* token
@@ -156,7 +156,7 @@ class VerifyOutcome:
     the target verified and ``accepted_nodes`` its own node indices on the accepted path of the merged tree.
     """
 
-    draft: DraftTree  # what this proposer drafted and the target verified (after truncation to its budget and,
+    draft: DraftTree  # what this proposer drafted and the target verified (after truncation to its node budget and,
     # when combined, to the merged tree's node budget: a prefix of what propose returned)
     accepted_nodes: tuple[tuple[int, ...], ...]  # [B][A_b] accepted node indices of that draft
     committed: tuple[tuple[int, ...], ...]  # [B][C_b] tokens committed this step, after stop checks
@@ -164,7 +164,7 @@ class VerifyOutcome:
 
     @property
     def num_accepted(self) -> int:
-        """Accepted draft tokens of row 0."""
+        """Accepted nodes of row 0."""
         return len(self.accepted_nodes[0])
 
 

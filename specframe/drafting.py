@@ -11,9 +11,9 @@ each proposer gets a :class:`~specframe.contracts.VerifyOutcome` about its own d
 
 Everything here works through the contracts: no proposer, policy or router is named. Faults are isolated per
 proposer (:class:`~specframe.isolation.FaultGuard`): a faulty proposer's draft is left out of the step, the
-others keep drafting. A merge policy or router that raises or returns a malformed plan is replaced for the rest
-of the request by the plain fallback (proposers in order, every proposer with the full budget), with one
-warning; none of this can change the output, only the speed.
+others keep drafting. A merge policy or router that raises or returns a malformed plan or answer is replaced for
+the rest of the request by the plain fallback (proposers in order, every proposer with the step's node budget),
+with one warning; none of this can change the output, only the speed.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from typing import Any, Sequence
 
 from .combining import MergePolicyBase, ProposerStep, StepReport
-from .contracts import DecodeState, DraftTree, TargetInfo, VerifyOutcome
+from .contracts import DecodeState, DraftTree, TargetModel, VerifyOutcome
 from .errors import ProposerTimeoutError
 from .isolation import FaultGuard
 from .lineup import Lineup
@@ -68,7 +68,7 @@ class Drafting:
     chain is kept).
     """
 
-    def __init__(self, lineup: Lineup, target: TargetInfo | Any, recorder: Recorder, greedy: bool) -> None:
+    def __init__(self, lineup: Lineup, target: TargetModel, recorder: Recorder, greedy: bool) -> None:
         self.recorder, self.isolation, self.greedy = recorder, lineup.isolation, greedy
         self.vocab_size = int(target.vocab_size)
         self.merged_trees_ok = lineup.verifies_trees and bool(getattr(target, "supports_trees", False))
@@ -81,7 +81,7 @@ class Drafting:
         self.off = False  # the target refused a chain draft: no more drafts this request (see restrict)
         self.policy = lineup.merge if len(self.slots) > 1 else None
         self.router = lineup.router  # a lone proposer is routed too: its draft is trimmed to what pays on this machine
-        # the merged tree's node cap; a lone proposer's draft has none beyond its step budget
+        # the merged tree's node budget; a lone proposer's draft has none beyond the step's
         self.max_nodes = int(self.policy.max_nodes) if self.policy is not None else 1 << 16
 
     # --- per request ---------------------------------------------------------------------------------------
@@ -139,7 +139,7 @@ class Drafting:
             draft = s.proposer.propose(state, budget)
             elapsed = time.perf_counter() - t0
             if timeout is not None and elapsed > timeout:
-                raise ProposerTimeoutError(f"propose took {elapsed:.3f} s, over the {timeout:g} s budget")
+                raise ProposerTimeoutError(f"propose took {elapsed:.3f} s, over the {timeout:g} s time limit")
             draft = draft.truncate(budget) if isinstance(draft, DraftTree) else draft
             check_draft(draft, self.vocab_size, s.trees_ok or s.branches, 1)
             # a proposer that declares trees, where the target or verifier takes chains only: its leading chain

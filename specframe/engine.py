@@ -82,7 +82,7 @@ class Engine:
         verifier: the acceptance rule for this request's sampling mode.
         merge: a :class:`~specframe.combining.MergePolicy`, required with two or more proposers.
         router: an optional :class:`~specframe.combining.Router`.
-        isolation: how faulty proposers are treated (time budget, faults before disabling).
+        isolation: how faulty proposers are treated (time limit, faults before disabling).
         origins: proposer label -> the plugin it comes from, for warnings (e.g. ``"recall (specframe-recall 0.1)"``).
 
     Where the verifier or the target takes chains only, tree-drafting proposers' drafts keep their leading chain.

@@ -79,7 +79,7 @@ class DraftError(SpecframeError, ValueError):
 
 
 class ProposerTimeoutError(SpecframeError):
-    """A proposer's ``propose`` call took longer than the isolation policy's time budget."""
+    """A proposer's ``propose`` call took longer than the isolation policy's time limit."""
 
 
 class TraceError(SpecframeError, ValueError):

@@ -53,7 +53,7 @@ def _default(info: FieldInfo) -> Any:
 
 
 def config_summary(config: type, skip: tuple[str, ...] = ("name",)) -> list[dict[str, Any]]:
-    """One entry per option of a config model (the selecting field, ``name`` or ``policy``, left out)."""
+    """One entry per option of a config model but those in ``skip`` (the selecting field, ``name``)."""
     out = []
     for field_name, info in config.model_fields.items():
         if field_name in skip:
@@ -99,7 +99,7 @@ def verifier_summary(cls: type) -> dict[str, Any]:
 
 
 def component_summary(cls: type, skip: str) -> dict[str, Any]:
-    """A merge policy (``skip="policy"``) or router (``skip="name"``)."""
+    """A merge policy or router; ``skip`` is its selecting field (``name`` for both)."""
     return {
         "name": cls.name,
         "class": f"{cls.__module__}.{cls.__qualname__}",

@@ -2,13 +2,13 @@
 
 A proposer *faults* when ``start``/``propose``/``on_verified`` raises, when ``propose`` returns a draft that breaks
 the :class:`~specframe.contracts.DraftTree` contract (see :func:`specframe.validate.check_draft`), or when one
-``propose`` call takes longer than the policy's time budget. Its draft is then left out of the step (a
+``propose`` call takes longer than the policy's time limit. Its draft is then left out of the step (a
 target-only step when it drafts alone; combined, the other proposers' drafts are still verified), so the committed
 tokens are exactly those of plain decoding. Per request and proposer, a :class:`FaultGuard` counts faults in the
 request's metrics through the request's recorder (and the proposer's own attribution), logs **one** warning naming the plugin, and after
 ``max_faults`` faults disables that proposer — and only it — for the rest of the request (no more calls into it).
 
-The time budget is checked after ``propose`` returns (a Python call cannot be interrupted safely); the late
+The time limit is checked after ``propose`` returns (a Python call cannot be interrupted safely); the late
 draft is dropped, and repeated overruns disable the proposer, which bounds the damage of a slow plugin.
 """
 
@@ -33,10 +33,10 @@ class IsolationPolicy:
     """How the engine treats a faulty proposer.
 
     Raises:
-        ConfigError: a non-positive time budget or ``max_faults < 1``.
+        ConfigError: a non-positive time limit or ``max_faults < 1``.
     """
 
-    propose_timeout_s: float | None = 5.0  # a propose call slower than this is a fault; None = no budget
+    propose_timeout_s: float | None = 5.0  # a propose call slower than this is a fault; None = no time limit
     max_faults: int = 3  # faults in one request after which the proposer is disabled for the rest of it
 
     def __post_init__(self) -> None:
@@ -110,7 +110,7 @@ class FaultGuard:
             self.disabled = True
         self.recorder.fault(self.label, kind, disabled=self.disabled)
         if self.faults == 1:
-            what = {MALFORMED: "broke the draft contract", TIMEOUT: "ran over its time budget"}.get(
+            what = {MALFORMED: "broke the draft contract", TIMEOUT: "ran over its time limit"}.get(
                 kind, f"raised {type(exc).__name__}"
             )
             source = f" (plugin {self.plugin})" if self.plugin else ""

@@ -169,11 +169,6 @@ class LoadMonitor:
         return s
 
 
-def free_cores(cores: int, others: float) -> float:
-    """Cores left to this process when others keep ``others`` cores busy."""
-    return max(0.0, cores - others)
-
-
 def choose_threads(cores: int, others: float, candidates: list[int] | None = None) -> int:
     """The largest thread count that fits in the free cores (at least 1).
 

@@ -114,7 +114,7 @@ def merge_drafts(
     Returns:
         The merged tree (topological order: insertion order) with provenance.
 
-    Example (greedy): ``[[1, 2, 3]]`` chain and ``[[1, 4]]`` chain, plan ``[(0, 3), (1, 2)]``, budget 8 ->
+    Example (greedy): ``[[1, 2, 3]]`` chain and ``[[1, 4]]`` chain, plan ``[(0, 3), (1, 2)]``, ``max_nodes`` 8 ->
     tokens ``[1, 2, 3, 4]``, parents ``[-1, 0, 1, 0]``, sources ``[0b11, 0b01, 0b01, 0b10]``.
     """
     trie = TokenTrie(max_nodes)

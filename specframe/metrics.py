@@ -1,5 +1,6 @@
-"""Per-request counters and timings. Terms: τ (mean accepted length) = tokens committed per target forward,
-bonus included (1.0 for plain decoding); α (acceptance rate) = accepted draft tokens / drafted tokens.
+"""Per-request counters and timings. Terms (docs/how-it-works.md, "Vocabulary"): τ (``mean_accepted_length``) =
+tokens committed per target forward, bonus included (1.0 for plain decoding); α (``acceptance_rate``) = accepted
+nodes / drafted nodes.
 
 Per proposer (``proposers``, keyed by the proposer's label), the attribution of a request's drafting: see
 :class:`ProposerMetrics`. The request-level fields keep their meaning whatever the number of proposers:
@@ -28,12 +29,12 @@ class ProposerMetrics:
     drafted_nodes: int = 0  # of those, nodes the target verified (shared nodes count for every producer)
     accepted_tokens: int = 0  # credited accepted nodes (see the crediting rule)
     accepted_alone: int = 0  # accepted nodes only this proposer produced
-    wasted_nodes: int = 0  # verified nodes of this proposer that were not accepted (drafted - accepted)
+    wasted_nodes: int = 0  # drafted nodes of this proposer that were not accepted (drafted - accepted)
     draft_s: float = 0.0  # seconds in its propose calls
     faults: int = 0  # its faults (see specframe.isolation)
     disabled: bool = False  # too many faults: not called for the rest of the request
-    drafted_by_position: list[int] = field(default_factory=list)  # [k] verified nodes at depth i+1
-    accepted_by_position: list[int] = field(default_factory=list)  # [k] credited accepted nodes at depth i+1
+    drafted_by_position: list[int] = field(default_factory=list)  # [L] drafted nodes at depth i+1
+    accepted_by_position: list[int] = field(default_factory=list)  # [L] credited accepted nodes at depth i+1
 
     def record(self, step: ProposerStep) -> None:
         if step.asked:
@@ -63,8 +64,8 @@ class RequestMetrics:
     prompt_tokens: int = 0
     new_tokens: int = 0
     target_forwards: int = 0  # verification forwards (the prefill is not counted)
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
+    drafted_tokens: int = 0  # drafted nodes: those of the verified (merged) tree, each once
+    accepted_tokens: int = 0  # accepted nodes
     proposer_faults: int = 0  # calls where a proposer raised, broke the draft contract or ran over time
     proposer_fault_kinds: dict[str, int] = field(default_factory=dict)  # "raised" | "malformed" | "timeout" -> n
     proposer_disabled: bool = False  # too many faults: the rest of the request decoded from the target alone
@@ -73,8 +74,8 @@ class RequestMetrics:
     propose_s: float = 0.0
     forward_s: float = 0.0
     verify_s: float = 0.0  # verify + commit + rollback + stop checks + feedback
-    drafted_by_position: list[int] = field(default_factory=list)  # [k] nodes drafted at depth i+1
-    accepted_by_position: list[int] = field(default_factory=list)  # [k] nodes accepted at depth i+1
+    drafted_by_position: list[int] = field(default_factory=list)  # [L] nodes drafted at depth i+1
+    accepted_by_position: list[int] = field(default_factory=list)  # [L] nodes accepted at depth i+1
     proposers: dict[str, ProposerMetrics] = field(default_factory=dict)  # label -> attribution (see above)
 
     def record_step(self, drafted: int, accepted: int, depths: list[int] | None = None) -> None:

@@ -28,7 +28,7 @@ class StepEvent:
     request_id: int  # counts requests of one registry's observers, from 0
     step: int  # verification step within the request, from 0
     proposer: str  # label of the proposer that drafted this step; combined proposers joined by "+"
-    drafted: int  # draft nodes the target verified (after truncation to the budget; 0 on a fault)
+    drafted: int  # draft nodes the target verified (after truncation to the node budget; 0 on a fault)
     accepted: int  # of those, accepted
     committed: tuple[int, ...]  # tokens committed: accepted + the recovered/bonus token, cut at a stop
     faults: int  # proposer faults in this step (see specframe.isolation); 0 normally

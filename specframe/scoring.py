@@ -18,7 +18,7 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import Tensor
 
-from .contracts import DraftTree
+from .contracts import DraftTree, TargetModel
 from .kv_cache import cache_length, compact, restore, rollback
 from .tree import tree_attention_mask, tree_position_ids
 
@@ -52,7 +52,7 @@ class Scorer(Protocol):
         """After a :meth:`score` that raised partway: forget what it processed."""
 
 
-ScorerFactory = Callable[[Any, tuple[int, ...], bool], Scorer]
+ScorerFactory = Callable[[TargetModel, tuple[int, ...], bool], Scorer]
 """``factory(target, feature_layers, want_hidden)`` -> the scorer of one request."""
 
 
@@ -66,7 +66,7 @@ class TargetScorer:
         want_hidden: also return the last layer's hidden states.
     """
 
-    def __init__(self, target: Any, layers: tuple[int, ...], want_hidden: bool) -> None:
+    def __init__(self, target: TargetModel, layers: tuple[int, ...], want_hidden: bool) -> None:
         self.target, self.layers, self.want_hidden = target, layers, want_hidden
         self.device = target.device
         self.cache = target.new_cache()

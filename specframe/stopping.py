@@ -17,7 +17,7 @@ class StopChecker:
 
     Args:
         eos_token_ids: ids that end generation (the EOS is kept in the token ids, not in the text).
-        max_new_tokens: budget of generated tokens (>= 1).
+        max_new_tokens: the token limit: most generated tokens (>= 1).
         stop_strings: strings that end generation; need ``decode``.
         decode: ``list[int] -> str`` for generated ids (only used with stop strings).
     """
@@ -77,7 +77,7 @@ def without_incomplete_character(text: str) -> str:
 
     Byte-level tokenizers split a multi-byte character over several tokens; decoded before its last byte, the
     character shows as U+FFFD. transformers' ``TextStreamer`` never prints such a character while the next token
-    may complete it; when the token budget (or an EOS) ends generation inside one, it can no longer complete, so
+    may complete it; when the token limit (or an EOS) ends generation inside one, it can no longer complete, so
     specframe leaves it out of ``text`` and of the stream alike (its bytes stay in ``token_ids``). A replacement
     character at the very end is taken to be an incomplete one, as vLLM's and TGI's detokenizers do.
     """

@@ -10,7 +10,7 @@ version), model and device, and caches it as JSON under ``$SPECFRAME_CACHE/machi
 under a minute for a 135M model (:data:`BUDGET_S` bounds it); ``specframe tune`` builds or shows it explicitly.
 
 Choosing (:meth:`MachineProfile.choose`): a candidate's cost per committed token is ``min_n T(n) / E(n)`` with
-``E(n) = (1 - a^n) / (1 - a)`` the expected tokens committed by a forward over n tokens when each draft token is
+``E(n) = (1 - a^n) / (1 - a)`` the expected tokens committed by a forward over n tokens when each draft node is
 accepted with a reference probability ``a`` (:data:`REF_ACCEPT`; Leviathan et al. 2022, eq. 1, with gamma = n - 1);
 n = 1 is plain decoding, so a machine where verification never pays is judged by T(1). For plain decoding
 (only ``none`` configured) the cost is T(1). Explicit settings always win; ``auto`` threads never exceed the
@@ -109,7 +109,7 @@ class CostCurve:
 
 
 def expected_tokens(n: int, accept: float = REF_ACCEPT) -> float:
-    """Tokens a forward over n tokens commits when each of its n - 1 draft tokens is accepted with ``accept``."""
+    """Tokens a forward over n tokens commits when each of its n - 1 draft nodes is accepted with ``accept``."""
     return (1 - accept ** n) / (1 - accept)
 
 
@@ -275,7 +275,7 @@ def measure_profile(directory: Path, model_name: str, device: str, progress: Any
     todo = candidates(device, cores)
     task = progress.add_task("measuring this machine", total=len(todo) * len(CONTEXTS)) if progress else None
     tick = (lambda: progress.advance(task)) if progress else (lambda: None)
-    start, measured, measuring = time.perf_counter(), [], 0.0  # the budget counts timing, not model loading
+    start, measured, measuring = time.perf_counter(), [], 0.0  # the time limit counts timing, not model loading
     old_threads = torch.get_num_threads()
     try:
         for dtype in DTYPES:
@@ -292,7 +292,7 @@ def measure_profile(directory: Path, model_name: str, device: str, progress: Any
                     pack_linears(model)
                 for c in group:
                     if measuring > budget_s:
-                        log.warning("machine profile: %.0f s budget spent; %s not measured", budget_s, c.label)
+                        log.warning("machine profile: its %.0f s time limit is spent; %s not measured", budget_s, c.label)
                         tick(), tick()
                         continue
                     torch.set_num_threads(c.threads)
@@ -318,7 +318,7 @@ def get_profile(directory: Path, model_name: str, device: str, progress: Any = N
         if LoadMonitor().sample().others > 0.3:
             return prof
     prof = measure_profile(directory, model_name, device, progress)
-    if not prof.measured:  # nothing fitted the budget: nothing to cache (choose() then returns the defaults)
+    if not prof.measured:  # nothing fitted the time limit: nothing to cache (choose() then returns the defaults)
         return prof
     if prof.others_load > 0.3:
         log.warning("machine profile measured while other processes used %.1f cores: kept as provisional, measured "

@@ -32,7 +32,7 @@ def _greedy(draft: DraftTree, target_logits: Tensor) -> VerifyResult:
 
 
 class GreedyVerifier:
-    """Accept a draft token iff it is the target's argmax: output is token-identical to greedy decoding."""
+    """Accept a draft node iff its token is the target's argmax: output is token-identical to greedy decoding."""
 
     name: ClassVar[str] = "greedy"
     supports_trees: ClassVar[bool] = True

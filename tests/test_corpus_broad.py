@@ -15,7 +15,7 @@ from specframe.errors import ConfigError
 from specframe.target import Target
 from specframe.training import broad
 from specframe.training import sources as S
-from specframe.training.corpus import CorpusSettings, build_corpus, corpus_plan, corpus_stats, mix_prompts, read_corpus
+from specframe.training.corpus import CorpusSettings, build_corpus, corpus_batches, corpus_stats, mix_prompts, read_corpus
 
 from .support import build_model, build_tokenizer
 
@@ -161,7 +161,7 @@ def test_corpus_with_second_turns_builds_resumes_and_counts(tiny, tmp_path, fake
     items = mix_prompts(CS)
     second = [i for i, p in enumerate(items) if "followup" in p]
     assert second  # the fake mix has second turns
-    n1, n2 = corpus_plan(CS)
+    n1, n2 = corpus_batches(CS)
     assert (n1, n2) == (5, (len(second) + 7) // 8)
     out = tmp_path / "c"
     seen = []

@@ -171,7 +171,7 @@ def test_a_slow_proposer_exceeds_its_time_budget(specframe_tiny_target, referenc
     assert result.metrics.proposer_fault_kinds == {"timeout": 3}
     assert result.metrics.drafted_tokens == 0  # the late drafts were dropped
     (warning,) = specframe_warnings(caplog)
-    assert "ran over its time budget" in warning and "0.005 s budget" in warning
+    assert "ran over its time limit" in warning and "0.005 s time limit" in warning
 
 
 def test_no_time_budget_keeps_a_slow_proposer(specframe_tiny_target, references):

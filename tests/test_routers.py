@@ -81,7 +81,7 @@ def test_router_cost_curve_from_a_bench_profile(tmp_path):
     assert router.curve == [1.0, 1.0, 1.0, 4.0] and router.v(3) == 1.0 and router.v(4) == 4.0
     # with 3 verified tokens free and a 4th costing 4x, one proposer gets at most 2 nodes
     router.start(["a"], seed=0, greedy=True)
-    assert router.plan(16, 24, [True])[1] == [2]
+    assert router.allocate(16, 24, [True])[1] == [2]
     assert router.route(16, 24, [True]) == [16]  # free to draft: drafts fully ...
     assert router.revise(16, 24, [True], [chain(list(range(8)))], [16]) == [2]  # ... and keeps what pays
     assert AdaptiveRouter(AdaptiveConfig()).v(11) == pytest.approx(1.3)  # the linear default

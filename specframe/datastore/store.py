@@ -4,9 +4,9 @@ Layout of a datastore folder (format ``specframe-datastore``, version 1)::
 
     DS/
       manifest.json   what it was built from (model, tokenizer fingerprint, vocabulary, sizes, sources, timing)
-      tokens.npy      int32 [L]: every document's token ids, each followed by SEPARATOR (-1);
-                      L = num_tokens + num_documents
-      suffixes.npy    int32 [L] (int64 when L >= 2**31): the suffix array, i.e. the start positions of all
+      tokens.npy      int32 [T_s]: every document's token ids, each followed by SEPARATOR (-1);
+                      T_s = num_tokens + num_documents
+      suffixes.npy    int32 [T_s] (int64 when T_s >= 2**31): the suffix array, i.e. the start positions of all
                       suffixes of tokens.npy in lexicographic order (token ids compared as signed integers, so
                       the separator sorts first; a suffix that is a prefix of another sorts before it)
 
@@ -15,8 +15,8 @@ written to a temporary sibling and renamed into place when complete, so a reader
 datastore or the new one, never a partial one.
 
 Search: the occurrences of a pattern are one contiguous range of the suffix array, found with two binary
-searches (O(n log L) token comparisons for a pattern of n tokens). The suffix array is built by
-libdivsufsort (``pydivsufsort``), a linear-memory, O(L log L) suffix sorter.
+searches (O(n log T_s) token comparisons for a pattern of n tokens). The suffix array is built by
+libdivsufsort (``pydivsufsort``), a linear-memory, O(T_s log T_s) suffix sorter.
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ def suffix_array(tokens: np.ndarray) -> np.ndarray:
     """Suffix array of ``tokens``.
 
     Args:
-        tokens: ``[L]`` int32 token ids (``SEPARATOR`` allowed).
+        tokens: ``[T_s]`` int32 token ids (``SEPARATOR`` allowed).
 
     Returns:
-        ``[L]`` int32 (int64 when ``L >= 2**31``): start positions sorted by the suffix starting there, token ids
+        ``[T_s]`` int32 (int64 when ``T_s >= 2**31``): start positions sorted by the suffix starting there, token ids
         compared as signed integers.
     """
     from pydivsufsort import divsufsort
@@ -202,8 +202,8 @@ class Datastore:
     Attributes:
         path: the folder.
         manifest: its ``manifest.json``.
-        tokens: ``[L]`` int32, memory-mapped; documents separated by ``SEPARATOR``.
-        suffixes: ``[L]`` int32 or int64, memory-mapped suffix array.
+        tokens: ``[T_s]`` int32, memory-mapped; documents separated by ``SEPARATOR``.
+        suffixes: ``[T_s]`` int32 or int64, memory-mapped suffix array.
     """
 
     def __init__(self, path: Path, manifest: dict[str, Any], tokens: np.ndarray, suffixes: np.ndarray) -> None:
@@ -299,7 +299,7 @@ class Datastore:
         return lo, hi
 
     def occurrences(self, pattern: Sequence[int]) -> np.ndarray:
-        """Start positions (in ``tokens``) of every occurrence of ``pattern``, in suffix-array order: ``[C]``."""
+        """Start positions (in ``tokens``) of every occurrence of ``pattern``, in suffix-array order: ``[M]``."""
         lo, hi = self.find_range(pattern)
         return np.asarray(self.suffixes[lo:hi])
 

@@ -190,7 +190,7 @@ def _target_info(vllm_config: Any) -> TargetInfo:
 
 
 def _accepted(chain: Sequence[int], sampled: Sequence[int]) -> int:
-    """Draft tokens vLLM accepted: the longest prefix of the draft ``chain`` that the row committed, short of the
+    """Draft nodes vLLM accepted: the longest prefix of the draft ``chain`` that the row committed, short of the
     last committed token (the bonus or recovered one)."""
     n = 0
     while n < len(chain) and n < len(sampled) - 1 and chain[n] == sampled[n]:
@@ -416,8 +416,8 @@ class SpecframeProposer:
         t["committed_tokens"] += len(sampled)
 
     def stats(self) -> dict[str, Any]:
-        """The adapter's own counters (this process): drafts, draft tokens, accepted tokens, by position, per
-        proposer (closed requests), draft seconds, and α = accepted / drafted."""
+        """The adapter's own counters (this process): drafts, drafted nodes (``draft_tokens``), accepted nodes, by
+        position, per proposer (closed requests), draft seconds, and α = accepted / drafted."""
         t = dict(self.totals)
         t["alpha"] = t["accepted_tokens"] / t["draft_tokens"] if t["draft_tokens"] else 0.0
         t["open_requests"] = sum(len(v) for v in self.sessions.values())
@@ -437,14 +437,14 @@ class SpecframeProposer:
 def spec_decode_report(metrics: Sequence[Any]) -> dict[str, Any]:
     """τ and α from vLLM's own counters (``LLM.get_metrics()``, which needs ``disable_log_stats=False``).
 
-    Counters of one name with several label sets (engines, finish reasons) are summed. With ``G`` generated tokens
-    over ``R`` finished requests, each request's first token comes from its prefill and every later forward
-    commits ``1 + accepted`` tokens, so the decode forwards number ``F = G - R - accepted`` and
+    Counters of one name with several label sets (engines, finish reasons) are summed. With ``generated`` tokens
+    over ``finished`` requests, each request's first token comes from its prefill and every later forward commits
+    ``1 + accepted`` tokens, so the decode forwards number ``forwards = generated - finished - accepted`` and
 
-    - ``tau`` = (G - R) / F: tokens committed per verification forward, bonus included, steps without a draft
-      counted (specframe's τ; falls back to ``tau_per_draft`` when the token counters are missing),
+    - ``tau`` = (generated - finished) / forwards: tokens committed per target forward, bonus included, steps
+      without a draft counted (specframe's τ; falls back to ``tau_per_draft`` when the token counters are missing),
     - ``tau_per_draft`` = 1 + accepted / drafts: vLLM's mean acceptance length, over the steps that had a draft,
-    - ``alpha`` = accepted / draft tokens, and acceptance by draft position.
+    - ``alpha`` = accepted / drafted nodes (vLLM's ``num_draft_tokens``), and acceptance by draft position.
     """
     values: dict[str, Any] = {}
     for m in metrics:

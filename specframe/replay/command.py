@@ -172,7 +172,7 @@ def replay(
 
 
 @dataclass
-class _Plan:
+class _Setup:
     """A replay, checked: the config, the trace, the strategies to run as tasks and how."""
 
     cfg: Any
@@ -180,7 +180,7 @@ class _Plan:
     strategies: list[Any]
     chosen: list[Any]
     tasks: list[Any]
-    budget: int
+    max_new_tokens: int  # new tokens to replay per question (the token limit)
     use_ray: bool
     live: dict[str, Any] | None
     registry: Any
@@ -189,27 +189,27 @@ class _Plan:
 def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare) -> None:
     from ..console import err
 
-    plan = _plan(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare, err)  # 1. validate
-    target = _load(plan, err)  # 2. the target's weights (proposers may read them; no forward runs)
+    setup = _setup(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare, err)  # 1. validate
+    target = _load(setup, err)  # 2. the target's weights (proposers may read them; no forward runs)
     t0 = time.perf_counter()  # 3. replay
     with _bar(err) as progress:
-        if plan.use_ray:
+        if setup.use_ray:
             from .sweep import run_on_ray
 
-            bar = progress.add_task("replay (Ray)", total=len(plan.tasks))
-            results, where = run_on_ray(plan.trace, plan.tasks, plan.cfg.model, plan.cfg.device, ray_address,
+            bar = progress.add_task("replay (Ray)", total=len(setup.tasks))
+            results, where = run_on_ray(setup.trace, setup.tasks, setup.cfg.model, setup.cfg.device, ray_address,
                                         advance=lambda s: progress.update(bar, advance=1, description=f"replay {s:>16}"))
         else:
             from .sweep import run_here
 
-            bar = progress.add_task("replay", total=len(plan.tasks) * len(plan.tasks[0].requests))
-            results = run_here(target, plan.registry, plan.trace, plan.tasks,
+            bar = progress.add_task("replay", total=len(setup.tasks) * len(setup.tasks[0].requests))
+            results = run_here(target, setup.registry, setup.trace, setup.tasks,
                                advance=lambda s: progress.update(bar, advance=1, description=f"replay {s:>16}"))
             where = "run here, strategies one after another"
-    _write(plan, results, where, time.perf_counter() - t0, traces, output, compare, err)  # 4. report
+    _write(setup, results, where, time.perf_counter() - t0, traces, output, compare, err)  # 4. report
 
 
-def _plan(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare, err) -> _Plan:
+def _setup(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare, err) -> _Setup:
     """Everything checked before any model loads (the features a strategy reads are checked once it is built)."""
     from ..bench.command import validate_bench_config
     from ..registry import build_registry
@@ -217,7 +217,7 @@ def _plan(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_addr
     from .report import read_live
     from .sweep import Task
 
-    cfg, trace, budget = _replay_inputs(traces, config, output, cats, limit, max_new_tokens)
+    cfg, trace, max_new = _replay_inputs(traces, config, output, cats, limit, max_new_tokens)
     index, chosen = _chosen_questions(cfg, trace)
     peers = [s.name for s in cfg.strategies if s.peer is not None]
     strategies = [s for s in cfg.strategies if s.proposers is not None]
@@ -229,8 +229,8 @@ def _plan(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_addr
         err.print(f"replay skips the peers {', '.join(peers)} (they run transformers' own generate, not specframe "
                   "proposers)", markup=False, soft_wrap=True)
     requests = tuple(Request(index[id(p)], seed, rep) for p in chosen for seed in cfg.seeds for rep in range(cfg.repeats))
-    tasks = [Task(s.model_dump(), requests, budget) for s in strategies]
-    return _Plan(cfg, trace, strategies, chosen, tasks, budget, use_ray, live, registry)
+    tasks = [Task(s.model_dump(), requests, max_new) for s in strategies]
+    return _Setup(cfg, trace, strategies, chosen, tasks, max_new, use_ray, live, registry)
 
 
 def _replay_inputs(traces, config, output, cats, limit, max_new_tokens) -> tuple[Any, Any, int]:
@@ -279,11 +279,11 @@ def _check_against_trace(cfg: Any, trace: Any, config: Path) -> int:
         if s.dtype not in (None, "auto", trace.dtype):
             raise TraceError(f"{config}: strategy {s.name!r} asks for {s.dtype}, the trace was recorded in "
                              f"{trace.dtype}: drop its dtype, or record a trace in {s.dtype}")
-    budget = cfg.max_new_tokens if "max_new_tokens" in cfg.model_fields_set else trace.max_new_tokens
-    if budget > trace.max_new_tokens:
-        raise TraceError(f"max_new_tokens {budget} is more than the trace holds ({trace.max_new_tokens}): replay with "
-                         f"--max-new-tokens {trace.max_new_tokens} or less, or record again with --max-new-tokens {budget}")
-    return budget
+    max_new = cfg.max_new_tokens if "max_new_tokens" in cfg.model_fields_set else trace.max_new_tokens
+    if max_new > trace.max_new_tokens:
+        raise TraceError(f"max_new_tokens {max_new} is more than the trace holds ({trace.max_new_tokens}): replay with "
+                         f"--max-new-tokens {trace.max_new_tokens} or less, or record again with --max-new-tokens {max_new}")
+    return max_new
 
 
 def _chosen_questions(cfg: Any, trace: Any) -> tuple[dict[int, int], list[Any]]:
@@ -323,7 +323,7 @@ def _use_ray(use_ray: bool | None, ray_address: str | None, strategies: list[Any
     return use_ray
 
 
-def _load(plan: _Plan, err: Any) -> Any:
+def _load(setup: _Setup, err: Any) -> Any:
     """The target (weights only) with the trace's cost curve; every task's proposers built once, so a strategy that
     reads features the trace lacks fails before any replay."""
     from ..loader import load_target
@@ -332,17 +332,17 @@ def _load(plan: _Plan, err: Any) -> Any:
     from .trace import check_same_target
 
     _quiet_transformers()
-    with err.status(f"loading {plan.trace.model} ({plan.trace.dtype}) ...", spinner="dots"):
-        target = with_trace_cost(load_target(plan.cfg.model, plan.trace.dtype, plan.cfg.device,
-                                             threads=plan.cfg.threads, prepack=False, measure=False), plan.trace)
-        check_same_target(plan.trace, target)
-        sf = specframe_for(target, plan.registry)
-        for t in plan.tasks:
-            check_task(sf, plan.trace, t)
+    with err.status(f"loading {setup.trace.model} ({setup.trace.dtype}) ...", spinner="dots"):
+        target = with_trace_cost(load_target(setup.cfg.model, setup.trace.dtype, setup.cfg.device,
+                                             threads=setup.cfg.threads, prepack=False, measure=False), setup.trace)
+        check_same_target(setup.trace, target)
+        sf = specframe_for(target, setup.registry)
+        for t in setup.tasks:
+            check_task(sf, setup.trace, t)
     return target
 
 
-def _write(plan: _Plan, results: list[Any], where: str, total: float, traces: Path, output: Path,
+def _write(setup: _Setup, results: list[Any], where: str, total: float, traces: Path, output: Path,
            compare: Path | None, err: Any) -> None:
     """results.json, report.md and the plots, swapped in whole; the main table on stdout."""
     from ..atomic import replace_folder
@@ -353,14 +353,14 @@ def _write(plan: _Plan, results: list[Any], where: str, total: float, traces: Pa
     from .driver import CostModel
     from .report import compare as compare_live, forward_only_speedups, replay_sections
 
-    cfg, trace = plan.cfg, plan.trace
-    order = {s.name: i for i, s in enumerate(plan.strategies)}
-    asked = {p.question_id: i for i, p in enumerate(plan.chosen)}
+    cfg, trace = setup.cfg, setup.trace
+    order = {s.name: i for i, s in enumerate(setup.strategies)}
+    asked = {p.question_id: i for i, p in enumerate(setup.chosen)}
     records = sorted((r for res in results for r in res.records),  # the bench's order: questions, then strategies
                      key=lambda r: (asked[r["question_id"]], r["seed"], r["repeat"], order[r["strategy"]]))
     for r in records:
         r["group"] = category_group(r["category"], cfg.categories)
-    summary = aggregate(records, [s.name for s in plan.strategies])
+    summary = aggregate(records, [s.name for s in setup.strategies])
     forward_only_speedups(summary, records)
     seconds = {res.name: res.seconds for res in results}
     m = trace.manifest
@@ -371,11 +371,11 @@ def _write(plan: _Plan, results: list[Any], where: str, total: float, traces: Pa
             "trace": {"path": str(traces), **{k: m[k] for k in ("model", "dtype", "specframe", "created",
                                                                   "max_new_tokens", "chat")},
                       "recorded_with": "+".join(p["name"] for p in m["recorded_with"]), "machine": m.get("machine")},
-            "max_new_tokens": plan.budget, "run": where, "total_s": total, "seconds": seconds,
+            "max_new_tokens": setup.max_new_tokens, "run": where, "total_s": total, "seconds": seconds,
             "requests": {res.name: len(res.records) for res in results},
             "cost": CostModel(m.get("cost")).profile(),
             "skipped_peers": [s.name for s in cfg.strategies if s.peer is not None],
-            "compare": compare_live(summary, seconds, plan.live, compare) if plan.live is not None else None,
+            "compare": compare_live(summary, seconds, setup.live, compare) if setup.live is not None else None,
         },
     }
 
@@ -385,7 +385,7 @@ def _write(plan: _Plan, results: list[Any], where: str, total: float, traces: Pa
         (tmp / "report.md").write_text(render_markdown(doc, plots, replay_sections(doc)))
 
     replace_folder(output, fill)
-    title = f"predicted speed-up over none (replay) — {trace.model} {trace.dtype}, {len(plan.chosen)} questions"
+    title = f"predicted speed-up over none (replay) — {trace.model} {trace.dtype}, {len(setup.chosen)} questions"
     print_table(speedup_table(summary, title))
-    err.print(f"replayed {len(plan.strategies)} strategies in {total:.1f} s ({where}); wrote {output}/results.json, "
+    err.print(f"replayed {len(setup.strategies)} strategies in {total:.1f} s ({where}); wrote {output}/results.json, "
               "report.md, speedup_by_category.png, acceptance_by_position.png", markup=False, soft_wrap=True)

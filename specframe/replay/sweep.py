@@ -25,7 +25,7 @@ from .trace import Trace
 
 @dataclass(frozen=True)
 class Task:
-    """One strategy's replay: the bench strategy (as a dict), the requests, the token budget."""
+    """One strategy's replay: the bench strategy (as a dict), the requests, the token limit (``max_new_tokens``)."""
 
     strategy: dict[str, Any]
     requests: tuple[Request, ...]

@@ -9,8 +9,8 @@ A trace is a folder (format version :data:`VERSION`)::
                            and each data file's size and SHA-256
     tokens.json.gz         gzip'd JSON: per question {"prompt": [ids], "generated": [ids]}
     features.safetensors   (only with feature layers) per question ``i`` and layer ``l`` the tensor ``"i/l"``
-                           ``[P, H]`` in the target's dtype: transformers ``hidden_states[l]`` at the committed
-                           positions ``start .. start + P - 1`` (every position the target processed: all but the
+                           ``[T_f, H]`` in the target's dtype: transformers ``hidden_states[l]`` at the committed
+                           positions ``start .. start + T_f - 1`` (every position the target processed: all but the
                            newest token); ``start`` is 0 for a layer some proposer reads as ``feature_layers``
                            (EAGLE-style drafters read the prompt's positions too) and ``prompt_tokens - 2`` for the
                            last layer read only as ``DecodeState.hidden`` (Medusa-style heads)
@@ -50,9 +50,9 @@ class TraceQuestion:
     question_id: Any
     category: str | None
     prompt: list[int]  # [T0] prompt ids as the target saw them (chat template applied when the trace says so)
-    generated: list[int]  # [M] generated ids (an EOS that ended generation included)
+    generated: list[int]  # [G] generated ids (an EOS that ended generation included)
     finish_reason: str  # "stop" | "length"
-    features: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)  # layer -> (start, [P, H])
+    features: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)  # layer -> (start, [T_f, H])
 
     @property
     def tokens(self) -> list[int]:

@@ -38,7 +38,7 @@ PROMPTS: tuple[tuple[int, ...], ...] = (
 NEW_TOKENS = 32
 GREEDY = SamplingParams()
 SAMPLING = SamplingParams(temperature=1.0)
-# Faults must be seen, not hidden: no time budget (a slow CI machine is not a bug) and never disable.
+# Faults must be seen, not hidden: no time limit (a slow CI machine is not a bug) and never disable.
 KIT_ISOLATION = IsolationPolicy(propose_timeout_s=None, max_faults=1 << 30)
 
 

@@ -51,7 +51,7 @@ def _greedy_match(tokens: list[int], parent: list[int], ref: list[int]) -> int:
 
 def check_feedback(kit: "Kit") -> None:
     """``start`` once per request, then per step at most one ``propose`` followed by exactly one ``on_verified``
-    whose outcome holds the verified draft, the number of draft tokens that match plain greedy decoding, and the
+    whose outcome holds the verified draft, the number of draft nodes that match plain greedy decoding, and the
     committed tokens."""
     rec, results = kit.greedy_battery
     kit.fail_on_problems(rec, "greedy decoding of the kit's prompts")

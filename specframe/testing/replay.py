@@ -12,7 +12,7 @@ weights needs a trace recorded with ``specframe trace record --features-for NAME
 loads the weights (see docs/replay.md).
 
 It is the same driver as ``specframe replay`` (:mod:`specframe.replay.driver`): the engine's step with the trace
-answering for the target, the kit's isolation (faults are counted, never hidden by a time budget).
+answering for the target, the kit's isolation (faults are counted, never hidden by a time limit).
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ def replay_proposer(proposer: type, config: dict[str, Any] | None = None, trace:
     engine = Engine(target, [instance], TraceVerifier(), isolation=IsolationPolicy(propose_timeout_s=None,
                                                                                     max_faults=1 << 30))
     check_needs(t, engine.feature_layers, engine.wants_hidden, proposer.name)
-    budget = t.max_new_tokens if max_new_tokens is None else max_new_tokens
-    records = replay_requests(lambda: fixed_engine(engine), t, [Request(i) for i in range(len(t.questions))], budget)
+    max_new = t.max_new_tokens if max_new_tokens is None else max_new_tokens
+    records = replay_requests(lambda: fixed_engine(engine), t, [Request(i) for i in range(len(t.questions))], max_new)
     return _summary(records, CostModel(t.manifest.get("cost")), folder.name)
 
 

@@ -1,11 +1,12 @@
 """Total-variation tests with thresholds calibrated by simulating the null hypothesis.
 
-For ``N`` samples over ``K`` outcomes the total-variation distance between the empirical and the true
+For ``M`` samples of a distribution ``p`` the total-variation distance between the empirical and the true
 distribution is not near 0 even when nothing is wrong: its expectation is about
-``0.5 * sum_k sqrt(p_k (1 - p_k) / N)``. So rather than a fixed cut-off, each test draws the same number of samples
-from the distribution that *should* hold, ``replicates`` times, and fails when the observed distance is above the
-simulated mean plus ``sigmas`` standard deviations (a correct proposer fails with probability about 1e-7 at
-5 sigmas; seeds are fixed, so a run is reproducible). A proposer with an exactness bug lands far above.
+``0.5 * sum_v sqrt(p_v (1 - p_v) / M)`` over the outcomes ``v``. So rather than a fixed cut-off, each test draws
+the same number of samples from the distribution that *should* hold, ``replicates`` times, and fails when the
+observed distance is above the simulated mean plus ``sigmas`` standard deviations (a correct proposer fails with
+probability about 1e-7 at 5 sigmas; seeds are fixed, so a run is reproducible). A proposer with an exactness bug
+lands far above.
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ def _marginal(tokens: Tensor, rows: Tensor) -> Tensor:
 
 
 def _calibration(tokens: Tensor, rows: Tensor) -> Tensor:
-    """``[R, B]``: per bin of reported probability, how often a token with that probability was drawn minus how
-    often it should have been (a reliability diagram). Catches a draft sampled sharper or flatter than reported."""
+    """``[R, CALIBRATION_BINS]``: per bin of reported probability, how often a token with that probability was drawn
+    minus how often it should have been (a reliability diagram). Catches a draft sampled sharper or flatter than
+    reported."""
     r, m = tokens.shape
     bins = (rows * CALIBRATION_BINS).long().clamp(max=CALIBRATION_BINS - 1)  # [M, V]
     expected = torch.zeros(CALIBRATION_BINS, dtype=torch.float64).scatter_add_(0, bins.flatten(), rows.flatten())

@@ -139,7 +139,7 @@ def _second_turn(target: Any, first: dict, text: str, followup: str) -> list[int
     return first["prompt_ids"] + first["response_ids"] + list(target.tokenizer(followup)["input_ids"])
 
 
-def corpus_plan(settings: CorpusSettings) -> tuple[int, int]:
+def corpus_batches(settings: CorpusSettings) -> tuple[int, int]:
     """``(first-turn batches, second-turn batches)`` of a corpus with these settings."""
     items = mix_prompts(settings)
     n2 = sum("followup" in p for p in items)

@@ -159,7 +159,7 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor, teach: list[dict] | None,
 
 
 def _soft_loss(logits: torch.Tensor, teach: list[dict], sub_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy of the draft ``[B, W, S]`` against the target's top-K distributions renormalised over the
+    """Cross-entropy of the draft ``[B, W, S]`` against the target's top-k distributions renormalised over the
     subset, averaged over positions; also returns the target's top-1 as hard labels ``[B, W]`` (for accuracy)."""
     b, w, _ = logits.shape
     k = teach[0]["top_ids"].shape[1]

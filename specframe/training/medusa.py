@@ -42,7 +42,7 @@ class MedusaSettings:
 @torch.inference_mode()
 def collect(target: Any, records: list[dict], num_heads: int, max_len: int,
             progress: Callable[[int, int], None] | None = None) -> tuple[Tensor, Tensor]:
-    """Hidden states and head labels at every position whose head-0 label is a response token.
+    """Hidden states and head labels at every position whose head-0 label is a response token (M positions).
 
     Returns:
         ``(hidden [M, H] in the target's dtype, labels [M, num_heads] int64)``; label ``-1`` = past the end.
@@ -116,7 +116,7 @@ def _position_batches(m: int, size: int, seed: int, epoch: int) -> tuple[Tensor,
 
 
 def _head_losses(logits: Tensor, lab: Tensor) -> Tensor:
-    """``[D]``: each head's cross-entropy over the subset (``logits [b, D, S]``, ``lab [b, D]``, -100 = no label);
+    """``[L]``: each head's cross-entropy over the subset (``logits [B, L, S]``, ``lab [B, L]``, -100 = no label);
     a head with no label in the batch gets a zero that keeps the graph."""
     return torch.stack([
         F.cross_entropy(logits[:, i], lab[:, i], ignore_index=-100) if bool((lab[:, i] != -100).any())
