@@ -94,8 +94,9 @@ def most_frequent_chain(continuations: Sequence[Sequence[int]], max_len: int) ->
     tokens: list[int] = []
     counts: list[int] = []
     at = -1
-    while trie.children[at]:
-        at = max(trie.children[at], key=lambda c: trie.count[c])  # max keeps the first of equal counts
+    children = trie.children
+    while children[at]:
+        at = max(children[at], key=lambda c: trie.count[c])  # max keeps the first of equal counts
         tokens.append(trie.token[at])
         counts.append(trie.count[at])
     return tokens, counts

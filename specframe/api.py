@@ -228,7 +228,8 @@ class Specframe:
         """Generate for one prompt (text, or token ids used as they are). Arguments override the config.
 
         ``proposers`` is a list of proposer configs or names (``"ngram"`` alone is short for ``[{"name": "ngram"}]``).
-        ``merge`` and ``router`` (as in the config file) apply when two or more proposers are combined. Safe to call
+        ``merge`` and ``router`` (as in the config file) apply when two or more proposers are combined (the router also
+        trims a lone proposer's draft when set explicitly or on a target with a measured cost curve). Safe to call
         from several threads at once (see the class docstring).
 
         Raises:

@@ -314,7 +314,8 @@ class ProposerBase:
 class Verifier(Protocol):
     """Decides which draft nodes the target accepts and draws the recovered or bonus token.
 
-    ``supports_trees``: can verify branching drafts; ``greedy``: used when temperature is 0.
+    ``supports_trees``: can verify branching drafts. Which verifier a request uses is configured by name
+    (``verifier: auto`` = ``greedy`` at temperature 0, else ``speculative-sampling``).
     """
 
     name: ClassVar[str]

@@ -143,7 +143,8 @@ class Drafting:
             draft = draft.truncate(budget) if isinstance(draft, DraftTree) else draft
             check_draft(draft, self.vocab_size, s.trees_ok or s.branches, 1)
             # a proposer that declares trees, where the target or verifier takes chains only: its leading chain
-            return draft if s.trees_ok else draft.leading_chain()
+            # (one that does not declare them drafted a chain: check_draft refuses anything else)
+            return draft.leading_chain() if s.branches and not s.trees_ok else draft
         except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
             s.guard.fault("propose", exc)
             s.fault = True
@@ -151,7 +152,7 @@ class Drafting:
         finally:
             s.draft_s = time.perf_counter() - t0
 
-    # --- 6. feedback ---------------------------------------------------------------------------------------
+    # --- 5. feedback (the engine's step 5) -----------------------------------------------------------------
     def feedback(self, merged: MergedDraft, path: Sequence[int], committed: Sequence[int], finished: bool,
                  forward_s: float) -> StepReport:
         """Attribution, then each enabled proposer's ``on_verified`` about its own draft, then the policy's and

@@ -1,7 +1,8 @@
 """The shared target KV cache: creation and rollback to the committed length.
 
 We use transformers' ``DynamicCache`` with past recording on, so sliding-window layers (Gemma 3) keep enough
-past to be cropped after a partial acceptance; ``crop`` is called after every verification forward.
+past to be cropped after a partial acceptance. After every verification forward the scorer keeps the accepted
+path only: :func:`rollback` (``crop``) after a chain, :func:`compact` after a tree.
 """
 
 from __future__ import annotations

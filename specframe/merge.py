@@ -59,9 +59,11 @@ class MergedDraft:
 
     def depths(self) -> list[int]:
         """``[N]`` each merged node's depth (1 = a child of the newest committed token), computed once."""
-        if self._depths is None:
-            object.__setattr__(self, "_depths", node_depths(self.tree.parent[0].tolist()))
-        return self._depths
+        depths = self._depths
+        if depths is None:  # (once: attribution and the recorder both read it)
+            depths = node_depths(self.tree.parent.tolist()[0]) if self.tree.num_nodes else []
+            object.__setattr__(self, "_depths", depths)
+        return depths
 
     def kept(self, j: int) -> int:
         """How many of proposer ``j``'s nodes (a prefix of its draft) are in the merged tree."""
@@ -124,7 +126,7 @@ def merge_drafts(
     for j, quota in plan:
         _insert_draft(trie, drafts[j], j, quota, greedy, sources, rows, node_of[j])
     tree = trie.to_draft(_q_rows(drafts, trie.token, rows))
-    return MergedDraft(tree, tuple(sources), tuple(tuple(o) for o in node_of))
+    return MergedDraft(tree, tuple(sources), tuple(tuple(o) for o in node_of), trie.depth)
 
 
 def _insert_draft(
@@ -145,8 +147,10 @@ def _insert_draft(
     (``greedy=False``) a draft with ``draft_probs`` inserts non-mergeable (stochastic) nodes, each with its own
     q row ``(j, own node)``."""
     assert draft.token_ids.shape[0] == 1, "merging is for batch size 1"
+    if quota <= 0 or not draft.num_nodes:
+        return
     stochastic = draft.draft_probs is not None and not greedy
-    ids = draft.token_ids[0, : max(quota, 0)].tolist()
+    ids = draft.token_ids[0, :quota].tolist()
     par = draft.parent[0, : len(ids)].tolist()
     for i, (tok, p) in enumerate(zip(ids, par)):
         m = trie.insert(-1 if p < 0 else own[p], tok, mergeable=not stochastic)

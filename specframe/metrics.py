@@ -67,7 +67,8 @@ class RequestMetrics:
     drafted_tokens: int = 0  # drafted nodes: those of the verified (merged) tree, each once
     accepted_tokens: int = 0  # accepted nodes
     proposer_faults: int = 0  # calls where a proposer raised, broke the draft contract or ran over time
-    proposer_fault_kinds: dict[str, int] = field(default_factory=dict)  # "raised" | "malformed" | "timeout" -> n
+    proposer_fault_kinds: dict[str, int] = field(default_factory=dict)  # kind -> n (specframe.isolation:
+    # "raised" | "malformed" | "timeout" | "refused" | "build")
     proposer_disabled: bool = False  # too many faults: the rest of the request decoded from the target alone
     wall_s: float = 0.0
     prefill_s: float = 0.0

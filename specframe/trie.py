@@ -46,11 +46,19 @@ class TokenTrie:
         self.parent: list[int] = []  # [N] parent node index, -1 = child of the root
         self.depth: list[int] = []  # [N] tokens from the root, 1 for the root's children
         self.count: list[int] = []  # [N] insertions that passed through the node
-        self.children: dict[int, list[int]] = {-1: []}  # node (-1 = root) -> its children, in insertion order
         self._index: dict[tuple[int, int], int] = {}  # (parent node, token) -> node, mergeable nodes only
 
     def __len__(self) -> int:
         return len(self.token)
+
+    @property
+    def children(self) -> dict[int, list[int]]:
+        """Node (-1 = the root) -> its children, in insertion order (built when asked: the hot paths never ask)."""
+        out: dict[int, list[int]] = {-1: []}
+        for node, parent in enumerate(self.parent):
+            out[node] = []
+            out[parent].append(node)
+        return out
 
     @property
     def full(self) -> bool:
@@ -76,15 +84,13 @@ class TokenTrie:
             raise IndexError(f"parent node {parent} is not -1 or one of the {len(self.token)} nodes")
         node = self._index.get((parent, token)) if mergeable else None
         if node is None:
-            if self.full:
-                return None
             node = len(self.token)
+            if self.max_nodes is not None and node >= self.max_nodes:
+                return None
             self.token.append(token)
             self.parent.append(parent)
             self.depth.append(self.depth[parent] + 1 if parent >= 0 else 1)
             self.count.append(0)
-            self.children[parent].append(node)
-            self.children[node] = []
             if mergeable:
                 self._index[(parent, token)] = node
         self.count[node] += 1

@@ -46,6 +46,24 @@ def subset_index(token_map: Tensor, vocab_size: int) -> Tensor:
     return sub_index
 
 
+def padded_batch(rows: list[tuple[list[int], int]], sub_index: Tensor, shift: int) -> tuple[Tensor, Tensor, Tensor]:
+    """A training batch of token rows ``(ids, response start)``: ``ids [B, W]`` int64 (right-padded with 0),
+    ``valid [B, W]`` bool and ``labels [B, W]`` int64: at position ``t`` the subset index (``sub_index``) of token
+    ``t + shift`` where that token is a response token inside the subset, else -100 (``shift`` 1: a draft LM's next
+    token; 2: EAGLE's token after the next)."""
+    width = max(len(r[0]) for r in rows)
+    ids = torch.zeros((len(rows), width), dtype=torch.int64)
+    valid = torch.zeros((len(rows), width), dtype=torch.bool)
+    labels = torch.full((len(rows), width), -100, dtype=torch.int64)
+    for j, (seq, start) in enumerate(rows):
+        t = torch.tensor(seq)
+        ids[j, : len(seq)] = t
+        valid[j, : len(seq)] = True
+        first = max(start - shift, 0)  # label position of the first response token
+        labels[j, first : len(seq) - shift] = sub_index[t[first + shift :]]
+    return ids, valid, labels
+
+
 def length_batches(lengths: list[int], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
     """Indices grouped into batches of similar length (little padding), batch order shuffled per epoch."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))

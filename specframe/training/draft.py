@@ -19,7 +19,16 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..learned.small_draft import build_from_target
-from .common import TrainingRun, cosine_lr, length_batches, plot_loss, resumed_batches, subset_index, token_subset
+from .common import (
+    TrainingRun,
+    cosine_lr,
+    length_batches,
+    padded_batch,
+    plot_loss,
+    resumed_batches,
+    subset_index,
+    token_subset,
+)
 
 
 @dataclass(frozen=True)
@@ -69,21 +78,6 @@ def _training_examples(records: list[dict], s: DraftSettings,
     return examples, soft
 
 
-def _batch(rows: list[tuple[list[int], int]], sub_index: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``ids [B, W]`` (right-padded with 0), ``mask [B, W]``, ``labels [B, W]``: at ``t`` the subset index of
-    token ``t + 1`` where that token is a response token inside the subset, else -100."""
-    width = max(len(r[0]) for r in rows)
-    ids = torch.zeros((len(rows), width), dtype=torch.int64)
-    mask = torch.zeros((len(rows), width), dtype=torch.int64)
-    labels = torch.full((len(rows), width), -100, dtype=torch.int64)
-    for j, (seq, start) in enumerate(rows):
-        t = torch.tensor(seq)
-        ids[j, : len(seq)] = t
-        mask[j, : len(seq)] = 1
-        labels[j, start - 1 : len(seq) - 1] = sub_index[t[start:]]  # logits at i predict token i + 1
-    return ids, mask, labels
-
-
 def train_draft(
     target: Any, records: list[dict], out: Path, s: DraftSettings, progress: Callable[[int, int, float], None] | None = None,
     teacher: list[dict] | None = None,
@@ -123,7 +117,8 @@ def train_draft(
                               s.epochs, run.step)
     for b in batches:
         rows = [examples[i] for i in b]
-        ids, mask, labels = _batch(rows, sub_index)
+        ids, valid, labels = padded_batch(rows, sub_index, shift=1)
+        mask = valid.to(torch.int64)
         if not bool((labels != -100).any()):  # every label outside the subset: nothing to learn here
             run.skip()
             continue

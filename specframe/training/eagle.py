@@ -26,7 +26,16 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..learned.eagle_drafter import EagleDrafter, EagleSpec, init_from_target, new_drafter
-from .common import TrainingRun, cosine_lr, length_batches, plot_loss, resumed_batches, subset_index, token_subset
+from .common import (
+    TrainingRun,
+    cosine_lr,
+    length_batches,
+    padded_batch,
+    plot_loss,
+    resumed_batches,
+    subset_index,
+    token_subset,
+)
 
 
 @dataclass(frozen=True)
@@ -61,22 +70,6 @@ def _examples(records: list[dict], max_len: int) -> list[tuple[list[int], int]]:
     if not out:
         raise ConfigError("the corpus has no usable responses (none with 3 or more tokens): build a larger corpus")
     return out
-
-
-def _batch(rows: list[tuple[list[int], int]], sub_index: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``ids [B, W]`` (right-padded with 0), ``valid [B, W]`` bool, ``labels [B, W]``: at ``t`` the subset index of
-    token ``t + 2`` where that token is a response token inside the subset, else -100."""
-    width = max(len(r[0]) for r in rows)
-    ids = torch.zeros((len(rows), width), dtype=torch.int64)
-    valid = torch.zeros((len(rows), width), dtype=torch.bool)
-    labels = torch.full((len(rows), width), -100, dtype=torch.int64)
-    for j, (seq, start) in enumerate(rows):
-        t = torch.tensor(seq)
-        ids[j, : len(seq)] = t
-        valid[j, : len(seq)] = True
-        first = max(start - 2, 0)  # label position of the first response token
-        labels[j, first : len(seq) - 2] = sub_index[t[first + 2 :]]
-    return ids, valid, labels
 
 
 @torch.no_grad()
@@ -176,7 +169,7 @@ def train_eagle(target: Any, records: list[dict], out: Path, s: EagleSettings,
     batches = resumed_batches(lambda epoch: length_batches(lengths, s.batch_size, s.seed, epoch), per_epoch,
                               s.epochs, run.step)
     for b in batches:
-        ids, valid, labels = _batch([examples[i] for i in b], sub_index)
+        ids, valid, labels = padded_batch([examples[i] for i in b], sub_index, shift=2)
         feats, emb = _inputs(target, ids, valid, spec.feature_layers)
         with _autocast(s, target):
             loss, accs = _unrolled_loss(drafter, feats, emb, valid, labels, head_rows, weights)
