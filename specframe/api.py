@@ -24,11 +24,11 @@ from .config import (
     RequestSettings,
     SamplingConfig,
     SpecframeConfig,
-    _one_line,
     load_config,
     proposer_shorthand,
     resolve_plugins,
     settings_error,
+    validation_line,
 )
 from .drafting import FallbackPolicy
 from .engine import Engine, GenerationResult, proposer_labels
@@ -136,7 +136,7 @@ class Specframe:
         try:
             cfg = SpecframeConfig.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(_one_line(exc)) from None
+            raise ConfigError(validation_line(exc)) from None
         return resolve_plugins(cfg, self.registry, lone_router=bool(getattr(self.target.info, "cost", None)))
 
     def _instances(self, plugins: Plugins, held: list) -> tuple[list[Any], Any, Any]:

@@ -222,7 +222,7 @@ class SpecframeConfig(BaseModel):
         return v
 
 
-def _one_line(exc: ValidationError, where: str | None = None) -> str:
+def validation_line(exc: ValidationError, where: str | None = None) -> str:
     """A validation error as one line: ``where: field.path: message; ...`` (``where`` left out when None)."""
     parts = []
     for err in exc.errors():
@@ -270,7 +270,7 @@ def load_config(path: str | Path | None = None, base: dict[str, Any] | None = No
     try:
         return SpecframeConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_one_line(exc, where)) from None
+        raise ConfigError(validation_line(exc, where)) from None
 
 
 @dataclass(frozen=True)
@@ -328,7 +328,7 @@ def _resolve_proposers(config: SpecframeConfig, registry: Any) -> list[tuple[typ
         try:
             pcfg = cls.Config.model_validate(entry)
         except ValidationError as exc:
-            raise ConfigError(_one_line(exc, f"proposer {entry['name']!r}")) from None
+            raise ConfigError(validation_line(exc, f"proposer {entry['name']!r}")) from None
         same = next((k for k, (c, other) in enumerate(out) if c is cls and other == pcfg), None)
         if same is not None:
             raise ConfigError(
@@ -353,7 +353,7 @@ def _resolve_merge(settings: MergeSettings | dict[str, Any], registry: Any) -> t
     try:
         return cls, cls.Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_one_line(exc, f"merge policy {data['name']!r}")) from None
+        raise ConfigError(validation_line(exc, f"merge policy {data['name']!r}")) from None
 
 
 def _resolve_router(settings: RouterSettings | dict[str, Any] | str | None, registry: Any) -> tuple[type, RouterConfig] | None:
@@ -376,4 +376,4 @@ def _resolve_router(settings: RouterSettings | dict[str, Any] | str | None, regi
     try:
         return cls, cls.Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_one_line(exc, f"router {data['name']!r}")) from None
+        raise ConfigError(validation_line(exc, f"router {data['name']!r}")) from None

@@ -11,11 +11,11 @@ from typer.testing import CliRunner
 import specframe
 from specframe.bench.config import BenchConfig, load_bench_config
 from specframe.bench.costmodel import measure_cost_curve, predicted_speedup
-from specframe.costs import v_at
 from specframe.bench.plots import write_plots
 from specframe.bench.report import aggregate, render_markdown
 from specframe.bench.runner import MULTI_TURN, BenchRunner, category_group, lossless_check, select_questions
 from specframe.cli import app
+from specframe.costs import v_at
 from specframe.errors import ConfigError
 from specframe.prompts import Prompt
 from specframe.registry import build_registry
@@ -263,3 +263,16 @@ def test_the_cost_profile_runs_when_asked_and_says_why(tmp_path, monkeypatch, fl
     results = json.loads((out / "results.json").read_text())
     assert (results["profile"] is not None) == measured
     assert ("has a `profile:` section (--no-profile skips it)" in res.stderr) == (flag is None)
+
+
+def test_bench_values_follow_the_configs_own_rules(tmp_path):
+    """A bench config's sampling values and token limit are checked by the same rules as every other config
+    (specframe.sampling.check_*), with the same messages."""
+    path = tmp_path / "b.yaml"
+    path.write_text("temperature: -1\nseeds: [0, -3]\nmax_new_tokens: 0\nstrategies: [{name: ngram, proposers: [{name: ngram}]}]\n")
+    with pytest.raises(ConfigError) as info:
+        load_bench_config(path)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: ") and "Value error" not in msg
+    assert "temperature: must be a finite number >= 0 (0 = greedy)" in msg
+    assert "seeds.1: must be a whole number in [0, 2**63)" in msg and "max_new_tokens: must be a whole number >= 1" in msg

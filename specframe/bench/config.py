@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ..config import MaxNewTokens, Seed, Temperature, TopK, TopP, validation_line
 from ..errors import ConfigError
 
 PEERS = ("hf-greedy", "hf-prompt-lookup", "hf-assisted")
@@ -92,13 +93,13 @@ class BenchConfig(BaseModel):
     prepack: bool | Literal["auto"] = Field("auto", description="Pre-packed oneDNN weights; auto = where measured faster.")
     device: Literal["cpu", "cuda"] = "cpu"
     chat: bool = True
-    temperature: float = Field(0.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    temperature: Temperature = 0.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1)
     repeats: int = Field(1, ge=1, description="Runs per question, strategy and seed.")
     warmup: int = Field(1, ge=0, description="Questions run once per strategy before timing (not recorded).")
-    max_new_tokens: int = Field(128, ge=1)
+    max_new_tokens: MaxNewTokens = 128
     questions: str | None = None
     categories: list[str] | None = None
     limit_per_category: int | None = Field(None, ge=1)
@@ -143,8 +144,7 @@ def load_bench_config(path: str | Path, **overrides: Any) -> BenchConfig:
     try:
         return BenchConfig.model_validate(data)
     except ValidationError as exc:
-        msg = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"{path}: {msg}") from None
+        raise ConfigError(validation_line(exc, str(path))) from None
 
 
 def machine_request(cfg: BenchConfig, s: Strategy) -> tuple[str, int | str, bool | str, bool]:
