@@ -260,15 +260,15 @@ class Specframe:
         return result
 
     def _request_settings(self, **given: Any) -> RequestSettings:
-        """The request's settings: the given ones (validated, named as spelled here), else the config's."""
-        try:
-            RequestSettings.model_validate({k: v for k, v in given.items() if v is not None})
-        except ValidationError as exc:
-            raise ConfigError(settings_error(exc)) from None
+        """The request's settings: the given ones (validated, named as spelled here), else the config's (valid
+        already, so any error names a given one)."""
         c, s = self.config, self.config.sampling
         config = {"max_new_tokens": c.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
                   "top_k": s.top_k, "seed": s.seed, "stop": c.stop}
-        return RequestSettings.model_validate({k: config[k] if v is None else v for k, v in given.items()})
+        try:
+            return RequestSettings.model_validate({k: config[k] if v is None else v for k, v in given.items()})
+        except ValidationError as exc:
+            raise ConfigError(settings_error(exc)) from None
 
     def _prompt_ids(self, prompt: str | list[int], chat: bool | None) -> list[int]:
         """Text is encoded (with the chat template unless ``chat`` is False); token ids are checked and used as they
