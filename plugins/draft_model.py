@@ -43,7 +43,7 @@ from specframe.learned.small_draft import is_small_draft, load_small_draft
 from specframe.sampling import probs_from_logits
 from specframe.sharing import folder_key, shared
 
-from .weights import weights_folder
+from .weights import shipped, weights_folder
 
 log = logging.getLogger("specframe")
 
@@ -128,6 +128,24 @@ def _common_prefix(a: list[int], b: list[int], start: int) -> int:
     return i
 
 
+def standalone_draft(folder: Path, target: TargetInfo) -> Path:
+    """The transformers-model folder of a specframe small draft for a target without torch weights (engine
+    llama.cpp): the draft shipped for a built-in target, exported once (``<target>-draft``).
+
+    Raises:
+        ConfigError: the draft is not the one shipped for a built-in target (a trained one needs the target's
+            embeddings: use engine transformers, or export it with scripts/export_draft.py and set ``model:``).
+    """
+    from specframe.models import DRAFT_SUFFIX, model_directory, resolve_model
+
+    own = shipped(target.name, "draft-model")
+    if own is None or own.resolve() != Path(folder).resolve():
+        raise ConfigError(f"draft model {folder} is a specframe small draft, which takes the target's embeddings; "
+                          f"engine {target.engine} has none to give: export it as a transformers model "
+                          "(scripts/export_draft.py) and set `model:` to that folder, or use engine transformers")
+    return model_directory(resolve_model(target.name + DRAFT_SUFFIX))
+
+
 class DraftModelProposer(ProposerBase):
     """A small LM drafts a chain with its own KV cache (see the module docstring)."""
 
@@ -149,9 +167,11 @@ class DraftModelProposer(ProposerBase):
         # the draft's weights are loaded once per folder and placement and shared by every option set (k, schedule,
         # ...) and every request: this object only holds the draft's KV cache and the request's schedule state
         placement = (str(target.dtype), str(target.device))
+        if is_small_draft(folder) and target.model is None:
+            # an engine without torch weights (llama.cpp): the same draft exported as a standalone transformers
+            # model (its embeddings copied from the target), built once into the model cache
+            folder = standalone_draft(folder, target)
         if is_small_draft(folder):
-            if target.model is None:
-                raise ConfigError("a specframe small draft needs the target model's embeddings (TargetInfo.model)")
             key = ("draft-model/small", folder_key(folder), *placement, id(target.model))
             self.draft: Any = shared(key, lambda: _SmallDraft(folder, target))
         else:

@@ -288,6 +288,8 @@ class Specframe:
 
         settings = getattr(self.target, "settings", None)
         out: dict[str, Any] = fingerprint()
+        describe = getattr(self.target, "describe", None)  # the engine and its build (llama.cpp)
+        out.update(describe() if describe is not None else {"engine": getattr(self.target, "engine", "transformers")})
         if settings is not None:
             out.update(settings.to_dict())
         return out
@@ -336,7 +338,8 @@ def load(
         from .loader import load_target
 
         target = load_target(cfg.model, cfg.dtype, cfg.device, log=log, threads=cfg.threads, prepack=cfg.prepack,
-                             speculative=any(p["name"] != "none" for p in cfg.proposers), progress=progress)
+                             speculative=any(p["name"] != "none" for p in cfg.proposers), progress=progress,
+                             engine=cfg.engine, engine_options=cfg.llamacpp.model_dump())
     sf = Specframe(cfg, target, reg)
     sf.validate_proposers()
     return sf

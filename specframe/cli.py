@@ -10,7 +10,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 from rich.console import Console
@@ -87,6 +87,7 @@ def generate(
     threads: Optional[str] = typer.Option(None, "--threads", help="torch threads, or auto: fit the free cores (default)."),
     prepack: Optional[str] = typer.Option(None, "--prepack", help="on | off | auto: pre-packed oneDNN weights (default auto)."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu | cuda (default cpu)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="transformers (default) | llama.cpp: what runs the target."),
     stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
     no_chat: bool = typer.Option(False, "--no-chat", help="Do not apply the chat template."),
     stream: bool = typer.Option(False, "--stream", help="Print text as tokens are committed."),
@@ -100,7 +101,8 @@ def generate(
 
 
 def _generate(prompt, prompts_file, limit, category, config, model, proposer, merge, max_nodes, router, max_new_tokens,
-              temperature, top_p, top_k, seed, dtype, threads, prepack, device, stop, no_chat, stream, as_json) -> None:
+              temperature, top_p, top_k, seed, dtype, threads, prepack, device, engine, stop, no_chat, stream,
+              as_json) -> None:
     from .config import resolve_plugins
     from .models import check_device, resolve_dtype, resolve_model
     from .registry import build_registry
@@ -112,7 +114,7 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, me
     if (prompt is None) == (prompts_file is None):
         raise ConfigError("give either a PROMPT argument or --prompts-file (exactly one)")
     cfg = _flags_config(config, model, proposer, merge, max_nodes, router, max_new_tokens, temperature, top_p, top_k,
-                        seed, dtype, threads, prepack, device, stop, no_chat)
+                        seed, dtype, threads, prepack, device, stop, no_chat, engine)
     _check_flags_apply(cfg, merge, max_nodes, top_p, top_k, threads, prepack, prompts_file, limit, category)
     prompts = _select_prompts(prompt, prompts_file, limit, category)
     registry = build_registry()
@@ -120,6 +122,10 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, me
     check_device(cfg.device)
     resolve_dtype(cfg.dtype, cfg.device)
     resolve_model(cfg.model)  # unknown name / missing package fails here, before loading
+    if cfg.engine == "llama.cpp":
+        from .llamacpp.loader import check_request
+
+        check_request(cfg.dtype, cfg.device, cfg.prepack)
     # 2. load, encode, 3. generate
     sf = load_with_progress(cfg, registry)
     encoded = [sf.encode(p.text) for p in prompts]
@@ -133,13 +139,13 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, me
 
 
 def _flags_config(config, model, proposer, merge, max_nodes, router, max_new_tokens, temperature, top_p, top_k, seed,
-                  dtype, threads, prepack, device, stop, no_chat):
+                  dtype, threads, prepack, device, stop, no_chat, engine=None):
     """The config file (if any) with the flags applied over it."""
     from .config import load_config
 
     cfg = load_config(
         config, model=model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-        seed=seed, dtype=dtype, device=device, chat=False if no_chat else None, stop=stop or None,
+        seed=seed, dtype=dtype, device=device, chat=False if no_chat else None, stop=stop or None, engine=engine,
         **machine_flags(threads, prepack),
     )
     if proposer:
@@ -260,37 +266,55 @@ def plugins(
 def tune(
     model: str = typer.Option("smollm2-135m-instruct", "--model", help="Built-in name, model directory or .gguf file."),
     device: str = typer.Option("cpu", "--device", help="cpu (a CUDA target needs no profile)."),
+    engine: str = typer.Option("transformers", "--engine", help="transformers | llama.cpp: whose kernels to measure."),
     refresh: bool = typer.Option(False, "--refresh", help="Measure again even when a profile is cached."),
     as_json: bool = typer.Option(False, "--json", help="Print the profile as JSON."),
 ) -> None:
     """Measure (or show) this machine's profile: target forward times T(n) per dtype, threads and weight layout,
     and what `auto` picks from them (docs/machine.md)."""
     try:
-        _tune(model, device, refresh, as_json)
+        _tune(model, device, refresh, as_json, engine)
     except SpecframeError as exc:
         fail(str(exc))
 
 
-def _tune(model: str, device: str, refresh: bool, as_json: bool) -> None:
+def _engine_profile(model: str, device: str, engine: str, refresh: bool, progress: Any) -> tuple[Any, str]:
+    """(the machine profile of ``model`` on ``engine``, the model's display name), measured when missing."""
+    from .models import model_directory, resolve_model
+
+    if engine not in ("transformers", "llama.cpp"):
+        raise ConfigError(f"--engine must be transformers or llama.cpp, got {engine!r}")
+    source = resolve_model(model)
+    if engine == "llama.cpp":
+        from .llamacpp.loader import load_llamacpp_target
+        from .llamacpp.profile import get_profile as llama_profile
+
+        target = load_llamacpp_target(model, device=device, threads=1, measure=False)
+        return llama_profile(target, source.name, progress, refresh=refresh), source.name
+    from .tune import get_profile
+
+    directory = model_directory(source, lambda s: err.print(s, markup=False))
+    return get_profile(directory, source.name, device, progress, refresh=refresh), source.name
+
+
+def _tune(model: str, device: str, refresh: bool, as_json: bool, engine: str = "transformers") -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from .machine import LoadMonitor, choose_threads, usable_cores
-    from .models import check_device, model_directory, resolve_model
-    from .tune import NS, get_profile
+    from .models import check_device
+    from .tune import NS
 
     check_device(device)
     if device != "cpu":
         raise ConfigError("--device: the machine profile is for CPU targets; on cuda dtype auto = bf16 where supported")
-    source = resolve_model(model)
-    directory = model_directory(source, lambda s: err.print(s, markup=False))
     logging.getLogger("transformers").setLevel(logging.ERROR)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=err, transient=True) as progress:
-        prof = get_profile(directory, source.name, device, progress, refresh=refresh)
+        prof, name = _engine_profile(model, device, engine, refresh, progress)
     if as_json:
         sys.stdout.write(json.dumps(prof.to_json(), indent=1) + "\n")
         return
@@ -299,7 +323,7 @@ def _tune(model: str, device: str, refresh: bool, as_json: bool) -> None:
     con.print(f"{fp['cpu']} | ISA: {' '.join(fp['isa']) or '-'} | {fp['cores']} usable cores | torch {fp['torch']}")
     con.print(f"profile: {prof.path} (measured in {prof.seconds:.0f} s, others' load then {prof.others_load:.1f} cores)")
     for ctx in sorted({c for m in prof.measured for c in m.t_ms}):
-        table = Table(title=f"T(n) ms, one forward over n new tokens after {ctx} cached tokens — {source.name}")
+        table = Table(title=f"T(n) ms, one forward over n new tokens after {ctx} cached tokens — {name} on {engine}")
         table.add_column("dtype/threads/layout")
         for n in NS:
             table.add_column(f"T({n})", justify="right")

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
 from pydantic import (
@@ -147,6 +147,19 @@ def proposer_shorthand(v: Any) -> Any:
     return v
 
 
+class LlamaCppSettings(BaseModel):
+    """Options of the llama.cpp engine (``engine: llama.cpp``; docs/llamacpp.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_ctx: Optional[int] = Field(None, ge=16, le=1 << 20, description="KV cells per request (default: the model's "
+                                 "training context, at most 8192).")
+    trees: bool = Field(False, description="Verify token trees in one batch (several sequence ids); not bit-exact "
+                        "on llama.cpp, so off: tree proposers' drafts keep their leading chain.")
+    inexact_build: bool = Field(False, description="Run on a llama.cpp build whose k-token batches round differently "
+                                "from one-token decoding (llamafile / repack kernels): output may diverge at near-ties.")
+
+
 class SpecframeConfig(BaseModel):
     """Top-level configuration (file or Python API)."""
 
@@ -158,6 +171,10 @@ class SpecframeConfig(BaseModel):
         "where supported."
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="Where the target runs.")
+    engine: Literal["transformers", "llama.cpp"] = Field(
+        "transformers", description="What runs the target: transformers (any HF model; the exactness reference) or "
+        "llama.cpp (a GGUF on llama.cpp's CPU kernels; docs/llamacpp.md).")
+    llamacpp: LlamaCppSettings = Field(default_factory=LlamaCppSettings, description="llama.cpp engine options.")
     threads: StrictInt | Literal["auto"] = Field(
         "auto", description="torch threads; auto = the fastest measured count that fits in the cores other "
         "processes leave free, re-checked during a run (docs/machine.md).")

@@ -159,7 +159,13 @@ class Engine:
                 f"prompt has {len(prompt_ids)} tokens; the model's context is {self.target.max_context}: shorten it"
             )
         return _Request(self, prompt_ids, max_new_tokens, sampling, seed, tuple(stop_strings), on_text, observer,
-                        between_steps, scorer or TargetScorer).run()
+                        between_steps, scorer or _default_scorer(self.target)).run()
+
+
+def _default_scorer(target: TargetModel) -> ScorerFactory:
+    """The live scorer of ``target``: its own (``new_scorer``, e.g. llama.cpp's) or transformers' KV-cache one."""
+    own = getattr(target, "new_scorer", None)
+    return (lambda t, layers, hidden: own(layers, hidden)) if own is not None else TargetScorer
 
 
 def _first_line(exc: BaseException) -> str:
@@ -199,6 +205,14 @@ class _Request:
         self.features: torch.Tensor | None = None  # [1, prompt + max_new, F, H], filled as positions are processed
 
     def run(self) -> GenerationResult:
+        try:
+            return self._run()
+        finally:
+            close = getattr(self.scorer, "close", None)
+            if close is not None:  # (a scorer holding an engine's context gives it back)
+                close()
+
+    def _run(self) -> GenerationResult:
         t_start = time.perf_counter()
         if self.length > 1:  # prefill all but the newest token (see the KV invariant above)
             ids = self.buf[:, : self.length - 1]

@@ -10,8 +10,11 @@ import torch
 
 def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
                 log: Callable[[str], None] = lambda s: None, threads: int | str = "auto", prepack: bool | str = "auto",
-                speculative: bool = True, progress=None, measure: bool | None = None):
-    """Resolve, convert (once) and load a target. Returns a :class:`specframe.target.Target`.
+                speculative: bool = True, progress=None, measure: bool | None = None, engine: str = "transformers",
+                engine_options: dict | None = None):
+    """Resolve, convert (once) and load a target. Returns a :class:`specframe.target.Target`, or for ``engine``
+    ``llama.cpp`` a :class:`specframe.llamacpp.target.LlamaCppTarget` (``engine_options``: the config's ``llamacpp``
+    settings; :func:`specframe.llamacpp.loader.load_llamacpp_target`).
 
     ``dtype``, ``threads`` and ``prepack`` set to ``auto`` are chosen from this machine's measured profile
     (:mod:`specframe.tune`; measured once when ``dtype`` is auto, with a bar on ``progress``); the chosen settings
@@ -20,8 +23,17 @@ def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
     load is rebuilt once.
 
     Raises:
-        ConfigError: bad device or dtype name, or ``prepack`` asked for where it is not available.
+        ConfigError: bad device or dtype name, or ``prepack`` asked for where it is not available; an unknown engine.
     """
+    if engine == "llama.cpp":
+        from .llamacpp.loader import load_llamacpp_target
+
+        return load_llamacpp_target(name_or_path, dtype, device, log, threads, prepack, speculative, progress, measure,
+                                    engine_options)
+    if engine != "transformers":
+        from .errors import ConfigError
+
+        raise ConfigError(f"engine must be transformers or llama.cpp, got {engine!r}")
     from .models import check_device, convert_gguf, load_model, model_directory, resolve_dtype, resolve_model
     from .packed import pack_linears
     from .target import Target

@@ -211,6 +211,34 @@ def convert_gguf(gguf: Path, entry: Path, log: Callable[[str], None]) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def tokenizer_directory(gguf: Path, log: Callable[[str], None] = lambda s: None) -> Path:
+    """A folder with the transformers tokenizer of ``gguf`` (read from the GGUF once, then cached beside the model
+    entries, keyed by the GGUF's content): what an engine that runs the GGUF itself (llama.cpp) encodes prompts with,
+    so they get the same ids as on the transformers engine. The converted model entry is used when it exists."""
+    entry = _entry_dir(gguf)
+    if _entry_ok(entry):
+        return entry
+    out = entry.with_name(entry.name + "-tokenizer")
+    if _entry_ok(out):
+        return out
+    from transformers import AutoTokenizer
+
+    log(f"reading the tokenizer of {gguf.name} once into {out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out.parent))
+    try:
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+        files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
+        (tmp / MANIFEST).write_text(json.dumps({"version": ENTRY_VERSION, "source": str(gguf), "files": files}))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def _export_draft(source: ModelSource, log: Callable[[str], None]) -> Path:
     """The cache entry of a shipped draft exported as a standalone transformers model (see the module docstring),
     exported now if it is missing or incomplete."""

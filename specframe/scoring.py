@@ -51,6 +51,8 @@ class Scorer(Protocol):
     def undo(self) -> None:
         """After a :meth:`score` that raised partway: forget what it processed."""
 
+    # optional: ``close()``, called once when the request ends (e.g. to give an engine's context back)
+
 
 ScorerFactory = Callable[[TargetModel, tuple[int, ...], bool], Scorer]
 """``factory(target, feature_layers, want_hidden)`` -> the scorer of one request."""

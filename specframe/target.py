@@ -65,7 +65,31 @@ def require_engine_transformers() -> None:
             "pins it below 5.20: run the engine in its own environment, the vLLM adapter in vLLM's, see docs/vllm.md)")
 
 
-class Target:
+class TextSide:
+    """The text side of a target (needs ``self.tokenizer``): prompts to ids with the chat template, ids to text.
+    Shared by every engine's target, so a prompt encodes to the same ids on each."""
+
+    tokenizer: Any
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
+        """Token ids of ``prompt``; wrapped in the chat template (user turn + generation prompt) when
+        ``chat`` and the tokenizer has one."""
+        if chat and self.has_chat_template:
+            enc = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True
+            )
+            return list(enc["input_ids"])
+        return list(self.tokenizer(prompt)["input_ids"])
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+class Target(TextSide):
     """A transformers causal LM as the speculative-decoding target.
 
     Args:
@@ -73,6 +97,8 @@ class Target:
         tokenizer: its tokenizer (may be None for id-only use, e.g. tests).
         name: display name.
     """
+
+    engine = "transformers"
 
     def __init__(self, model: Any, tokenizer: Any = None, name: str = "") -> None:
         require_engine_transformers()
@@ -97,6 +123,7 @@ class Target:
             tokenizer=tokenizer,
             model=model,
             supports_trees=self.supports_trees,
+            engine=self.engine,
         )
         self.settings: Any = None  # specframe.tune.Settings when loaded by load_target (dtype/threads and why)
         self.governor: Any = None  # specframe.tune.ThreadGovernor: threads within the free cores during a run
@@ -107,24 +134,6 @@ class Target:
 
         self.settings, self.governor = settings, governor
         self.info = replace(self.info, cost=governor.curve if governor.curve else None)
-
-    # --- text ---------------------------------------------------------------------------------------------
-    @property
-    def has_chat_template(self) -> bool:
-        return bool(getattr(self.tokenizer, "chat_template", None))
-
-    def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
-        """Token ids of ``prompt``; wrapped in the chat template (user turn + generation prompt) when
-        ``chat`` and the tokenizer has one."""
-        if chat and self.has_chat_template:
-            enc = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True
-            )
-            return list(enc["input_ids"])
-        return list(self.tokenizer(prompt)["input_ids"])
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     # --- model --------------------------------------------------------------------------------------------
     def new_cache(self) -> Any:
@@ -159,6 +168,12 @@ class Target:
         logits, hidden, _ = self.forward_features(input_ids, cache, (), want_hidden, logits_to_keep, attention_mask,
                                                   position_ids)
         return logits, hidden
+
+    def last_logits(self, ids: list[int]) -> Tensor:
+        """``[V]`` float32: the target's logits after ``ids`` (one forward over them, no cache)."""
+        with torch.inference_mode():
+            out = self.model(input_ids=torch.tensor([ids], device=self.device), logits_to_keep=1)
+        return out.logits[0, -1].float()
 
     def forward_features(
         self,

@@ -57,7 +57,8 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        return f"{'bf16' if self.dtype == 'bfloat16' else 'fp32'}/{self.threads}t{'/packed' if self.prepack else ''}"
+        short = {"bfloat16": "bf16", "float32": "fp32"}.get(self.dtype, self.dtype)  # (llama.cpp: "gguf")
+        return f"{short}/{self.threads}t{'/packed' if self.prepack else ''}"
 
 
 @dataclass
@@ -342,7 +343,8 @@ class ThreadGovernor:
     ``check()`` (called before each request and after every decoding step; cheap: a clock read, and one
     ``/proc/stat`` read at most every ``every_s`` seconds) re-measures others' load over the time since the last
     check, and when the best thread count changes sets it
-    (``torch.set_num_threads``) and points ``curve`` at that thread count's measured v(n).
+    (``torch.set_num_threads``, or ``apply`` for an engine with threads of its own) and points ``curve`` at that thread
+    count's measured v(n).
     """
 
     settings: Settings
@@ -356,6 +358,7 @@ class ThreadGovernor:
     last_load: float = 0.0
     warned: bool = False
     _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)  # requests on several threads
+    apply: Callable[[int], None] | None = None  # sets the engine's thread count (None: torch.set_num_threads)
 
     def check(self, force: bool = False) -> float:
         """Others' load in cores (the latest sample); adjusts threads when ``auto``. Called from several threads at
@@ -380,7 +383,7 @@ class ThreadGovernor:
             if want != s.threads:
                 log.warning("other processes use %.1f of %d cores: %s from %d to %d torch threads",
                             self.last_load, self.cores, "down" if want < s.threads else "up", s.threads, want)
-                torch.set_num_threads(want)
+                (self.apply or torch.set_num_threads)(want)
                 s.threads = want
                 s.threads_reason = f"{self.cores} usable cores, others using {self.last_load:.1f} (re-checked during the run)"
                 m = self.profile.find(Candidate(s.dtype, want, s.prepack)) if self.profile else None

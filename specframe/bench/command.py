@@ -71,6 +71,17 @@ def validate_bench_config(cfg: Any, registry: Any) -> None:
             resolve_plugins(scfg, registry)
     check_device(cfg.device)
     resolve_model(cfg.model)
+    from .config import machine_request
+
+    for s in cfg.strategies:
+        engine, dtype, _, prepack, _ = machine_request(cfg, s)
+        if engine == "llama.cpp":
+            from ..llamacpp.loader import check_request
+
+            try:
+                check_request(dtype, cfg.device, prepack)
+            except ConfigError as exc:
+                raise ConfigError(f"strategy {s.name!r}: {exc}") from None
     for s in cfg.strategies:
         if s.peer == "hf-assisted":
             try:
@@ -103,7 +114,7 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
     by_strategy, assistants = _load_strategies(cfg, registry, err)
     records, prof = _run_strategies(cfg, chosen, by_strategy, assistants, err)
     lossless = lossless_check(by_strategy.__getitem__, records, chosen, cfg.chat) if is_greedy_temperature(cfg.temperature) else None
-    summary = aggregate(records, [s.name for s in cfg.strategies], prof)
+    summary = aggregate(records, [s.name for s in cfg.strategies], prof, cfg.reference)
     results: dict[str, Any] = {
         "config": cfg.model_dump(), "environment": _bench_environment(by_strategy, records), "profile": prof,
         "summary": summary, "lossless": lossless, "records": records,
@@ -164,15 +175,17 @@ def _load_strategies(cfg, registry, err) -> tuple[dict[str, Any], dict[str, Any]
     from ..console import load_with_progress
     from .config import machine_request
 
-    loaded: dict[tuple, Any] = {}  # (dtype, threads, prepack, speculative) asked -> Specframe
+    loaded: dict[tuple, Any] = {}  # (engine, dtype, threads, prepack, speculative) asked -> Specframe
     by_strategy: dict[str, Any] = {}
     for s in cfg.strategies:
-        dtype, threads, prepack, speculative = machine_request(cfg, s)
-        key = (dtype, threads, prepack, speculative if "auto" in (dtype, threads, prepack) else None)
+        engine, dtype, threads, prepack, speculative = machine_request(cfg, s)
+        key = (engine, dtype, threads, prepack, speculative if "auto" in (dtype, threads, prepack) else None)
         if key not in loaded:
             scfg = SpecframeConfig(model=cfg.model, dtype=dtype, device=cfg.device, chat=cfg.chat, threads=threads,
-                                   prepack=prepack, proposers=[{"name": "ngram" if speculative else "none"}])
-            loaded[key] = load_with_progress(scfg, registry, f"{cfg.model} ({dtype}, threads {threads}, prepack {prepack})")
+                                   prepack=prepack, engine=engine, llamacpp=cfg.llamacpp,
+                                   proposers=[{"name": "ngram" if speculative else "none"}])
+            loaded[key] = load_with_progress(
+                scfg, registry, f"{cfg.model} ({engine}, {dtype}, threads {threads}, prepack {prepack})")
         by_strategy[s.name] = loaded[key]
     assistant_names = {s.name: s.options["assistant_model"] for s in cfg.strategies if s.peer == "hf-assisted"}
     with err.status("loading assistant models ...", spinner="dots"):
@@ -240,6 +253,8 @@ def _write_results(output, results, cfg, questions: int, err) -> None:
     plots = write_plots(summary, output)
     (output / "report.md").write_text(render_markdown(results, plots))
     print_table(speedup_table(summary, f"speedup over none — {cfg.model} {cfg.dtype}, {questions} questions"))
+    if summary.get("reference"):
+        print_table(speedup_table(summary, f"speedup over {summary['reference']}", "speedup_ref"))
     err.print(f"lossless check: {_lossless_verdict(lossless, cfg.dtype)}")
     if env["load"]["exceeded_cores"]:
         err.print(f"warning: other processes used up to {env['load']['others_max']:.1f} cores during the run, so "

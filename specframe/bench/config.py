@@ -15,11 +15,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..config import MaxNewTokens, Seed, Temperature, TopK, TopP, validation_line
+from ..config import LlamaCppSettings, MaxNewTokens, Seed, Temperature, TopK, TopP, validation_line
 from ..errors import ConfigError
 
-PEERS = ("hf-greedy", "hf-prompt-lookup", "hf-assisted")
+HF_PEERS = ("hf-greedy", "hf-prompt-lookup", "hf-assisted")
+LLAMACPP_PEERS = ("llamacpp-greedy", "llamacpp-prompt-lookup")  # (specframe.llamacpp.peers.PEERS)
+PEERS = HF_PEERS + LLAMACPP_PEERS
 BASELINE = "none"
+Engine = Literal["transformers", "llama.cpp"]
 
 
 class Strategy(BaseModel):
@@ -35,9 +38,12 @@ class Strategy(BaseModel):
     router: dict[str, Any] | str | None = Field(
         None, description="Combined proposers: router, e.g. adaptive (the default) or none."
     )
-    peer: Literal["hf-greedy", "hf-prompt-lookup", "hf-assisted"] | None = Field(
-        None, description="An HF transformers generate() mode instead of specframe."
+    peer: Literal["hf-greedy", "hf-prompt-lookup", "hf-assisted", "llamacpp-greedy", "llamacpp-prompt-lookup"] | None = Field(
+        None, description="Another library's own decoding instead of specframe: an HF transformers generate() mode "
+        "(hf-*, engine transformers) or llama-cpp-python's Llama.generate (llamacpp-*, engine llama.cpp)."
     )
+    engine: Engine | None = Field(None, description="What runs this strategy's target (default: the bench's; "
+                                  "llamacpp-* peers run on llama.cpp).")
     dtype: Literal["auto", "bfloat16", "float32"] | None = Field(
         None, description="This strategy's target dtype (default: the bench's); auto = fastest measured for it here.")
     threads: int | Literal["auto"] | None = Field(None, description="torch threads for this strategy (default: the bench's).")
@@ -71,6 +77,10 @@ class Strategy(BaseModel):
             raise ValueError(f"strategy {self.name!r}: give exactly one of `proposers` or `peer`")
         if self.peer is not None and (self.merge is not None or self.router is not None):
             raise ValueError(f"strategy {self.name!r}: `merge` and `router` apply to specframe proposers, not peers")
+        if self.peer in LLAMACPP_PEERS and self.engine not in (None, "llama.cpp"):
+            raise ValueError(f"strategy {self.name!r}: peer {self.peer} runs on engine llama.cpp")
+        if self.peer in HF_PEERS and self.engine not in (None, "transformers"):
+            raise ValueError(f"strategy {self.name!r}: peer {self.peer} runs on engine transformers")
         if self.peer == "hf-assisted" and not self.options.get("assistant_model"):
             raise ValueError(f"strategy {self.name!r}: hf-assisted needs options.assistant_model (a draft model)")
         return self
@@ -92,6 +102,10 @@ class BenchConfig(BaseModel):
     threads: int | Literal["auto"] = Field("auto", description="torch threads; auto = fit the free cores.")
     prepack: bool | Literal["auto"] = Field("auto", description="Pre-packed oneDNN weights; auto = where measured faster.")
     device: Literal["cpu", "cuda"] = "cpu"
+    engine: Engine = Field("transformers", description="What runs the target (a strategy may set its own).")
+    llamacpp: LlamaCppSettings = Field(default_factory=LlamaCppSettings, description="llama.cpp engine options.")
+    reference: str | None = Field(None, description="A second baseline: speed-ups over this strategy too (e.g. "
+                                  "llamacpp-greedy, llama.cpp's own decoding).")
     chat: bool = True
     temperature: Temperature = 0.0
     top_p: TopP = 1.0
@@ -117,6 +131,8 @@ class BenchConfig(BaseModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"strategy names must be unique; repeated: {', '.join(dupes)}")
+        if self.reference is not None and self.reference not in names + [BASELINE]:
+            raise ValueError(f"reference {self.reference!r} names no strategy; strategies: {', '.join(names)}")
         if BASELINE not in names:
             self.strategies.insert(0, Strategy(name=BASELINE, proposers=[{"name": "none"}]))
         else:
@@ -147,9 +163,19 @@ def load_bench_config(path: str | Path, **overrides: Any) -> BenchConfig:
         raise ConfigError(validation_line(exc, str(path))) from None
 
 
-def machine_request(cfg: BenchConfig, s: Strategy) -> tuple[str, int | str, bool | str, bool]:
-    """(dtype, threads, prepack, speculative) a strategy asks for: its own settings, else the bench's. Plain
-    decoding (``proposers: [none]``) and ``auto`` choose by T(1) alone."""
+def strategy_engine(cfg: BenchConfig, s: Strategy) -> str:
+    """The engine a strategy runs on: its own, else llama.cpp for a llamacpp-* peer, else the bench's."""
+    return s.engine or ("llama.cpp" if s.peer in LLAMACPP_PEERS else
+                        "transformers" if s.peer in HF_PEERS else cfg.engine)
+
+
+def machine_request(cfg: BenchConfig, s: Strategy) -> tuple[str, str, int | str, bool | str, bool]:
+    """(engine, dtype, threads, prepack, speculative) a strategy asks for: its own settings, else the bench's. Plain
+    decoding (``proposers: [none]``) and ``auto`` choose by T(1) alone. On llama.cpp the bench's dtype and prepack
+    (transformers settings) do not apply: auto, unless the strategy sets them itself."""
     speculative = s.peer is not None or s.proposers != [{"name": "none"}]
-    return (s.dtype or cfg.dtype, cfg.threads if s.threads is None else s.threads,
-            cfg.prepack if s.prepack is None else s.prepack, speculative)
+    engine = strategy_engine(cfg, s)
+    llama = engine == "llama.cpp"
+    dtype = s.dtype or ("auto" if llama else cfg.dtype)
+    prepack = s.prepack if s.prepack is not None else ("auto" if llama else cfg.prepack)
+    return engine, dtype, cfg.threads if s.threads is None else s.threads, prepack, speculative

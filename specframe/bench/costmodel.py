@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..costs import v_at
-from ..kv_cache import new_cache, rollback
+from ..kv_cache import rollback as _rollback
 
 
 @torch.inference_mode()
@@ -30,7 +30,8 @@ def measure_cost_curve(target: Any, token_ids: list[int], context: int = 512, ma
     """Time target forwards of n = 1..max_tokens new tokens over a ``context``-position cache.
 
     Args:
-        target: a :class:`specframe.target.Target`.
+        target: a :class:`specframe.target.Target` (or any target with ``new_cache``, ``forward`` and, for a KV
+            state of its own, ``rollback(cache, length)``).
         token_ids: real text tokens, cycled to fill the context and the scored block.
 
     Returns:
@@ -39,7 +40,8 @@ def measure_cost_curve(target: Any, token_ids: list[int], context: int = 512, ma
     need = context + max_tokens
     ids = (token_ids * (need // max(len(token_ids), 1) + 1))[:need]
     seq = torch.tensor([ids], device=target.device)
-    cache = new_cache(target.model.config)
+    cache = target.new_cache()
+    rollback = getattr(target, "rollback", None) or _rollback  # (an engine with its own KV state: llama.cpp)
     target.forward(seq[:, :context], cache)
     t_ms = []
     for n in range(1, max_tokens + 1):

@@ -27,10 +27,12 @@ def _sum(rs: list[dict[str, Any]], key: str) -> float:
     return sum((r["metrics"].get(key) or 0) for r in rs)
 
 
-def aggregate(records: list[dict[str, Any]], strategies: list[str], profile: dict | None = None) -> dict[str, Any]:
-    """Per strategy and column: tokens/s, speedup over ``none``, τ, α, time split, acceptance by position."""
+def aggregate(records: list[dict[str, Any]], strategies: list[str], profile: dict | None = None,
+              reference: str | None = None) -> dict[str, Any]:
+    """Per strategy and column: tokens/s, speedup over ``none`` (and over ``reference``, a second baseline, when
+    given: ``speedup_ref``), τ, α, time split, acceptance by position."""
     cols = _columns(records)
-    out: dict[str, Any] = {"columns": cols, "strategies": {}}
+    out: dict[str, Any] = {"columns": cols, "strategies": {}, "reference": reference}
     for s in strategies:
         per: dict[str, Any] = {}
         for col in cols:
@@ -63,11 +65,14 @@ def aggregate(records: list[dict[str, Any]], strategies: list[str], profile: dic
         if attribution:
             entry["attribution"] = attribution
         out["strategies"][s] = entry
-    base = out["strategies"].get(BASELINE, {}).get("by_column", {})
-    for s, entry in out["strategies"].items():
-        for col, cell in entry["by_column"].items():
-            b = base.get(col)
-            cell["speedup"] = cell["tokens_per_s"] / b["tokens_per_s"] if b and b["tokens_per_s"] else None
+    for key, name in (("speedup", BASELINE), ("speedup_ref", reference)):
+        if name is None:
+            continue
+        base = out["strategies"].get(name, {}).get("by_column", {})
+        for s, entry in out["strategies"].items():
+            for col, cell in entry["by_column"].items():
+                b = base.get(col)
+                cell[key] = cell["tokens_per_s"] / b["tokens_per_s"] if b and b["tokens_per_s"] else None
     if profile:
         t1 = profile["t_ms"][0] / 1e3
         for s, entry in out["strategies"].items():
@@ -136,25 +141,26 @@ def _f(x: Any, fmt: str = "{:.2f}") -> str:
     return "–" if x is None else fmt.format(x)
 
 
-def speedup_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the main table: speedup per column, then overall τ and tokens/s."""
+def speedup_rows(summary: dict[str, Any], key: str = "speedup") -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the main table: speedup per column (``key`` ``speedup_ref``: over the reference), then
+    overall τ and tokens/s."""
     cols = summary["columns"]
     header = ["strategy"] + [c for c in cols] + ["τ overall", "tokens/s overall"]
     rows = []
     for s, e in summary["strategies"].items():
         cells = e["by_column"]
-        row = [s] + [_f(cells.get(c, {}).get("speedup"), "{:.2f}×") for c in cols]
+        row = [s] + [_f(cells.get(c, {}).get(key), "{:.2f}×") for c in cols]
         overall = cells.get(OVERALL, {})
         row += [_f(overall.get("tau")), _f(overall.get("tokens_per_s"), "{:.1f}")]
         rows.append(row)
     return header, rows
 
 
-def speedup_table(summary: dict[str, Any], title: str) -> Any:
+def speedup_table(summary: dict[str, Any], title: str, key: str = "speedup") -> Any:
     """The main table (:func:`speedup_rows`) as a rich Table whose columns fold rather than cut their text."""
     from rich.table import Table
 
-    header, rows = speedup_rows(summary)
+    header, rows = speedup_rows(summary, key)
     table = Table(title=title)
     for h in header:
         table.add_column(h, justify="right" if h != "strategy" else "left", overflow="fold")
@@ -294,6 +300,9 @@ def _speedup_lines(results: dict[str, Any]) -> list[str]:
     summary, replay = results["summary"], results.get("replay")
     title = "## Predicted speed-up over `none` and τ" if replay else "## Speedup over `none` (same run) and τ"
     parts = ["", title, "", _md_table(*speedup_rows(summary))]
+    if summary.get("reference"):
+        parts += ["", f"## Speedup over `{summary['reference']}` (same run)", "",
+                  _md_table(*speedup_rows(summary, "speedup_ref"))]
     for family, rows in sweep_rows(summary, results["config"]["strategies"]).items():
         how = ("the predicted speed-up of verification alone (τ and the nodes verified, on the trace's cost curve: the "
                "same wherever the replay runs; the next column adds the draft time measured in this replay)"

@@ -12,7 +12,7 @@ import torch
 
 from .. import __version__
 from ..prompts import Prompt
-from .config import BASELINE, BenchConfig, Strategy
+from .config import BASELINE, LLAMACPP_PEERS, BenchConfig, Strategy
 from .peers import run_peer
 
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
@@ -89,7 +89,12 @@ class BenchRunner:
         settings = getattr(sf.target, "settings", None)
         if settings is not None and sf.target.device.type == "cpu":
             torch.set_num_threads(settings.threads)  # torch's thread count is global: each strategy sets its own
-        if strategy.peer is not None:
+        if strategy.peer in LLAMACPP_PEERS:
+            from ..llamacpp.peers import run_llamacpp_peer
+
+            rec = run_llamacpp_peer(sf.target, strategy.peer, strategy.options, ids, max_new_tokens=max_new_tokens,
+                                    temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=seed)
+        elif strategy.peer is not None:
             rec = run_peer(
                 sf.target, strategy.peer, strategy.options, ids, max_new_tokens=max_new_tokens,
                 temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=seed,
@@ -102,7 +107,8 @@ class BenchRunner:
             )
             rec = {"token_ids": res.token_ids, "finish_reason": res.finish_reason, "metrics": res.metrics.to_dict()}
         if settings is not None:
-            rec["settings"] = {"dtype": settings.dtype, "threads": settings.threads, "prepack": settings.prepack}
+            rec["settings"] = {"engine": getattr(sf.target, "engine", "transformers"), "dtype": settings.dtype,
+                               "threads": settings.threads, "prepack": settings.prepack}
         if self.monitor is not None:
             rec["others_load"] = round(self.monitor.sample().others, 2)  # other processes' cores during this run
         return rec
@@ -150,7 +156,7 @@ def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Promp
     """
     def layout(r: dict[str, Any]) -> tuple:  # the kernels a run used: outputs compare only within one
         st = r.get("settings") or {}
-        return st.get("dtype"), st.get("prepack")
+        return st.get("engine", "transformers"), st.get("dtype"), st.get("prepack")
 
     plain = [r for r in records if r["strategy"] == BASELINE]
     plain_layouts = {layout(r) for r in plain}
@@ -175,8 +181,7 @@ def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Promp
         one = sf(r["strategy"]) if callable(sf) else sf
         ids = one.encode(text[r["question_id"]], chat) + ref[:first]
         target = one.target
-        with torch.inference_mode():
-            logits = target.model(input_ids=torch.tensor([ids], device=target.device)).logits[0, -1].float()
+        logits = target.last_logits(ids)
         top = torch.topk(logits, 2)
         gap = float(top.values[0] - top.values[1])
         out.append({

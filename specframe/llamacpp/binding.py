@@ -1,0 +1,264 @@
+"""llama-cpp-python's low-level API, as the llama.cpp engine uses it: the import and version check, the build's
+features, and one llama.cpp context over one loaded model (a batch with per-row logits, KV removal by position).
+
+Everything here is a thin layer over ``llama_cpp.llama_cpp`` (the C API of llama.cpp: ``llama_decode``,
+``llama_get_logits``, ``llama_memory_seq_rm``); no decoding logic lives here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+
+MIN_VERSION = (0, 3, 36)  # the low-level API used here (llama_memory_*, flash_attn_type, use_extra_bufts)
+# The build specframe installs (scripts/install_llamacpp.sh): portable AVX2 code, and neither of the two kernel
+# families whose results depend on the batch size (docs/llamacpp.md, "Exactness").
+EXACT_CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
+                    "-DGGML_LLAMAFILE=OFF -DGGML_CPU_REPACK=OFF")
+INSTALL_HINT = "bash scripts/install_llamacpp.sh (or pip install 'specframe[llamacpp]' with CMAKE_ARGS, docs/llamacpp.md)"
+
+_init_lock = threading.Lock()
+_initialised = False
+
+
+def import_llama_cpp() -> Any:
+    """The ``llama_cpp`` module, initialised once (backend, quiet log).
+
+    Raises:
+        ConfigError: llama-cpp-python is missing, fails to load, or is older than :data:`MIN_VERSION`.
+    """
+    global _initialised
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise ConfigError(f"the llama.cpp engine needs llama-cpp-python >= {'.'.join(map(str, MIN_VERSION))} "
+                          f"({_reason(exc)}): run {INSTALL_HINT}") from None
+    except OSError as exc:  # the shared library failed to load (wrong CPU, missing libgomp, ...)
+        raise ConfigError(f"llama-cpp-python is installed but its library does not load ({_reason(exc)}): "
+                          f"reinstall it with {INSTALL_HINT}") from None
+    version = tuple(int(p) for p in re.findall(r"\d+", getattr(llama_cpp, "__version__", "0"))[:3])
+    if version < MIN_VERSION:
+        raise ConfigError(f"the llama.cpp engine needs llama-cpp-python >= {'.'.join(map(str, MIN_VERSION))}, this "
+                          f"environment has {llama_cpp.__version__}: run {INSTALL_HINT}")
+    with _init_lock:
+        if not _initialised:
+            logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # llama.cpp's own log: errors only
+            llama_cpp.llama_backend_init()
+            _initialised = True
+    return llama_cpp
+
+
+def _reason(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """What the installed llama.cpp was built with, from ``llama_print_system_info()``.
+
+    ``llamafile``: the tinyBLAS sgemm, used for batches of 2+ rows (F16/Q8_0 products): row results depend on
+    the batch size. ``repack``: repacked (interleaved) Q4_0/IQ4_NL/Q8_0 weight layouts chosen per batch shape.
+    """
+
+    version: str
+    system_info: str
+    llamafile: bool
+    repack: bool
+    features: tuple[str, ...]  # CPU features compiled in, e.g. ("AVX", "AVX2", "FMA", "F16C")
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Neither batch-size-dependent kernel family is compiled in (see the class docstring)."""
+        return not self.llamafile and not self.repack
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"llama_cpp_python": self.version, "llamafile": self.llamafile, "repack": self.repack,
+                "features": list(self.features), "batch_invariant": self.batch_invariant}
+
+
+def build_info() -> BuildInfo:
+    """The installed llama.cpp build's features (:class:`BuildInfo`).
+
+    Raises:
+        ConfigError: as :func:`import_llama_cpp`.
+    """
+    llama_cpp = import_llama_cpp()
+    text = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
+    on = {k.strip().upper() for k, v in re.findall(r"([A-Za-z0-9_ ]+?)\s*=\s*(\d+)", text) if v != "0"}
+    features = tuple(sorted(k for k in on if k not in ("LLAMAFILE", "REPACK", "OPENMP")))
+    return BuildInfo(llama_cpp.__version__, text.strip(), "LLAMAFILE" in on, "REPACK" in on, features)
+
+
+class LlamaModel:
+    """One GGUF loaded by llama.cpp (weights memory-mapped, CPU only).
+
+    Args:
+        path: the ``.gguf`` file.
+        extra_buffers: let llama.cpp choose extra weight buffer types (repacked layouts, AMX); off by default,
+            since their results depend on the batch size.
+
+    Raises:
+        ConfigError: the file does not exist or llama.cpp cannot load it.
+    """
+
+    def __init__(self, path: Path, extra_buffers: bool = False) -> None:
+        self.lib = import_llama_cpp()
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ConfigError(f"model file {self.path} does not exist: give the path of a .gguf file")
+        params = self.lib.llama_model_default_params()
+        params.n_gpu_layers = 0
+        params.use_extra_bufts = bool(extra_buffers)
+        ptr = self.lib.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
+        if not ptr:
+            raise ConfigError(f"llama.cpp cannot load {self.path} (not a GGUF file of a model it supports, or "
+                              "damaged): give a GGUF that llama.cpp loads")
+        self.ptr = ptr
+        self.vocab = self.lib.llama_model_get_vocab(ptr)
+        self.n_vocab = int(self.lib.llama_vocab_n_tokens(self.vocab))
+        self.n_ctx_train = int(self.lib.llama_model_n_ctx_train(ptr))
+        self.n_embd = int(self.lib.llama_model_n_embd(ptr))
+        self.description = self._desc()
+
+    def _desc(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        self.lib.llama_model_desc(self.ptr, buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def eos_ids(self) -> frozenset[int]:
+        """End-of-generation tokens as llama.cpp sees them (EOS, EOT)."""
+        ids = {int(self.lib.llama_vocab_eos(self.vocab)), int(self.lib.llama_vocab_eot(self.vocab))}
+        return frozenset(i for i in ids if 0 <= i < self.n_vocab)
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            self.lib.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class LlamaContext:
+    """One llama.cpp context: a KV cache of ``n_ctx`` cells and the batch that fills it.
+
+    Positions are those of sequence 0 (``n_seq_max`` sequences for token trees). Logits come back as float32
+    ``[rows, V]`` tensors (a copy: the next decode overwrites llama.cpp's buffer).
+
+    Args:
+        model: the loaded model (kept alive by the context).
+        n_ctx: KV cells.
+        n_batch: the most tokens one :meth:`decode` takes (prefills are split into chunks of this size).
+        threads: CPU threads for one-token and batch decoding.
+        n_seq_max: sequence ids a token may carry (token trees).
+        flash_attention: llama.cpp's fused attention (off: its split-KV path depends on the batch shape).
+
+    Raises:
+        ConfigError: llama.cpp cannot create the context (e.g. no memory for ``n_ctx`` cells).
+    """
+
+    def __init__(self, model: LlamaModel, n_ctx: int, n_batch: int, threads: int, n_seq_max: int = 1,
+                 flash_attention: bool = False) -> None:
+        self.model, self.lib = model, model.lib
+        params = self.lib.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = n_batch
+        params.n_seq_max = n_seq_max
+        params.n_threads = params.n_threads_batch = threads
+        params.flash_attn_type = (self.lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attention
+                                  else self.lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        params.no_perf = True
+        params.embeddings = False
+        params.kv_unified = True
+        ptr = self.lib.llama_init_from_model(model.ptr, params)
+        if not ptr:
+            raise ConfigError(f"llama.cpp could not create a context of {n_ctx} tokens for {model.path.name}: "
+                              "use a smaller llamacpp n_ctx")
+        self.ptr = ptr
+        self.memory = self.lib.llama_get_memory(ptr)
+        self.n_ctx, self.n_batch, self.n_seq_max, self.threads = n_ctx, n_batch, n_seq_max, threads
+        self.batch = self.lib.llama_batch_init(n_batch, 0, n_seq_max)
+        self.n_vocab = model.n_vocab
+
+    def set_threads(self, threads: int) -> None:
+        if threads != self.threads:
+            self.lib.llama_set_n_threads(self.ptr, threads, threads)
+            self.threads = threads
+
+    def clear(self) -> None:
+        """Empty the KV cache."""
+        self.lib.llama_memory_clear(self.memory, True)
+
+    def remove(self, seq: int, start: int, end: int = -1) -> None:
+        """Drop sequence ``seq``'s cells at positions ``[start, end)`` (``end`` -1: to the end; ``seq`` -1: any)."""
+        self.lib.llama_memory_seq_rm(self.memory, seq, start, end)
+
+    def copy_seq(self, src: int, dst: int, start: int = -1, end: int = -1) -> None:
+        """Let sequence ``dst`` share ``src``'s cells at positions ``[start, end)`` (no data is copied)."""
+        self.lib.llama_memory_seq_cp(self.memory, src, dst, start, end)
+
+    def keep_seq(self, seq: int) -> None:
+        """Drop every cell that sequence ``seq`` does not hold."""
+        self.lib.llama_memory_seq_keep(self.memory, seq)
+
+    def decode(self, tokens: list[int], positions: list[int], seqs: list[tuple[int, ...]] | None = None,
+               logits: str = "all") -> torch.Tensor | None:
+        """One ``llama_decode`` over ``len(tokens) <= n_batch`` tokens.
+
+        Args:
+            tokens: token ids.
+            positions: each token's position.
+            seqs: the sequence ids of each token (None: all in sequence 0).
+            logits: ``"all"`` (a row per token), ``"last"`` (one row) or ``"none"``.
+
+        Returns:
+            ``[len(tokens) or 1, V]`` float32 logits, or None for ``"none"``.
+
+        Raises:
+            RuntimeError: llama.cpp refused the batch (no free KV cell: the context is full) or failed.
+        """
+        n = len(tokens)
+        b = self.batch
+        b.n_tokens = n
+        for i in range(n):
+            b.token[i] = tokens[i]
+            b.pos[i] = positions[i]
+            ids = (0,) if seqs is None else seqs[i]
+            b.n_seq_id[i] = len(ids)
+            for j, s in enumerate(ids):
+                b.seq_id[i][j] = s
+            b.logits[i] = logits == "all" or (logits == "last" and i == n - 1)
+        rc = int(self.lib.llama_decode(self.ptr, b))
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc} for {n} tokens"
+                               + (" (no free KV cell: the context is full)" if rc == 1 else ""))
+        if logits == "none":
+            return None
+        rows = n if logits == "all" else 1
+        ptr = self.lib.llama_get_logits(self.ptr)
+        return torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab)).copy())
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            self.lib.llama_batch_free(self.batch)
+            self.lib.llama_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass

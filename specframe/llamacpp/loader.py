@@ -1,0 +1,111 @@
+"""Loading a llama.cpp target: the GGUF (no de-quantisation), its tokenizer, the build check and the thread count
+this machine's llama.cpp profile chooses."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from ..errors import ConfigError
+
+log = logging.getLogger("specframe")
+
+
+def check_request(dtype: str, device: str, prepack: bool | str) -> None:
+    """Refuse settings that belong to the transformers engine.
+
+    Raises:
+        ConfigError: a device other than cpu, a dtype other than auto, or prepack on.
+    """
+    if device != "cpu":
+        raise ConfigError(f"engine llama.cpp runs on the CPU here, got device {device}: use device cpu or engine "
+                          "transformers")
+    if dtype != "auto":
+        raise ConfigError(f"engine llama.cpp runs the GGUF's own tensor types, got dtype {dtype}: use dtype auto (or "
+                          "engine transformers for a float32 / bfloat16 target)")
+    if prepack is True:
+        raise ConfigError("prepack applies to the transformers engine (oneDNN weights): use prepack auto or off "
+                          "with engine llama.cpp")
+
+
+def _tokenizer(gguf: Any, log_line: Callable[[str], None]) -> Any:
+    """The transformers tokenizer of ``gguf`` (cached once per GGUF content).
+
+    Raises:
+        ConfigError: transformers cannot read a tokenizer from the GGUF.
+    """
+    from transformers import AutoTokenizer
+
+    from ..models import tokenizer_directory
+
+    try:
+        return AutoTokenizer.from_pretrained(tokenizer_directory(gguf, log_line))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"cannot read the tokenizer of {gguf} ({first}): specframe encodes prompts with the "
+                          "GGUF's tokenizer through transformers, which needs the gguf package and a tokenizer it "
+                          "supports") from None
+
+
+def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
+                         log_line: Callable[[str], None] = lambda s: None, threads: int | str = "auto",
+                         prepack: bool | str = "auto", speculative: bool = True, progress: Any = None,
+                         measure: bool | None = None, options: dict[str, Any] | None = None):
+    """Resolve a GGUF and load it on llama.cpp. Returns a :class:`~specframe.llamacpp.target.LlamaCppTarget`.
+
+    ``threads: auto`` is chosen from this machine's llama.cpp profile (:mod:`specframe.llamacpp.profile`, measured once
+    per build, with a bar on ``progress``) within the cores other processes leave free; the live cost curve is
+    ``target.info.cost``. ``options``: ``n_ctx`` (KV cells), ``trees`` (verify token trees: not bit-exact),
+    ``inexact_build`` (run on a llama.cpp build whose batches round differently from one-token decoding).
+
+    Raises:
+        ConfigError: settings of the transformers engine (see :func:`check_request`), a model that is not a GGUF,
+            llama-cpp-python missing or too old, a build that is not batch-invariant (unless ``inexact_build``), or
+            a file llama.cpp cannot load.
+    """
+    from ..machine import LoadMonitor, choose_threads, usable_cores
+    from ..models import resolve_model
+    from ..tune import Candidate, CostCurve, Settings, ThreadGovernor, measured_threads
+    from .binding import EXACT_CMAKE_ARGS, build_info
+    from .profile import DTYPE, get_profile
+    from .target import LlamaCppTarget
+
+    opts = dict(options or {})
+    check_request(dtype, device, prepack)
+    source = resolve_model(name_or_path)
+    if source.gguf is None:
+        raise ConfigError(f"engine llama.cpp runs .gguf files, and {name_or_path} is not one: give a .gguf file (or "
+                          "a folder with one), or use engine transformers")
+    build = build_info()
+    if not build.batch_invariant and not opts.get("inexact_build"):
+        raise ConfigError(
+            f"this llama-cpp-python build uses {' and '.join(k for k, on in (('LLAMAFILE', build.llamafile), ('REPACK', build.repack)) if on)} "
+            "kernels, whose k-token batches round differently from one-token decoding (not exact): rebuild it with "
+            f"bash scripts/install_llamacpp.sh (CMAKE_ARGS=\"{EXACT_CMAKE_ARGS}\"), or set engine option "
+            "inexact_build: true to accept divergences")
+    from .binding import LlamaModel
+
+    llama = LlamaModel(source.gguf)  # a file llama.cpp cannot load fails here, in one line
+    tokenizer = _tokenizer(source.gguf, log_line)
+    cores, cores_why = usable_cores()
+    others = LoadMonitor().sample(settle_s=0.2).others
+    fit = choose_threads(cores, others)
+    target = LlamaCppTarget(source.gguf, tokenizer, name=source.name, threads=fit, n_ctx=opts.get("n_ctx"),
+                            trees=bool(opts.get("trees")), build=build, llama=llama)
+    profile = get_profile(target, source.name, progress) if (measure or (measure is None and threads == "auto")) \
+        else None
+    if profile is not None:
+        cand, _, reason = profile.choose("auto", threads, False, fit, speculative)
+    else:
+        cand, reason = Candidate(DTYPE, int(threads) if threads != "auto" else fit, False), "as given"
+    settings = Settings(DTYPE, cand.threads, False, f"the GGUF's own tensor types ({target.llama.description})",
+                        "as given" if threads != "auto" else f"{cores_why}; others using {others:.1f}; {reason}",
+                        "not used by llama.cpp", str(profile.path) if profile is not None and profile.path else None)
+    target.set_threads(settings.threads)
+    measured = profile.find(cand) if profile is not None else None
+    curve = CostCurve(measured.t_ms if measured else None)
+    governor = ThreadGovernor(settings, threads == "auto", cores, profile, curve, apply=target.set_threads)
+    if profile is not None and not measured_threads(profile, cand):
+        governor.auto = False
+    target.attach_machine(settings, governor)
+    return target

@@ -1,0 +1,97 @@
+"""The machine profile of a llama.cpp target: T(n) per thread count, measured where it runs.
+
+The same :class:`specframe.tune.MachineProfile` as the transformers engine's (its candidates are ``gguf/<t>t``: the
+GGUF's own tensor types at ``t`` threads), cached per machine fingerprint, model, engine and llama.cpp build under
+``$SPECFRAME_CACHE/machine/``. The router reads v(n) = T(n) / T(1) from it, so speculation on llama.cpp pays only
+where this machine's llama.cpp kernels batch well.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from typing import Any, Callable, Iterable
+
+from ..machine import LoadMonitor, fingerprint, fingerprint_key, usable_cores
+from ..tune import CONTEXTS, NS, REPEATS, Candidate, MachineProfile, Measured, load_profile, profile_path
+from .binding import LlamaContext
+
+log = logging.getLogger("specframe")
+
+DTYPE = "gguf"  # the candidates' dtype label: the tensor types stored in the GGUF
+
+
+def profile_key(model_name: str, target: Any) -> str:
+    """The cache key: machine fingerprint, model, engine and the llama.cpp build (its version and features)."""
+    build = hashlib.sha256(target.build.system_info.encode()).hexdigest()[:12]
+    return fingerprint_key(model_name, "cpu", "llama.cpp", target.build.version, build)
+
+
+def time_decodes(target: Any, threads: int, contexts: Iterable[int] = CONTEXTS, ns: Iterable[int] = NS,
+                 repeats: int = REPEATS, tick: Callable[[], None] = lambda: None) -> dict[int, list[float]]:
+    """Median ms of one ``llama_decode`` over n new tokens (a logits row each) after ``context`` cached tokens, for
+    each context and n, at ``threads`` threads."""
+    import random
+
+    ns = list(ns)
+    rng = random.Random(0)
+    ctx = LlamaContext(target.llama, target.n_ctx, max(512, max(ns)), threads)
+    out: dict[int, list[float]] = {}
+    try:
+        for length in contexts:
+            length = min(length, target.n_ctx - max(ns) - 1)
+            ids = [rng.randrange(target.vocab_size) for _ in range(length + max(ns))]
+            ctx.clear()
+            for i in range(0, length, ctx.n_batch):
+                chunk = ids[i:min(i + ctx.n_batch, length)]
+                ctx.decode(chunk, list(range(i, i + len(chunk))), logits="last")
+            row = []
+            for n in ns:
+                times = []
+                for r in range(repeats + 1):  # the first is a warm-up
+                    t0 = time.perf_counter()
+                    ctx.decode(ids[length:length + n], list(range(length, length + n)))
+                    if r:
+                        times.append(time.perf_counter() - t0)
+                    ctx.remove(0, length)
+                times.sort()
+                row.append(times[len(times) // 2] * 1e3)
+            out[length] = row
+            tick()
+    finally:
+        ctx.close()
+    return out
+
+
+def measure(target: Any, model_name: str, progress: Any = None) -> MachineProfile:
+    """Measure T(n) of ``target`` at 1, cores / 2 and cores threads."""
+    cores, _ = usable_cores()
+    monitor = LoadMonitor()
+    monitor.sample()
+    threads = sorted({1, max(1, cores // 2), cores})
+    task = progress.add_task("measuring llama.cpp on this machine", total=len(threads) * len(CONTEXTS)) \
+        if progress else None
+    tick = (lambda: progress.advance(task)) if progress else (lambda: None)
+    start = time.perf_counter()
+    measured = [Measured(Candidate(DTYPE, t, False), time_decodes(target, t, tick=tick)) for t in threads]
+    return MachineProfile(profile_key(model_name, target), model_name, "cpu", fingerprint(), measured,
+                          monitor.sample().others, time.perf_counter() - start)
+
+
+def get_profile(target: Any, model_name: str, progress: Any = None, refresh: bool = False) -> MachineProfile:
+    """The cached profile of this machine, model and build, measured (and cached) when missing or taken under load
+    (as :func:`specframe.tune.get_profile`)."""
+    key = profile_key(model_name, target)
+    prof = None if refresh else load_profile(key)
+    if prof is not None and (prof.others_load <= 0.3 or LoadMonitor().sample().others > 0.3):
+        return prof
+    prof = measure(target, model_name, progress)
+    if prof.others_load > 0.3:
+        log.warning("llama.cpp profile measured while other processes used %.1f cores: kept as provisional",
+                    prof.others_load)
+    try:
+        prof.save(profile_path(key))
+    except OSError as exc:
+        log.warning("could not save the llama.cpp machine profile (%s): it is measured again next time", exc)
+    return prof

