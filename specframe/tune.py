@@ -391,7 +391,7 @@ class ThreadGovernor:
                     self.curve.set(m.t_ms)
         elif self.last_load + s.threads > self.cores + 0.3 and not self.warned:
             self.warned = True
-            log.warning("other processes use %.1f of %d cores and threads is set to %d: torch may run several times "
+            log.warning("other processes use %.1f of %d cores and threads is set to %d: the target may run several times "
                         "slower; use threads auto (or fewer threads)", self.last_load, self.cores, s.threads)
         return self.last_load
 

@@ -188,3 +188,11 @@ def test_json_record_names_the_engine(sf):
     assert machine["engine"] == "llama.cpp" and machine["batch_invariant"] is True
     assert machine["dtype"] == "gguf" and isinstance(machine["threads"], int)
     json.dumps(rec)
+
+
+def test_sampling_runs_and_a_seed_repeats(sf, prompts):
+    """Speculative sampling over llama.cpp logits: a seed gives the same tokens twice (one-hot q from ngram)."""
+    ids = sf.encode(prompts[1])
+    runs = [sf.generate_result(ids, proposers=["ngram"], max_new_tokens=24, temperature=0.8, seed=5, router="none")
+            for _ in range(2)]
+    assert runs[0].token_ids == runs[1].token_ids and len(runs[0].token_ids) > 0

@@ -179,10 +179,12 @@ def _load_strategies(cfg, registry, err) -> tuple[dict[str, Any], dict[str, Any]
     by_strategy: dict[str, Any] = {}
     for s in cfg.strategies:
         engine, dtype, threads, prepack, speculative = machine_request(cfg, s)
-        key = (engine, dtype, threads, prepack, speculative if "auto" in (dtype, threads, prepack) else None)
+        llama_opts = (s.llamacpp or cfg.llamacpp) if engine == "llama.cpp" else cfg.llamacpp
+        key = (engine, dtype, threads, prepack, speculative if "auto" in (dtype, threads, prepack) else None,
+               llama_opts.model_dump_json() if engine == "llama.cpp" else None)
         if key not in loaded:
             scfg = SpecframeConfig(model=cfg.model, dtype=dtype, device=cfg.device, chat=cfg.chat, threads=threads,
-                                   prepack=prepack, engine=engine, llamacpp=cfg.llamacpp,
+                                   prepack=prepack, engine=engine, llamacpp=llama_opts,
                                    proposers=[{"name": "ngram" if speculative else "none"}])
             loaded[key] = load_with_progress(
                 scfg, registry, f"{cfg.model} ({engine}, {dtype}, threads {threads}, prepack {prepack})")

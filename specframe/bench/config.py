@@ -44,6 +44,8 @@ class Strategy(BaseModel):
     )
     engine: Engine | None = Field(None, description="What runs this strategy's target (default: the bench's; "
                                   "llamacpp-* peers run on llama.cpp).")
+    llamacpp: LlamaCppSettings | None = Field(None, description="This strategy's llama.cpp engine options (default: "
+                                              "the bench's), e.g. {trees: true}.")
     dtype: Literal["auto", "bfloat16", "float32"] | None = Field(
         None, description="This strategy's target dtype (default: the bench's); auto = fastest measured for it here.")
     threads: int | Literal["auto"] | None = Field(None, description="torch threads for this strategy (default: the bench's).")

@@ -109,6 +109,8 @@ class BenchRunner:
         if settings is not None:
             rec["settings"] = {"engine": getattr(sf.target, "engine", "transformers"), "dtype": settings.dtype,
                                "threads": settings.threads, "prepack": settings.prepack}
+            if getattr(sf.target, "supports_trees", False) and rec["settings"]["engine"] == "llama.cpp":
+                rec["settings"]["trees"] = True  # (not bit-exact: compared with plain decoding all the same)
         if self.monitor is not None:
             rec["others_load"] = round(self.monitor.sample().others, 2)  # other processes' cores during this run
         return rec

@@ -11,6 +11,7 @@ import ctypes
 import logging
 import re
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,20 @@ def build_info() -> BuildInfo:
     return BuildInfo(llama_cpp.__version__, text.strip(), "LLAMAFILE" in on, "REPACK" in on, features)
 
 
-class LlamaModel:
+class _Native:
+    """Owns a llama.cpp object: ``close()`` frees it, and so does garbage collection."""
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        pass
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class LlamaModel(_Native):
     """One GGUF loaded by llama.cpp (weights memory-mapped, CPU only).
 
     Args:
@@ -124,6 +138,7 @@ class LlamaModel:
             raise ConfigError(f"llama.cpp cannot load {self.path} (not a GGUF file of a model it supports, or "
                               "damaged): give a GGUF that llama.cpp loads")
         self.ptr = ptr
+        self.contexts: weakref.WeakSet = weakref.WeakSet()  # open contexts made from this model
         self.vocab = self.lib.llama_model_get_vocab(ptr)
         self.n_vocab = int(self.lib.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = int(self.lib.llama_model_n_ctx_train(ptr))
@@ -141,18 +156,13 @@ class LlamaModel:
         return frozenset(i for i in ids if 0 <= i < self.n_vocab)
 
     def close(self) -> None:
-        if getattr(self, "ptr", None):
+        """Free the model, unless a context made from it is still open (then it is freed when collected)."""
+        if getattr(self, "ptr", None) and not self.contexts:
             self.lib.llama_model_free(self.ptr)
             self.ptr = None
 
-    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
 
-
-class LlamaContext:
+class LlamaContext(_Native):
     """One llama.cpp context: a KV cache of ``n_ctx`` cells and the batch that fills it.
 
     Positions are those of sequence 0 (``n_seq_max`` sequences for token trees). Logits come back as float32
@@ -183,11 +193,13 @@ class LlamaContext:
         params.no_perf = True
         params.embeddings = False
         params.kv_unified = True
+        params.swa_full = True  # sliding-window layers keep every cell: a rollback may need cells past the window
         ptr = self.lib.llama_init_from_model(model.ptr, params)
         if not ptr:
             raise ConfigError(f"llama.cpp could not create a context of {n_ctx} tokens for {model.path.name}: "
                               "use a smaller llamacpp n_ctx")
         self.ptr = ptr
+        model.contexts.add(self)
         self.memory = self.lib.llama_get_memory(ptr)
         self.n_ctx, self.n_batch, self.n_seq_max, self.threads = n_ctx, n_batch, n_seq_max, threads
         self.batch = self.lib.llama_batch_init(n_batch, 0, n_seq_max)
@@ -256,9 +268,4 @@ class LlamaContext:
             self.lib.llama_batch_free(self.batch)
             self.lib.llama_free(self.ptr)
             self.ptr = None
-
-    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
+            self.model.contexts.discard(self)
