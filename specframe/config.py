@@ -156,8 +156,9 @@ class LlamaCppSettings(BaseModel):
                                  "training context, at most 8192).")
     trees: bool = Field(False, description="Verify token trees in one batch (several sequence ids); not bit-exact "
                         "on llama.cpp, so off: tree proposers' drafts keep their leading chain.")
-    inexact_build: bool = Field(False, description="Run on a llama.cpp build whose k-token batches round differently "
-                                "from one-token decoding (llamafile / repack kernels): output may diverge at near-ties.")
+    inexact: bool = Field(False, description="Run where llama.cpp's k-token batches round differently from one-token "
+                          "decoding (a build with llamafile / repack kernels, or a model whose kernels depend on the "
+                          "batch size; checked at load): output may then diverge from llama.cpp decoding alone.")
 
 
 class SpecframeConfig(BaseModel):

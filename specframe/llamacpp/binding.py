@@ -53,10 +53,28 @@ def import_llama_cpp() -> Any:
                           f"environment has {llama_cpp.__version__}: run {INSTALL_HINT}")
     with _init_lock:
         if not _initialised:
-            logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # llama.cpp's own log: errors only
+            logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+            _quiet_log(llama_cpp)
             llama_cpp.llama_backend_init()
             _initialised = True
     return llama_cpp
+
+
+_log_callback: Any = None  # kept referenced: llama.cpp calls it from C
+
+
+def _quiet_log(llama_cpp: Any) -> None:
+    """Route llama.cpp's own log (model loading, cache notes) to the ``specframe.llama.cpp`` logger at debug level,
+    errors (ggml level 4) at error level, instead of stderr."""
+    global _log_callback
+    out = logging.getLogger("specframe.llama.cpp")
+
+    @llama_cpp.llama_log_callback
+    def callback(level: int, text: bytes, user_data: Any) -> None:
+        out.log(logging.ERROR if level == 4 else logging.DEBUG, "%s", text.decode("utf-8", "replace").rstrip())
+
+    _log_callback = callback
+    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
 
 
 def _reason(exc: BaseException) -> str:

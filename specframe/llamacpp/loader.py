@@ -47,6 +47,26 @@ def _tokenizer(gguf: Any, log_line: Callable[[str], None]) -> Any:
                           "supports") from None
 
 
+def _check_rows(target: Any, model_name: str, inexact: bool) -> None:
+    """Refuse (unless ``inexact``) a model whose k-token batches round differently from one-token decoding on this
+    build: some kernels (e.g. of K-quant types) choose their code path by the batch size.
+
+    Raises:
+        ConfigError: rows of the check batch differ and ``inexact`` is False.
+    """
+    from .profile import cached_row_check
+
+    rows = cached_row_check(target, model_name, target.threads)
+    target.row_check = rows
+    if rows["equal_rows"] == rows["rows"] or inexact:
+        return
+    raise ConfigError(
+        f"on this llama.cpp build, {target.llama.description} rounds a {rows['rows']}-token batch differently from "
+        f"one-token decoding (row {rows['first_differing_row']} on differs, by up to {rows['max_abs_diff']:.3g} in "
+        "logits), so speculative output would not be exactly llama.cpp's: set llamacpp option inexact: true to "
+        "accept divergences, or use engine transformers")
+
+
 def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
                          log_line: Callable[[str], None] = lambda s: None, threads: int | str = "auto",
                          prepack: bool | str = "auto", speculative: bool = True, progress: Any = None,
@@ -56,11 +76,12 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
     ``threads: auto`` is chosen from this machine's llama.cpp profile (:mod:`specframe.llamacpp.profile`, measured once
     per build, with a bar on ``progress``) within the cores other processes leave free; the live cost curve is
     ``target.info.cost``. ``options``: ``n_ctx`` (KV cells), ``trees`` (verify token trees: not bit-exact),
-    ``inexact_build`` (run on a llama.cpp build whose batches round differently from one-token decoding).
+    ``inexact`` (run where llama.cpp's k-token batches round differently from one-token decoding: a build with
+    llamafile / repack kernels, or a model whose kernels depend on the batch size).
 
     Raises:
         ConfigError: settings of the transformers engine (see :func:`check_request`), a model that is not a GGUF,
-            llama-cpp-python missing or too old, a build that is not batch-invariant (unless ``inexact_build``), or
+            llama-cpp-python missing or too old, a build or model that is not batch-invariant (unless ``inexact``), or
             a file llama.cpp cannot load.
     """
     from ..machine import LoadMonitor, choose_threads, usable_cores
@@ -77,12 +98,12 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
         raise ConfigError(f"engine llama.cpp runs .gguf files, and {name_or_path} is not one: give a .gguf file (or "
                           "a folder with one), or use engine transformers")
     build = build_info()
-    if not build.batch_invariant and not opts.get("inexact_build"):
+    if not build.batch_invariant and not opts.get("inexact"):
         raise ConfigError(
             f"this llama-cpp-python build uses {' and '.join(k for k, on in (('LLAMAFILE', build.llamafile), ('REPACK', build.repack)) if on)} "
             "kernels, whose k-token batches round differently from one-token decoding (not exact): rebuild it with "
-            f"bash scripts/install_llamacpp.sh (CMAKE_ARGS=\"{EXACT_CMAKE_ARGS}\"), or set engine option "
-            "inexact_build: true to accept divergences")
+            f"bash scripts/install_llamacpp.sh (CMAKE_ARGS=\"{EXACT_CMAKE_ARGS}\"), or set llamacpp option "
+            "inexact: true to accept divergences")
     from .binding import LlamaModel
 
     llama = LlamaModel(source.gguf)  # a file llama.cpp cannot load fails here, in one line
@@ -102,6 +123,7 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
                         "as given" if threads != "auto" else f"{cores_why}; others using {others:.1f}; {reason}",
                         "not used by llama.cpp", str(profile.path) if profile is not None and profile.path else None)
     target.set_threads(settings.threads)
+    _check_rows(target, source.name, bool(opts.get("inexact")))
     measured = profile.find(cand) if profile is not None else None
     curve = CostCurve(measured.t_ms if measured else None)
     governor = ThreadGovernor(settings, threads == "auto", cores, profile, curve, apply=target.set_threads)

@@ -95,3 +95,51 @@ def get_profile(target: Any, model_name: str, progress: Any = None, refresh: boo
     except OSError as exc:
         log.warning("could not save the llama.cpp machine profile (%s): it is measured again next time", exc)
     return prof
+
+
+ROWS_CONTEXT, ROWS_K = 64, 16  # the load-time check: a 16-token batch after 64 cached tokens
+
+
+def row_check(target: Any, threads: int) -> dict[str, Any]:
+    """Does a ``ROWS_K``-token batch give every row the logits that one-token decoding gives, bit for bit, on this
+    model and build? (random tokens after ``ROWS_CONTEXT`` cached ones.) Returns ``{"equal_rows", "rows",
+    "first_differing_row", "max_abs_diff"}``."""
+    import random
+
+    import torch
+
+    rng = random.Random(0)
+    ids = [rng.randrange(target.vocab_size) for _ in range(ROWS_CONTEXT + ROWS_K)]
+    ctx = LlamaContext(target.llama, ROWS_CONTEXT + ROWS_K + 8, 512, threads)
+    try:
+        ctx.decode(ids[:ROWS_CONTEXT], list(range(ROWS_CONTEXT)), logits="last")
+        one = torch.cat([ctx.decode([ids[ROWS_CONTEXT + i]], [ROWS_CONTEXT + i]) for i in range(ROWS_K)])
+        ctx.remove(0, ROWS_CONTEXT)
+        batch = ctx.decode(ids[ROWS_CONTEXT:], list(range(ROWS_CONTEXT, ROWS_CONTEXT + ROWS_K)))
+    finally:
+        ctx.close()
+    same = [bool(torch.equal(batch[i], one[i])) for i in range(ROWS_K)]
+    return {"equal_rows": sum(same), "rows": ROWS_K, "first_differing_row": same.index(False) if not all(same) else None,
+            "max_abs_diff": float((batch - one).abs().max())}
+
+
+def cached_row_check(target: Any, model_name: str, threads: int) -> dict[str, Any]:
+    """:func:`row_check`, run once per machine, model and build (kept beside the profile)."""
+    import json
+
+    path = profile_path(profile_key(model_name, target)).with_suffix(".rows.json")
+    try:
+        doc = json.loads(path.read_text())
+        if isinstance(doc, dict) and isinstance(doc.get("equal_rows"), int) and doc.get("rows") == ROWS_K:
+            return doc
+    except (OSError, ValueError):
+        pass
+    doc = row_check(target, threads)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(path)
+    except OSError as exc:
+        log.warning("could not save the llama.cpp row check (%s): it runs again next time", exc)
+    return doc

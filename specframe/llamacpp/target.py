@@ -76,6 +76,7 @@ class LlamaCppTarget(TextSide):
             supports_trees=self.supports_trees, engine=ENGINE)
         self.settings: Any = None  # specframe.tune.Settings (threads and why) when loaded by load_target
         self.governor: Any = None
+        self.row_check: dict[str, Any] | None = None  # the load-time batch-invariance check (loader)
         self._idle: list[LlamaContext] = []  # contexts of finished requests, reused by later ones
         self._lock = threading.Lock()
 
@@ -153,8 +154,12 @@ class LlamaCppTarget(TextSide):
 
     def describe(self) -> dict[str, Any]:
         """The engine, model and build, for ``--json`` records and bench reports."""
-        return {"engine": ENGINE, "gguf": self.gguf.name, "model": self.llama.description, "n_ctx": self.n_ctx,
-                "trees": self.supports_trees, **self.build.to_dict()}
+        out = {"engine": ENGINE, "gguf": self.gguf.name, "model": self.llama.description, "n_ctx": self.n_ctx,
+               "trees": self.supports_trees, **self.build.to_dict()}
+        if self.row_check is not None:
+            out["batch_invariant"] = out["batch_invariant"] and self.row_check["equal_rows"] == self.row_check["rows"]
+            out["row_check"] = self.row_check
+        return out
 
 
 def _seq_length(ctx: LlamaContext) -> int:
