@@ -37,12 +37,14 @@ def machine_flags(threads: str | None, prepack: str | None) -> dict:
     """``--threads`` / ``--prepack`` as config values (None = not given).
 
     Raises:
-        ConfigError: a value that is not a whole number >= 1 or auto (threads), or on / off / auto (prepack).
+        ConfigError: a value that is not a whole number in [1, 1024] or auto (threads), or on / off / auto (prepack).
     """
+    from .config import MAX_THREADS
+
     out: dict = {}
     if threads is not None:
-        if threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
-            raise ConfigError(f"--threads must be a whole number >= 1 or auto, got {threads!r}")
+        if threads != "auto" and not (threads.isdigit() and 1 <= int(threads) <= MAX_THREADS):
+            raise ConfigError(f"--threads must be a whole number in [1, {MAX_THREADS}] or auto, got {threads!r}")
         out["threads"] = threads if threads == "auto" else int(threads)
     if prepack is not None:
         values = {"on": True, "off": False, "auto": "auto", "true": True, "false": False}

@@ -24,12 +24,9 @@ def _proposer_entry(text: str) -> dict[str, Any]:
     """``--features-for`` value: a proposer name, or a proposer config as a YAML / JSON mapping with a ``name``."""
     if not text.lstrip().startswith("{"):
         return {"name": text}
-    import yaml
+    from ..yamlfile import parse_yaml
 
-    try:
-        entry = yaml.safe_load(text)
-    except yaml.YAMLError:
-        entry = None
+    entry = parse_yaml(text, f"--features-for {text!r}")
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise ConfigError(f"--features-for {text!r}: give a proposer name or a mapping with a name, e.g. "
                           "'{name: medusa, heads: runs/medusa}'")
