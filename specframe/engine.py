@@ -146,6 +146,9 @@ class Engine:
         cannot change the output. ``scorer`` makes the request's scorer (:mod:`specframe.scoring`; None: the live
         target with a fresh KV cache; replay passes one backed by a recorded trace).
 
+        ``max_new_tokens`` beyond the room the prompt leaves in the context is cut to that room (no buffer is sized
+        by what was asked), so a huge budget means "until EOS or the context is full".
+
         Raises:
             ConfigError: ``max_new_tokens < 1`` or an empty prompt.
             PromptTooLongError: the prompt leaves no room in the target's context.
@@ -178,15 +181,16 @@ class _Request:
         generator = torch.Generator(device=target.device)
         generator.manual_seed(seed)
         self.sampling = sampling
+        room = target.max_context - len(prompt_ids)  # positions left in the context: generation never passes it
+        max_new_tokens = min(max_new_tokens, room)  # buffers are sized by what can be generated, not what was asked
         self.buf = torch.empty((1, len(prompt_ids) + max_new_tokens), dtype=torch.int64)
         self.buf[0, : len(prompt_ids)] = torch.tensor(prompt_ids, dtype=torch.int64)
         self.length = len(prompt_ids)
         # proposers get a copy of the committed tokens: one that writes into it cannot change the output
         self.state = DecodeState(self.buf[:, : self.length].clone(), len(prompt_ids), sampling, generator)
         self.state.feature_layers = engine.feature_layers
-        room = target.max_context - len(prompt_ids)  # positions left in the context
         self.stops = StopChecker(
-            target.eos_token_ids, min(max_new_tokens, room), stop_strings, target.decode if stop_strings else None
+            target.eos_token_ids, max_new_tokens, stop_strings, target.decode if stop_strings else None
         )
         self.stream = (
             TextStream(target.decode, on_text, max((len(s) for s in stop_strings), default=1) - 1) if on_text else None
@@ -196,7 +200,7 @@ class _Request:
         self.drafting = Drafting(engine.lineup, target, self.recorder, sampling.is_greedy)
         self.scorer = scorer(target, engine.feature_layers, engine.wants_hidden)
         self.prompt_ids = prompt_ids
-        self.features: torch.Tensor | None = None  # [1, prompt + max_new, F, H], filled as positions are processed
+        self.features: torch.Tensor | None = None  # [1, buf length, F, H], filled as positions are processed
 
     def run(self) -> GenerationResult:
         t_start = time.perf_counter()

@@ -275,4 +275,4 @@ def test_bench_values_follow_the_configs_own_rules(tmp_path):
     msg = str(info.value)
     assert msg.startswith(f"{path}: ") and "Value error" not in msg
     assert "temperature: must be a finite number >= 0 (0 = greedy)" in msg
-    assert "seeds.1: must be a whole number in [0, 2**63)" in msg and "max_new_tokens: must be a whole number >= 1" in msg
+    assert "seeds.1: must be a whole number in [0, 2**63)" in msg and "max_new_tokens: must be a whole number in [1, 2**63)" in msg
