@@ -192,9 +192,8 @@ class _Request:
         self.stops = StopChecker(
             target.eos_token_ids, max_new_tokens, stop_strings, target.decode if stop_strings else None
         )
-        self.stream = (
-            TextStream(target.decode, on_text, max((len(s) for s in stop_strings), default=1) - 1) if on_text else None
-        )
+        rewrites = bool(getattr(target.tokenizer, "clean_up_tokenization_spaces", False))  # decode edits earlier text
+        self.stream = TextStream(target.decode, on_text, stop_strings, rewrites) if on_text else None
         self.recorder = Recorder(engine.labels, len(prompt_ids), observer)
         self.seed = seed
         self.drafting = Drafting(engine.lineup, target, self.recorder, sampling.is_greedy)
