@@ -125,6 +125,9 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, me
     resolve_model(cfg.model)  # unknown name / missing package fails here, before loading
     # 2. load, encode, 3. generate
     sf = load_with_progress(cfg, registry)
+    from .stopping import special_stop_ids
+
+    special_stop_ids(tuple(cfg.stop), sf.target.tokenizer)  # a stop string that cannot match fails before any output
     encoded = [sf.encode(p.text) for p in prompts]
     for p, ids in zip(prompts, encoded):
         if len(ids) >= sf.target.max_context:

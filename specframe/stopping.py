@@ -71,6 +71,43 @@ class StopChecker:
         return min(hits) if hits else None
 
 
+def special_stop_ids(stop_strings: tuple[str, ...], tokenizer: object) -> tuple[tuple[str, ...], frozenset[int]]:
+    """Split stop strings into those matched on the decoded text and the special tokens among them, matched by id.
+
+    Text is decoded without special tokens, so a stop string that is a special token (``"<|im_end|>"`` on a chat
+    model) would never appear in it: it is matched by its token id instead, like an EOS (kept in ``token_ids``, not
+    in the text, finish reason ``stop``).
+
+    Returns:
+        ``(text stop strings, special token ids)``.
+
+    Raises:
+        ConfigError: a stop string holding a special token together with other text (``"<|im_end|>\\n"``), which
+            neither way can match.
+    """
+    from .errors import ConfigError
+
+    if tokenizer is None or not stop_strings:
+        return stop_strings, frozenset()
+    special = {str(t): i for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
+               if getattr(t, "special", False)}
+    for tok in getattr(tokenizer, "all_special_tokens", None) or []:
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int):
+            special.setdefault(tok, tid)
+    text, ids = [], set()
+    for stop in stop_strings:
+        if stop in special:
+            ids.add(special[stop])
+            continue
+        inside = next((sp for sp in special if sp and sp in stop), None)
+        if inside is not None:
+            raise ConfigError(f"stop string {stop!r} contains the special token {inside!r}, which the decoded text "
+                              f"never shows: give {inside!r} alone (matched by its token id) or text without it")
+        text.append(stop)
+    return tuple(text), frozenset(ids)
+
+
 REPLACEMENT = "\ufffd"  # what a tokenizer decodes the bytes of an incomplete UTF-8 character to
 
 
