@@ -352,9 +352,8 @@ def _write(setup: _Setup, results: list[Any], where: str, total: float, traces: 
 
     cfg, trace = setup.cfg, setup.trace
     order = {s.name: i for i, s in enumerate(setup.strategies)}
-    asked = {p.question_id: i for i, p in enumerate(setup.chosen)}
     records = sorted((r for res in results for r in res.records),  # the bench's order: questions, then strategies
-                     key=lambda r: (asked[r["question_id"]], r["seed"], r["repeat"], order[r["strategy"]]))
+                     key=lambda r: (r["question"], r["seed"], r["repeat"], order[r["strategy"]]))
     for r in records:
         r["group"] = category_group(r["category"], cfg.categories)
     summary = aggregate(records, [s.name for s in setup.strategies])
