@@ -107,8 +107,17 @@ class BenchRunner:
             rec["others_load"] = round(self.monitor.sample().others, 2)  # other processes' cores during this run
         return rec
 
-    def run(self, questions: list[Prompt], advance: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
+    def run(self, questions: list[Prompt], advance: Callable[[str], None] = lambda s: None,
+            done: dict[tuple, dict[str, Any]] | None = None, on_record: Callable[[dict[str, Any]], None] = lambda r: None,
+            on_question: Callable[[int, list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+        """Every strategy on every question, interleaved; returns the records in run order.
+
+        ``done``: records of an earlier, interrupted run by :func:`~specframe.bench.journal.record_key`, used as
+        they are instead of running again. ``on_record`` hears of each newly finished record, ``on_question`` of each
+        finished question (its position and records).
+        """
         c = self.cfg
+        done = done or {}
         encoded = [self.sf.encode(q.text, c.chat) for q in questions]
         for ids in encoded[: c.warmup]:
             for s in c.strategies:
@@ -116,9 +125,14 @@ class BenchRunner:
                 advance(f"warm-up {s.name}")
         records = []
         for i, (q, ids) in enumerate(zip(questions, encoded)):
+            first = len(records)
             for seed in c.seeds:
                 for rep in range(c.repeats):
                     for s in c.strategies:  # interleaved: A B C A B C ...
+                        if (i, seed, rep, s.name) in done:
+                            records.append(done[(i, seed, rep, s.name)])
+                            advance(s.name)
+                            continue
                         rec = self.run_one(s, ids, seed, c.max_new_tokens)
                         # `question` (the position in the run) keys a record: ids may be missing or repeated
                         rec.update(question=i, question_id=q.question_id, category=q.category,
@@ -126,7 +140,10 @@ class BenchRunner:
                                    strategy=s.name, kind="peer" if s.peer else "specframe", seed=seed, repeat=rep,
                                    prompt_tokens=len(ids), plain=s.proposers == [{"name": BASELINE}])
                         records.append(rec)
+                        on_record(rec)
                         advance(s.name)
+            if on_question is not None:
+                on_question(i, records[first:])
         return records
 
 
