@@ -7,7 +7,7 @@ temporary folder and renamed into place only when complete, and a ``specframe-en
 every file's size and CRC-32 is checked on each load, so a partial entry, or one whose content was damaged in place
 (same size), is rebuilt rather than used (CRC-32 catches accidental damage — a torn write, flipped bits, an editor's
 save — not deliberate tampering; it reads each file once: about 0.26 s for SmolLM2-135M's 538 MB entry on a 2-core
-EPYC, see docs/machine.md). A cache that cannot be written (not a folder, disk full, no permission) is one
+EPYC, see the README). A cache that cannot be written (not a folder, disk full, no permission) is one
 :class:`~specframe.errors.CacheError` naming the cache and the cause.
 
 An entry is keyed by the GGUF's content (its SHA-256), not by where the file lies: the same weights installed in
