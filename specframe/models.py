@@ -231,15 +231,17 @@ def _entry_ok(entry: Path, log: Callable[[str], None] = lambda s: None) -> bool:
     return problem is None
 
 
-def _cause(exc: BaseException) -> str:
+def _cause(exc: BaseException) -> tuple[str, str]:
+    """(what went wrong, what to do) for a failure to write into the cache."""
     root = cache_root()
     if root.exists() and not root.is_dir():
-        return f"{root} is a file, not a folder"
+        return f"{root} is a file, not a folder", "set SPECFRAME_CACHE to a folder (or remove the file)"
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left" in str(exc):
-        return "no space left on the device"
+        return "no space left on the device", "free space there, or set SPECFRAME_CACHE to a folder on another disk"
+    fix = "make it writable, or set SPECFRAME_CACHE to a writable folder"
     if isinstance(exc, OSError):
-        return f"{exc.strerror or type(exc).__name__}" + (f": {exc.filename}" if exc.filename else "")
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return f"{exc.strerror or type(exc).__name__}" + (f": {exc.filename}" if exc.filename else ""), fix
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0], fix
 
 
 @contextmanager
@@ -251,8 +253,8 @@ def writing_cache(what: str) -> Iterator[None]:
     try:
         yield
     except (OSError, SafetensorError) as exc:
-        raise CacheError(f"cannot write {what} into the cache {cache_root()} ({_cause(exc)}): free space there, or "
-                         "set SPECFRAME_CACHE to a writable folder") from None
+        cause, fix = _cause(exc)
+        raise CacheError(f"cannot write {what} into the cache {cache_root()} ({cause}): {fix}") from None
 
 
 def convert_gguf(gguf: Path, entry: Path, log: Callable[[str], None]) -> None:
