@@ -12,4 +12,8 @@ PLUGINS_DIR, PLUGINS_PACKAGE = "plugins", "specframe_plugins"
 core = find_packages(include=["specframe", "specframe.*"])
 plugins = [PLUGINS_PACKAGE + name[len(PLUGINS_DIR):] for name in find_packages(include=[PLUGINS_DIR, PLUGINS_DIR + ".*"])]
 
-setup(packages=core + plugins, package_dir={"specframe": "specframe", PLUGINS_PACKAGE: PLUGINS_DIR})
+# folders of data only (no __init__.py) that Python can still import as namespace packages: listed, so setuptools
+# ships their package data (pyproject.toml) instead of warning that they are "absent from packages"
+data = ["specframe.testing.traces"]
+
+setup(packages=core + plugins + data, package_dir={"specframe": "specframe", PLUGINS_PACKAGE: PLUGINS_DIR})

@@ -15,7 +15,7 @@ from typing import Any, List, Optional
 import typer
 from rich.console import Console
 
-from .console import err, fail, load_with_progress, machine_flags
+from .console import err, fail, json_line, load_with_progress, machine_flags
 from .errors import ConfigError, PromptTooLongError, SpecframeError
 
 app = typer.Typer(
@@ -40,6 +40,9 @@ def _root(
                                  help="Print specframe's version and exit."),
 ) -> None:
     """specframe: speculative decoding with pluggable proposers, exact output."""
+    from .console import tolerant_stdio
+
+    tolerant_stdio()
 
 
 _FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
@@ -128,6 +131,9 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, me
         check_request(cfg.dtype, cfg.device, cfg.prepack)
     # 2. load, encode, 3. generate
     sf = load_with_progress(cfg, registry)
+    from .stopping import special_stop_ids
+
+    special_stop_ids(tuple(cfg.stop), sf.target.tokenizer)  # a stop string that cannot match fails before any output
     encoded = [sf.encode(p.text) for p in prompts]
     for p, ids in zip(prompts, encoded):
         if len(ids) >= sf.target.max_context:
@@ -229,7 +235,7 @@ def _run(sf, prompts, encoded, stream: bool, as_json: bool) -> None:
                 write(answer_header(i, len(prompts), p))
             result = sf.generate_result(ids, question_id=p.question_id, on_text=write if stream else None)
             if as_json:
-                sys.stdout.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
+                sys.stdout.write(json_line(result.to_dict()))
                 sys.stdout.flush()
             else:
                 if not stream:

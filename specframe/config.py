@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -47,8 +46,12 @@ from pydantic import (
 from .combining import MergePolicyConfig, RouterConfig, merge_key
 from .contracts import ProposerConfig
 from .errors import ConfigError, UnknownRouterError
+from .yamlfile import read_yaml
 from .sampling import check_max_new_tokens, check_seed, check_temperature, check_top_k, check_top_p
 
+
+# torch threads at most: far above any machine's cores, far below what overflows torch.set_num_threads (int32)
+MAX_THREADS = 1024
 
 Temperature = Annotated[float, BeforeValidator(check_temperature)]
 TopP = Annotated[float, BeforeValidator(check_top_p)]
@@ -178,7 +181,7 @@ class SpecframeConfig(BaseModel):
     llamacpp: LlamaCppSettings = Field(default_factory=LlamaCppSettings, description="llama.cpp engine options.")
     threads: StrictInt | Literal["auto"] = Field(
         "auto", description="torch threads; auto = the fastest measured count that fits in the cores other "
-        "processes leave free, re-checked during a run (docs/machine.md).")
+        "processes leave free, re-checked during a run (docs/machine.md); at most 1024.")
     prepack: bool | Literal["auto"] = Field(
         "auto", description="Pre-pack linear weights for oneDNN (CPU); auto = where the machine profile measured it faster.")
     chat: bool = Field(True, description="Apply the tokenizer's chat template when it has one.")
@@ -213,8 +216,8 @@ class SpecframeConfig(BaseModel):
     @field_validator("threads")
     @classmethod
     def _threads(cls, v: Any) -> Any:
-        if v != "auto" and v < 1:
-            raise ValueError("threads must be >= 1 or auto")
+        if v != "auto" and not 1 <= v <= MAX_THREADS:
+            raise ValueError(f"threads must be in [1, {MAX_THREADS}] or auto")
         return v
 
     @field_validator("stop")
@@ -253,20 +256,14 @@ def load_config(path: str | Path | None = None, base: dict[str, Any] | None = No
     """Read a YAML config (optional) and apply overrides (None values are ignored; ``sampling`` merges).
 
     Raises:
-        ConfigError: unreadable file, bad YAML, or a value out of range (message names the field).
+        ConfigError: unreadable file, not UTF-8, bad YAML, a key given twice, or a value out of range (message names
+            the file and the field).
     """
     data: dict[str, Any] = dict(base or {})
     where = "config"
     if path is not None:
         where = str(path)
-        try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = f" line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{path}{line}: invalid YAML") from None
+        loaded = read_yaml(path, "config file")
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

@@ -6,8 +6,11 @@ stdout or to an output folder.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
+import json
 import logging
+import sys
 from typing import Any, Iterator, NoReturn
 
 import typer
@@ -16,6 +19,28 @@ from rich.console import Console
 from .errors import ConfigError, SpecframeError
 
 err = Console(stderr=True, highlight=False)
+
+
+def _utf(stream: Any) -> bool:
+    try:
+        return codecs.lookup(getattr(stream, "encoding", None) or "ascii").name.startswith("utf")
+    except LookupError:
+        return False
+
+
+def tolerant_stdio() -> None:
+    """On a stdout / stderr that cannot encode every character (``PYTHONIOENCODING=ascii``, a C locale), write
+    what it cannot encode as backslash escapes (``\\xe9``) instead of raising UnicodeEncodeError after the work is
+    done. Streams that cannot be reconfigured (test capture) are left as they are."""
+    for stream in (sys.stdout, sys.stderr):
+        if not _utf(stream) and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def json_line(obj: Any) -> str:
+    """``obj`` as one JSON line for stdout: characters as they are on a UTF-8 stdout, ``\\uXXXX`` escapes on any
+    other, so the line is valid JSON whatever stdout can encode."""
+    return json.dumps(obj, ensure_ascii=not _utf(sys.stdout)) + "\n"
 
 
 def fail(message: str | BaseException) -> NoReturn:
@@ -37,12 +62,14 @@ def machine_flags(threads: str | None, prepack: str | None) -> dict:
     """``--threads`` / ``--prepack`` as config values (None = not given).
 
     Raises:
-        ConfigError: a value that is not a whole number >= 1 or auto (threads), or on / off / auto (prepack).
+        ConfigError: a value that is not a whole number in [1, 1024] or auto (threads), or on / off / auto (prepack).
     """
+    from .config import MAX_THREADS
+
     out: dict = {}
     if threads is not None:
-        if threads != "auto" and not (threads.isdigit() and int(threads) >= 1):
-            raise ConfigError(f"--threads must be a whole number >= 1 or auto, got {threads!r}")
+        if threads != "auto" and not (threads.isdigit() and 1 <= int(threads) <= MAX_THREADS):
+            raise ConfigError(f"--threads must be a whole number in [1, {MAX_THREADS}] or auto, got {threads!r}")
         out["threads"] = threads if threads == "auto" else int(threads)
     if prepack is not None:
         values = {"on": True, "off": False, "auto": "auto", "true": True, "false": False}

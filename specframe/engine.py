@@ -41,7 +41,7 @@ from .observe import Observers
 from .recorder import Recorder
 from .sampling import SamplingParams
 from .scoring import Scored, ScorerFactory, TargetScorer
-from .stopping import StopChecker, TextStream, without_incomplete_character
+from .stopping import StopChecker, TextStream, special_stop_ids, without_incomplete_character
 
 __all__ = ["Engine", "GenerationResult", "proposer_labels"]
 
@@ -146,8 +146,15 @@ class Engine:
         cannot change the output. ``scorer`` makes the request's scorer (:mod:`specframe.scoring`; None: the live
         target with a fresh KV cache; replay passes one backed by a recorded trace).
 
+        ``max_new_tokens`` beyond the room the prompt leaves in the context is cut to that room (no buffer is sized
+        by what was asked), so a huge budget means "until EOS or the context is full".
+
+        A stop string that is one of the tokenizer's special tokens is matched by its token id (see
+        :func:`~specframe.stopping.special_stop_ids`).
+
         Raises:
-            ConfigError: ``max_new_tokens < 1`` or an empty prompt.
+            ConfigError: ``max_new_tokens < 1``, an empty prompt, or a stop string holding a special token and other
+                text.
             PromptTooLongError: the prompt leaves no room in the target's context.
         """
         if max_new_tokens < 1:
@@ -158,7 +165,8 @@ class Engine:
             raise PromptTooLongError(
                 f"prompt has {len(prompt_ids)} tokens; the model's context is {self.target.max_context}: shorten it"
             )
-        return _Request(self, prompt_ids, max_new_tokens, sampling, seed, tuple(stop_strings), on_text, observer,
+        stop_strings, stop_ids = special_stop_ids(tuple(stop_strings), self.target.tokenizer)
+        return _Request(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings, stop_ids, on_text, observer,
                         between_steps, scorer or _default_scorer(self.target)).run()
 
 
@@ -176,7 +184,8 @@ class _Request:
     """One request's state and loop (kept apart from ``Engine`` so the engine stays reusable)."""
 
     def __init__(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
-                 seed: int, stop_strings: tuple[str, ...], on_text: Callable[[str], None] | None,
+                 seed: int, stop_strings: tuple[str, ...], stop_ids: frozenset[int],
+                 on_text: Callable[[str], None] | None,
                  observer: Observers | None, between_steps: Callable[[], Any] | None, scorer: ScorerFactory) -> None:
         self.e = engine
         self.between_steps = between_steps
@@ -184,25 +193,25 @@ class _Request:
         generator = torch.Generator(device=target.device)
         generator.manual_seed(seed)
         self.sampling = sampling
+        room = target.max_context - len(prompt_ids)  # positions left in the context: generation never passes it
+        max_new_tokens = min(max_new_tokens, room)  # buffers are sized by what can be generated, not what was asked
         self.buf = torch.empty((1, len(prompt_ids) + max_new_tokens), dtype=torch.int64)
         self.buf[0, : len(prompt_ids)] = torch.tensor(prompt_ids, dtype=torch.int64)
         self.length = len(prompt_ids)
         # proposers get a copy of the committed tokens: one that writes into it cannot change the output
         self.state = DecodeState(self.buf[:, : self.length].clone(), len(prompt_ids), sampling, generator)
         self.state.feature_layers = engine.feature_layers
-        room = target.max_context - len(prompt_ids)  # positions left in the context
-        self.stops = StopChecker(
-            target.eos_token_ids, min(max_new_tokens, room), stop_strings, target.decode if stop_strings else None
+        self.stops = StopChecker(  # stop strings that are special tokens end generation as an EOS does
+            target.eos_token_ids | stop_ids, max_new_tokens, stop_strings, target.decode if stop_strings else None
         )
-        self.stream = (
-            TextStream(target.decode, on_text, max((len(s) for s in stop_strings), default=1) - 1) if on_text else None
-        )
+        rewrites = bool(getattr(target.tokenizer, "clean_up_tokenization_spaces", False))  # decode edits earlier text
+        self.stream = TextStream(target.decode, on_text, stop_strings, rewrites) if on_text else None
         self.recorder = Recorder(engine.labels, len(prompt_ids), observer)
         self.seed = seed
         self.drafting = Drafting(engine.lineup, target, self.recorder, sampling.is_greedy)
         self.scorer = scorer(target, engine.feature_layers, engine.wants_hidden)
         self.prompt_ids = prompt_ids
-        self.features: torch.Tensor | None = None  # [1, prompt + max_new, F, H], filled as positions are processed
+        self.features: torch.Tensor | None = None  # [1, buf length, F, H], filled as positions are processed
 
     def run(self) -> GenerationResult:
         try:

@@ -66,6 +66,11 @@ class DuplicateRegistrationError(PluginError):
     """Two plugins registered the same proposer or verifier name (the message names both distributions)."""
 
 
+class CacheError(ConfigError):
+    """specframe's cache (``$SPECFRAME_CACHE``) cannot be written: not a folder, no space left, no permission; the
+    message names the cache, the cause and the fix (the user's to fix, like a bad setting)."""
+
+
 class PromptTooLongError(SpecframeError, ValueError):
     """The encoded prompt does not fit in the target's context window."""
 

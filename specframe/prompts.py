@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PromptsFileError
+from .jsonl import jsonl_lines
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,7 @@ class Prompt:
 
 
 def read_prompts(path: str | Path) -> list[Prompt]:
-    """Parse a Spec-Bench-style JSONL file.
+    """Parse a Spec-Bench-style JSONL file (JSON Lines: records end at ``"\\n"`` only, see :mod:`specframe.jsonl`).
 
     Raises:
         PromptsFileError: missing file, empty file, bad JSON or a line without a non-empty ``turns`` list of
@@ -27,15 +28,13 @@ def read_prompts(path: str | Path) -> list[Prompt]:
     """
     p = Path(path)
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise PromptsFileError(f"cannot read prompts file {p}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise PromptsFileError(f"{p}: not UTF-8 text") from None
     prompts = []
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for no, line in jsonl_lines(text):
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:

@@ -70,8 +70,10 @@ def check_seed(v: object) -> int:
 
 
 def check_max_new_tokens(v: object) -> int:
-    if not (_whole(v) and v >= 1):
-        raise ValueError("must be a whole number >= 1")
+    """Any budget up to int64's range: generation never passes the context (the engine sizes its buffers by the
+    room the prompt leaves), so ``10**12`` means "until EOS or the context is full"."""
+    if not (_whole(v) and 1 <= v < 2**63):
+        raise ValueError("must be a whole number in [1, 2**63)")
     return int(v)
 
 

@@ -7,6 +7,8 @@ stop string (as in vLLM).
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -69,6 +71,43 @@ class StopChecker:
         return min(hits) if hits else None
 
 
+def special_stop_ids(stop_strings: tuple[str, ...], tokenizer: object) -> tuple[tuple[str, ...], frozenset[int]]:
+    """Split stop strings into those matched on the decoded text and the special tokens among them, matched by id.
+
+    Text is decoded without special tokens, so a stop string that is a special token (``"<|im_end|>"`` on a chat
+    model) would never appear in it: it is matched by its token id instead, like an EOS (kept in ``token_ids``, not
+    in the text, finish reason ``stop``).
+
+    Returns:
+        ``(text stop strings, special token ids)``.
+
+    Raises:
+        ConfigError: a stop string holding a special token together with other text (``"<|im_end|>\\n"``), which
+            neither way can match.
+    """
+    from .errors import ConfigError
+
+    if tokenizer is None or not stop_strings:
+        return stop_strings, frozenset()
+    special = {str(t): i for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
+               if getattr(t, "special", False)}
+    for tok in getattr(tokenizer, "all_special_tokens", None) or []:
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int):
+            special.setdefault(tok, tid)
+    text, ids = [], set()
+    for stop in stop_strings:
+        if stop in special:
+            ids.add(special[stop])
+            continue
+        inside = next((sp for sp in special if sp and sp in stop), None)
+        if inside is not None:
+            raise ConfigError(f"stop string {stop!r} contains the special token {inside!r}, which the decoded text "
+                              f"never shows: give {inside!r} alone (matched by its token id) or text without it")
+        text.append(stop)
+    return tuple(text), frozenset(ids)
+
+
 REPLACEMENT = "\ufffd"  # what a tokenizer decodes the bytes of an incomplete UTF-8 character to
 
 
@@ -84,26 +123,64 @@ def without_incomplete_character(text: str) -> str:
     return text.rstrip(REPLACEMENT)
 
 
+def stop_prefix_length(text: str, stop_strings: tuple[str, ...]) -> int:
+    """Length of the longest end of ``text`` that is the beginning of a stop string (and not a whole one): the text
+    a stream must hold back because the next tokens may complete it into a stop string, which is then cut.
+
+    Example: ``stop_prefix_length("so the END", ("ENDING", "x"))`` -> 3 (``"END"`` may become ``"ENDING"``);
+    ``stop_prefix_length("so the", ("ENDING",))`` -> 0.
+    """
+    best = 0
+    for stop in stop_strings:
+        for k in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:k]):
+                best = k
+                break
+    return best
+
+
+def _before_last_space(text: str) -> str:
+    """``text`` cut before its last whitespace character ("" without one)."""
+    i = max((text.rfind(c) for c in (" ", "\n", "\t", "\r")), default=-1)
+    return text[:i] if i > 0 else ""
+
+
 @dataclass
 class TextStream:
-    """Turns committed token ids into text pieces, each character exactly once.
+    """Turns committed token ids into text pieces, each character exactly once; the pieces always add up to the
+    request's final ``text``.
 
-    Holds back text that ends in an incomplete multi-byte character (U+FFFD), as transformers' ``TextStreamer``
-    does, and, with stop strings, the tail that could still become a stop string. The final piece comes from the
-    request's ``text`` (see :func:`without_incomplete_character`), so the pieces always add up to it.
+    A piece is only text that later tokens cannot change: an incomplete multi-byte character at the end (U+FFFD) is
+    held back, as transformers' ``TextStreamer`` does; so is the end of the text that could still grow into a stop
+    string (:func:`stop_prefix_length`: only what matches a stop string's beginning, not the stop string's length);
+    and, for a tokenizer whose decode rewrites earlier text (``clean_up_tokenization_spaces``: ``"it '"`` becomes
+    ``"it's"`` once ``s`` arrives, ``"a ,"`` becomes ``"a,"``), the last word with the space before it
+    (``hold_last_word``; switched on by itself the first time a decode does not extend the previous one). The final
+    piece comes from the request's ``text`` (see :func:`without_incomplete_character`).
     """
 
     decode: Callable[[list[int]], str]
     emit: Callable[[str], None]
-    holdback: int = 0  # longest stop string - 1
+    stop_strings: tuple[str, ...] = ()
+    hold_last_word: bool = False
     sent: str = ""
+    _last: str = ""  # the previous decode, without an incomplete character at its end
 
     def update(self, generated: list[int], final: bool = False, final_text: str | None = None) -> None:
-        text = final_text if final_text is not None else self.decode(generated)
-        if not final:
-            if text.endswith(REPLACEMENT):
-                return
-            text = text[: max(len(self.sent), len(text) - self.holdback)]
+        if final:
+            text = final_text if final_text is not None else self.decode(generated)
+        else:
+            text = without_incomplete_character(self.decode(generated))
+            if not text.startswith(self._last):  # this decode rewrote earlier text: hold words back from now on
+                self.hold_last_word = True
+            self._last = text
+            if self.hold_last_word:
+                text = _before_last_space(text)
+            text = text[: len(text) - stop_prefix_length(text, self.stop_strings)]
         if text.startswith(self.sent) and len(text) > len(self.sent):
             self.emit(text[len(self.sent) :])
             self.sent = text
+        elif final and not text.startswith(self.sent):  # a decode that rewrote text far back: say so, never silently
+            logging.getLogger("specframe").warning(
+                "the streamed text differs from the final text: the tokenizer's decode rewrote %d streamed characters;"
+                " the returned text is the right one", len(self.sent) - len(os.path.commonprefix([self.sent, text])))

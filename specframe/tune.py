@@ -324,7 +324,11 @@ def get_profile(directory: Path, model_name: str, device: str, progress: Any = N
     if prof.others_load > 0.3:
         log.warning("machine profile measured while other processes used %.1f cores: kept as provisional, measured "
                     "again on a later start when the machine is quiet", prof.others_load)
-    prof.save(profile_path(key))
+    try:
+        prof.save(profile_path(key))
+    except OSError as exc:  # a cache that cannot be written costs a measurement next time, not this run
+        log.warning("machine profile not saved to %s (%s): this run uses it; the next one measures again",
+                    profile_path(key), exc.strerror or type(exc).__name__)
     return prof
 
 

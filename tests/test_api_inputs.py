@@ -73,8 +73,8 @@ def test_a_proposer_name_string_is_accepted(sf):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"max_new_tokens": 0}, "max_new_tokens must be a whole number >= 1, got 0"),
-    ({"max_new_tokens": 2.5}, "max_new_tokens must be a whole number >= 1"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be a whole number in [1, 2**63), got 0"),
+    ({"max_new_tokens": 2.5}, "max_new_tokens must be a whole number in [1, 2**63)"),
     ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
     ({"temperature": "hot"}, "temperature must be a number, got 'hot'"),
     ({"top_p": 1.5}, "top_p must be in (0, 1]"),

@@ -275,4 +275,22 @@ def test_bench_values_follow_the_configs_own_rules(tmp_path):
     msg = str(info.value)
     assert msg.startswith(f"{path}: ") and "Value error" not in msg
     assert "temperature: must be a finite number >= 0 (0 = greedy)" in msg
-    assert "seeds.1: must be a whole number in [0, 2**63)" in msg and "max_new_tokens: must be a whole number >= 1" in msg
+    assert "seeds.1: must be a whole number in [0, 2**63)" in msg and "max_new_tokens: must be a whole number in [1, 2**63)" in msg
+
+
+@pytest.mark.parametrize("ids", [[None, None, None, None], [7, 7, 8, 7]], ids=["no ids", "repeated ids"])
+def test_questions_without_or_with_repeated_ids_are_told_apart(sf, ids):
+    """Records are keyed by position in the run, not by question_id: an exact strategy passes the lossless check
+    even when ids are missing or repeated (joined on the id, every question met the first one's baseline)."""
+    questions = [Prompt(q.text, i, q.category) for q, i in zip(QUESTIONS, ids)]
+    cfg = _cfg(warmup=0, strategies=[{"name": "ngram", "proposers": [{"name": "ngram", "k": 4}]}])
+    records = BenchRunner(sf, cfg).run(questions)
+    assert [r["question"] for r in records] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert lossless_check(sf, records, questions, cfg.chat) == []
+    summary = aggregate(records, [s.name for s in cfg.strategies])
+    overall = summary["columns"][-1]  # "overall"
+    assert [summary["strategies"][s.name]["by_column"][overall]["questions"] for s in cfg.strategies] == [4, 4]
+    broken = next(r for r in records if r["strategy"] == "ngram" and r["question"] == 2)
+    broken["token_ids"] = broken["token_ids"][:3] + [(broken["token_ids"][3] + 1) % 64] + broken["token_ids"][4:]
+    (m,) = lossless_check(sf, records, questions, cfg.chat)
+    assert (m["question"], m["first_divergence"]) == (2, 3)

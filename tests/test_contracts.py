@@ -133,9 +133,9 @@ def test_stream_emits_each_character_once():
 
 def test_stream_holds_back_a_possible_stop_string_prefix():
     pieces: list[str] = []
-    stream = TextStream(decode, pieces.append, holdback=len("w3 w4") - 1)
-    stream.update([1, 2, 3])  # "w1 w2 w3": the last 4 characters ("2 w3") could hold a prefix of "w3 w4"
-    assert "".join(pieces) == "w1 w"
+    stream = TextStream(decode, pieces.append, stop_strings=("w3 w4",))
+    stream.update([1, 2, 3])  # "w1 w2 w3": only its end "w3" can still become the stop string "w3 w4"
+    assert "".join(pieces) == "w1 w2 "
     stream.update([1, 2, 3, 4], final=True, final_text="w1 w2 ")  # stopped: the final text is cut
     assert "".join(pieces) == "w1 w2 "
 

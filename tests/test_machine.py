@@ -701,7 +701,7 @@ def test_a_lone_proposer_is_routed_only_with_a_measured_cost_or_an_explicit_rout
 
 @pytest.mark.parametrize("bad", [0, -1])
 def test_threads_below_one_rejected(bad, tmp_path):
-    with pytest.raises(ConfigError, match="threads must be >= 1 or auto"):
+    with pytest.raises(ConfigError, match=r"threads must be in \[1, 1024\] or auto"):
         load_config(None, threads=bad)
     f = tmp_path / "c.yaml"
     f.write_text(f"threads: {bad}\n")

@@ -1,16 +1,19 @@
 """The converted-model cache (:mod:`specframe.models`): entries are keyed by the GGUF's content, so the same weights
-installed in two venvs share one entry, and different weights at the same path get their own."""
+installed in two venvs share one entry, and different weights at the same path get their own; an entry damaged in
+place is rebuilt; a cache that cannot be written (a file, a full disk) is one error line; a machine profile that
+cannot be saved is a warning."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 from specframe import models
-from specframe.models import ENTRY_VERSION, MANIFEST, ModelSource, model_directory
+from specframe.models import MANIFEST, ModelSource, model_directory
 
 
 @pytest.fixture
@@ -21,9 +24,10 @@ def conversions(tmp_path, monkeypatch) -> list[Path]:
 
     def convert(gguf: Path, entry: Path, log) -> None:
         calls.append(gguf)
+        shutil.rmtree(entry, ignore_errors=True)  # a damaged entry is replaced, as convert_gguf does
         entry.mkdir(parents=True)
         (entry / "model.safetensors").write_bytes(b"w")
-        (entry / MANIFEST).write_text(json.dumps({"version": ENTRY_VERSION, "files": {"model.safetensors": 1}}))
+        models.write_manifest(entry)
 
     monkeypatch.setattr(models, "convert_gguf", convert)
     return calls
@@ -123,3 +127,121 @@ def test_an_unknown_draft_name_lists_the_builtin_ones(tiny_builtin):
 
     with pytest.raises(UnknownModelError, match=r"unknown model 'gemma3-270m-draft': use a built-in name \(.*tiny-draft"):
         models.resolve_model("gemma3-270m-draft")
+
+
+# --- entries damaged in place, caches that cannot be written ----------------------------------------------------------
+
+
+@pytest.fixture
+def real_conversions(tmp_path, monkeypatch) -> list[Path]:
+    """A private cache, and a conversion that writes a real (tiny) transformers model into the entry."""
+    from .support import build_model, build_tokenizer
+
+    monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path / "cache"))
+    calls: list[Path] = []
+
+    def convert(gguf: Path, entry: Path, log) -> None:
+        calls.append(gguf)
+        tmp = entry.with_name(".tmp-" + entry.name)
+        build_model("llama").save_pretrained(tmp)
+        build_tokenizer().save_pretrained(tmp)
+        models.write_manifest(tmp)
+        shutil.rmtree(entry, ignore_errors=True)
+        tmp.rename(entry)
+
+    monkeypatch.setattr(models, "convert_gguf", convert)
+    return calls
+
+
+@pytest.mark.parametrize("where", ["safetensors header", "weights", "tokenizer"])
+def test_an_entry_damaged_in_place_is_rebuilt(tmp_path, real_conversions, where):
+    import torch
+
+    gguf = _gguf(tmp_path, "venv", b"GGUF" + bytes(100))
+    entry = model_directory(ModelSource("tiny", gguf=gguf))
+    name, at = {"safetensors header": ("model.safetensors", 12), "weights": ("model.safetensors", -40),
+                "tokenizer": ("tokenizer.json", 30)}[where]
+    path = entry / name
+    data = bytearray(path.read_bytes())
+    data[at : at + 8 if at >= 0 else at + 8 or None] = b"\xff" * 8  # same size, other content
+    path.write_bytes(bytes(data))
+    assert "damaged" in (models.entry_problem(entry) or "")
+    logged: list[str] = []
+    assert model_directory(ModelSource("tiny", gguf=gguf), logged.append) == entry
+    assert real_conversions == [gguf, gguf] and any("damaged" in line and name in line for line in logged)
+    assert models.entry_problem(entry) is None
+    model, tok = models.load_model(entry, torch.float32, "cpu")  # the rebuilt entry loads
+    assert tok is not None
+
+
+@pytest.mark.parametrize("manifest", ["{", '{"version": 3, "files": []}', '{"version": 3, "files": {"x": 1}}',
+                                      '{"version": 2, "files": {"model.safetensors": 1}}', "[]"])
+def test_a_damaged_manifest_is_rebuilt_not_a_traceback(tmp_path, conversions, manifest):
+    gguf = _gguf(tmp_path, "venv", b"GGUF" + bytes(100))
+    entry = model_directory(ModelSource("m", gguf=gguf))
+    (entry / MANIFEST).write_text(manifest)
+    assert model_directory(ModelSource("m", gguf=gguf)) == entry and len(conversions) == 2
+    assert json.loads((entry / MANIFEST).read_text())["files"]["model.safetensors"]["crc32"] == models.file_crc32(
+        entry / "model.safetensors")
+
+
+def test_a_cache_that_is_a_file_is_one_error_line(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from specframe import cli
+
+    cache = tmp_path / "cache-file"
+    cache.write_text("not a folder")
+    monkeypatch.setenv("SPECFRAME_CACHE", str(cache))
+    gguf = _gguf(tmp_path, "venv", b"GGUF" + bytes(100))
+    with pytest.raises(models.CacheError, match=f"the cache {cache} .*is a file, not a folder.*SPECFRAME_CACHE"):
+        model_directory(ModelSource("m", gguf=gguf))
+    for args in (["generate", "hi", "--model", str(gguf)], ["tune", "--model", str(gguf)]):
+        res = CliRunner().invoke(cli.app, args)
+        assert res.exit_code == 2, (args, res.output, res.exception)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and str(cache) in lines[0], res.stderr
+        assert "is a file, not a folder" in lines[0] and "Traceback" not in res.output
+
+
+def test_a_full_disk_during_conversion_is_one_error_and_leaves_nothing(tmp_path, monkeypatch):
+    import safetensors.torch
+    import transformers
+    from safetensors import SafetensorError
+
+    from .support import build_model, build_tokenizer
+
+    monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: build_model("llama"))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: build_tokenizer())
+
+    def full(*args, **kwargs):
+        raise SafetensorError('Error while serializing: I/O error: No space left on device (os error 28)')
+
+    monkeypatch.setattr(safetensors.torch, "save_model", full)
+    gguf = _gguf(tmp_path, "venv", b"GGUF" + bytes(100))
+    with pytest.raises(models.CacheError, match="no space left on the device") as info:
+        model_directory(ModelSource("m", gguf=gguf))
+    assert str(tmp_path / "cache") in str(info.value) and "\n" not in str(info.value)
+    assert [p.name for p in (tmp_path / "cache" / "models").iterdir()] == [models.HASHES]  # no entry, no temporary
+
+
+def test_a_machine_profile_that_cannot_be_saved_warns_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
+    from specframe import tune
+
+    cache = tmp_path / "cache-file"
+    cache.write_text("x")
+    monkeypatch.setenv("SPECFRAME_CACHE", str(cache))
+
+    class Measured:
+        measured, others_load = ["one candidate"], 0.0
+        save = tune.MachineProfile.save
+
+        def to_json(self):
+            return {}
+
+    prof = Measured()
+    monkeypatch.setattr(tune, "measure_profile", lambda *a, **k: prof)
+    with caplog.at_level("WARNING", logger="specframe"):
+        assert tune.get_profile(tmp_path, "m", "cpu", refresh=True) is prof
+    assert "machine profile not saved" in caplog.text and str(cache) in caplog.text

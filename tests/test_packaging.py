@@ -35,7 +35,11 @@ def wheel(tmp_path_factory) -> tuple[Path, set[str]]:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (path,) = out.glob("specframe-*.whl")
+    BUILD_OUTPUT.append(proc.stdout + proc.stderr)
     return path, set(zipfile.ZipFile(path).namelist())
+
+
+BUILD_OUTPUT: list[str] = []  # what the wheel build printed (the fixture's build)
 
 
 def _packages(folder: Path, installed_as: str) -> set[str]:
@@ -84,3 +88,10 @@ def test_the_shipped_traces_ship(wheel):
                for p in (ROOT / "specframe" / "testing" / "traces").glob("*/*") if p.is_file()}
     assert {n.rsplit("/", 1)[1] for n in shipped} == {"manifest.json", "tokens.json.gz"}
     assert not shipped - names, sorted(shipped - names)
+
+
+def test_the_build_is_quiet(wheel):
+    """No setuptools BuildBackendWarning (a data folder missing from ``packages``, ...): what every ``pip install -e .``
+    of scripts/setup.sh would print."""
+    assert BUILD_OUTPUT and "BuildBackendWarning" not in BUILD_OUTPUT[-1], BUILD_OUTPUT[-1][:3000]
+    assert "specframe.testing.traces" not in BUILD_OUTPUT[-1]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -395,3 +396,94 @@ def test_a_draft_model_replays_as_live(envs, tmp_path):
             assert {k: rec["metrics"][k] for k in COUNTS} == {k: live[k] for k in COUNTS}, (name, q.question_id)
             assert {lab: {k: p[k] for k in ATTRIBUTION} for lab, p in rec["metrics"]["proposers"].items()} == \
                    {lab: {k: p[k] for k in ATTRIBUTION} for lab, p in live["proposers"].items()}
+
+
+def _edit_manifest(folder: Path, edit) -> None:
+    m = json.loads((folder / "manifest.json").read_text())
+    edit(m)
+    (folder / "manifest.json").write_text(json.dumps(m))
+
+
+def _set(path: str, value):
+    """An edit setting the manifest field at ``path`` (``a/b/0``: a number indexes a list) to ``value``."""
+    def edit(m):
+        *parents, last = path.split("/")
+        for key in parents:
+            m = m[int(key)] if isinstance(m, list) else m[key]
+        if isinstance(m, list):
+            m[int(last)] = value
+        else:
+            m[last] = value
+    return edit
+
+
+MALFORMED = [
+    ("files", []), ("files", ["tokens.json.gz"]), ("files", {"tokens.json.gz": 3}), ("files", {}), ("files/tokens.json.gz", {"bytes": "12"}),
+    ("questions", {}), ("questions/0", "q"), ("questions/0/prompt_tokens", "53"), ("questions/0/finish_reason", "eos"),
+    ("target", None), ("target/vocab_size", 1.5), ("target/eos_token_ids", 2), ("target/supports_trees", "yes"),
+    ("recorded_with", "none"), ("recorded_with", []), ("recorded_with/0", {"k": 1}), ("model", 3),
+    ("dtype", "float16"), ("max_new_tokens", True), ("chat", "true"), ("cost", []), ("cost", {"t_ms": {"x": [1.0]}}),
+    ("features", {"layers": {"3": "some"}}), ("features", "all"), ("bytes_per_token", []),
+]
+
+
+@pytest.mark.parametrize("path, value", MALFORMED, ids=[f"{p}={v!r}" for p, v in MALFORMED])
+def test_every_malformed_manifest_field_is_one_trace_error(envs, tmp_path, path, value):
+    _, trace, _ = envs["llama"]
+    folder = _copy(trace, tmp_path)
+    top = path.split("/")[0]
+    _edit_manifest(folder, _set(path, value))
+    with pytest.raises(TraceError) as info:
+        read_trace(folder)
+    message = str(info.value)
+    assert "\n" not in message and "manifest.json" in message and top in message, message
+
+
+def _rewrite_tokens(folder: Path, payload) -> None:
+    """Replace tokens.json.gz and record its new size and checksum, so only its content is wrong."""
+    import hashlib
+
+    data = gzip.compress(json.dumps(payload).encode())
+    (folder / "tokens.json.gz").write_bytes(data)
+    _edit_manifest(folder, _set("files/tokens.json.gz", {"bytes": len(data),
+                                                         "sha256": hashlib.sha256(data).hexdigest()}))
+
+
+@pytest.mark.parametrize("change", ["not a list", "no prompt", "ids as strings", "outside the vocabulary", "a float id"])
+def test_a_malformed_tokens_file_is_one_trace_error(envs, tmp_path, change):
+    _, trace, _ = envs["llama"]
+    folder = _copy(trace, tmp_path)
+    payload = json.loads(gzip.decompress((folder / "tokens.json.gz").read_bytes()))
+    if change == "not a list":
+        payload = {"prompt": [1]}
+    elif change == "no prompt":
+        del payload[0]["prompt"]
+    elif change == "ids as strings":
+        payload[0]["generated"] = [str(t) for t in payload[0]["generated"]]
+    elif change == "outside the vocabulary":
+        payload[1]["prompt"][0] = 10**6
+    else:
+        payload[0]["prompt"][0] = 1.0
+    _rewrite_tokens(folder, payload)
+    with pytest.raises(TraceError, match="tokens.json.gz") as info:
+        read_trace(folder)
+    assert "\n" not in str(info.value)
+
+
+def test_a_malformed_manifest_is_one_error_line_in_the_cli(tmp_path):
+    from typer.testing import CliRunner
+
+    from specframe import cli
+
+    shipped = Path(specframe.__file__).parent / "testing" / "traces" / "smollm2-135m-instruct-fp32-dev"
+    folder = tmp_path / "trace"
+    shutil.copytree(shipped, folder)
+    _edit_manifest(folder, _set("files", ["tokens.json.gz"]))
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text("dtype: float32\nstrategies: [{name: ngram, proposers: [ngram]}]\n")
+    res = CliRunner().invoke(cli.app, ["replay", "--traces", str(folder), "--config", str(cfg), "--output",
+                                       str(tmp_path / "out"), "--no-ray"])
+    assert res.exit_code == 2, (res.output, res.exception)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "files" in lines[0], res.stderr
+    assert not (tmp_path / "out").exists()

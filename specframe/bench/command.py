@@ -23,13 +23,15 @@ def bench(
     profile: Optional[bool] = typer.Option(
         None, "--profile/--no-profile",
         help="Measure the target's cost curve v(n) too (default: when the config has a `profile:` section)."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue an interrupted run of the same config and questions from OUTPUT/records.jsonl."),
 ) -> None:
     """Compare strategies side by side on Spec-Bench questions, against HF transformers peers."""
     from ..console import fail
     from ..errors import SpecframeError
 
     try:
-        _bench(config, questions, categories, limit_per_category, max_new_tokens, output, profile)
+        _bench(config, questions, categories, limit_per_category, max_new_tokens, output, profile, resume)
     except SpecframeError as exc:
         fail(exc)
 
@@ -90,9 +92,10 @@ def validate_bench_config(cfg: Any, registry: Any) -> None:
                 raise type(exc)(f"strategy {s.name!r}: assistant_model: {exc}") from None
 
 
-def _bench(config, questions, categories, limit_per_category, max_new_tokens, output, profile) -> None:
-    """Validate everything, load each model once, run the strategies interleaved, then write results.json,
-    report.md and the plots to ``output``."""
+def _bench(config, questions, categories, limit_per_category, max_new_tokens, output, profile, resume=False) -> None:
+    """Validate everything, load each model once, run the strategies interleaved (each finished run appended to
+    ``output/records.jsonl``, see :mod:`specframe.bench.journal`), then write results.json, report.md and the plots
+    to ``output``. Ctrl-C keeps the finished runs and says how to resume."""
     from ..console import err
     from ..registry import build_registry
     from .report import aggregate
@@ -110,9 +113,22 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
         err.print(f"measuring the cost curve v(n) too: {config} has a `profile:` section (--no-profile skips it)",
                   markup=False, soft_wrap=True)
 
+    from .journal import Journal, run_key
+
+    journal = Journal(output, run_key(cfg.model_dump(), chosen), resume)
+    if resume:
+        err.print(f"resuming: {len(journal.done)} finished runs kept from {journal.path}", markup=False, soft_wrap=True)
+
     # 2. load once, 3. run
     by_strategy, assistants = _load_strategies(cfg, registry, err)
-    records, prof = _run_strategies(cfg, chosen, by_strategy, assistants, err)
+    try:
+        records, prof = _run_strategies(cfg, chosen, by_strategy, assistants, err, journal)
+    except KeyboardInterrupt:
+        journal.close()
+        err.print(f"interrupted: the finished runs are kept in {journal.path}; to continue, run the same command with "
+                  "--resume", markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
+    journal.close()
     lossless = lossless_check(by_strategy.__getitem__, records, chosen, cfg.chat) if is_greedy_temperature(cfg.temperature) else None
     summary = aggregate(records, [s.name for s in cfg.strategies], prof, cfg.reference)
     results: dict[str, Any] = {
@@ -196,9 +212,10 @@ def _load_strategies(cfg, registry, err) -> tuple[dict[str, Any], dict[str, Any]
     return by_strategy, assistants
 
 
-def _run_strategies(cfg, chosen, by_strategy, assistants, err) -> tuple[list[dict], Any]:
+def _run_strategies(cfg, chosen, by_strategy, assistants, err, journal=None) -> tuple[list[dict], Any]:
     """Measure the cost curve v(n) when the config asks for it, then run every strategy on the chosen questions,
-    interleaved, with a progress bar: (records, cost profile or None)."""
+    interleaved, with a progress bar on a terminal and a line per finished question otherwise (piped, nohup, CI);
+    each finished run goes to ``journal``: (records, cost profile or None)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from .config import BASELINE
@@ -220,8 +237,20 @@ def _run_strategies(cfg, chosen, by_strategy, assistants, err) -> tuple[list[dic
                                       cfg.profile.repeats, progress=lambda: progress.advance(t))
         task = progress.add_task("bench", total=runs + warm)
         runner = BenchRunner(by_strategy, cfg, assistants)
-        records = runner.run(chosen, advance=lambda s: progress.update(task, advance=1, description=f"bench {s:>16}"))
+        records = runner.run(chosen, advance=lambda s: progress.update(task, advance=1, description=f"bench {s:>16}"),
+                             done=journal.done if journal else None, on_record=journal.add if journal else lambda r: None,
+                             on_question=None if err.is_terminal else _question_line(err, chosen))
     return records, prof
+
+
+def _question_line(err, chosen) -> Any:
+    """``on_question`` for a stderr that is not a terminal: ``question 3/30 (id 81, writing): none 9.8 tok/s, ...``."""
+    def line(i: int, recs: list[dict]) -> None:
+        q = chosen[i]
+        what = ", ".join(x for x in (f"id {q.question_id}" if q.question_id is not None else "", q.category or "") if x)
+        speeds = ", ".join(f"{r['strategy']} {r['metrics'].get('tokens_per_s', 0):.1f} tok/s" for r in recs)
+        err.print(f"question {i + 1}/{len(chosen)}{f' ({what})' if what else ''}: {speeds}", markup=False, soft_wrap=True)
+    return line
 
 
 def _bench_environment(by_strategy, records) -> dict[str, Any]:

@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..config import LlamaCppSettings, MaxNewTokens, Seed, Temperature, TopK, TopP, validation_line
+from ..config import MAX_THREADS, LlamaCppSettings, MaxNewTokens, Seed, Temperature, TopK, TopP, validation_line
 from ..errors import ConfigError
+from ..yamlfile import read_yaml
 
 HF_PEERS = ("hf-greedy", "hf-prompt-lookup", "hf-assisted")
 LLAMACPP_PEERS = ("llamacpp-greedy", "llamacpp-prompt-lookup")  # (specframe.llamacpp.peers.PEERS)
@@ -73,8 +73,8 @@ class Strategy(BaseModel):
 
     @model_validator(mode="after")
     def _one_kind(self) -> "Strategy":
-        if isinstance(self.threads, int) and self.threads < 1:
-            raise ValueError(f"strategy {self.name!r}: threads must be >= 1 or auto")
+        if isinstance(self.threads, int) and not 1 <= self.threads <= MAX_THREADS:
+            raise ValueError(f"strategy {self.name!r}: threads must be in [1, {MAX_THREADS}] or auto")
         if (self.proposers is None) == (self.peer is None):
             raise ValueError(f"strategy {self.name!r}: give exactly one of `proposers` or `peer`")
         if self.peer is not None and (self.merge is not None or self.router is not None):
@@ -91,9 +91,9 @@ class Strategy(BaseModel):
 class ProfileConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    context: int = Field(512, ge=1, description="Context length (tokens in the KV cache) for v(n).")
+    context: int = Field(512, ge=1, le=1 << 20, description="Context length (tokens in the KV cache) for v(n).")
     max_tokens: int = Field(32, ge=1, le=256, description="v(n) is measured for n = 1..max_tokens.")
-    repeats: int = Field(5, ge=1, description="Timed repeats per n (median).")
+    repeats: int = Field(5, ge=1, le=1000, description="Timed repeats per n (median).")
 
 
 class BenchConfig(BaseModel):
@@ -124,8 +124,8 @@ class BenchConfig(BaseModel):
 
     @model_validator(mode="after")
     def _names(self) -> "BenchConfig":
-        if isinstance(self.threads, int) and self.threads < 1:
-            raise ValueError("threads must be >= 1 or auto")
+        if isinstance(self.threads, int) and not 1 <= self.threads <= MAX_THREADS:
+            raise ValueError(f"threads must be in [1, {MAX_THREADS}] or auto")
         from .grid import expand
 
         self.strategies = [point for s in self.strategies for point in expand(s)]
@@ -148,14 +148,9 @@ def load_bench_config(path: str | Path, **overrides: Any) -> BenchConfig:
     """Read and validate a bench config; ``None`` overrides are ignored.
 
     Raises:
-        ConfigError: unreadable file, bad YAML, unknown keys or out-of-range values.
+        ConfigError: unreadable file, not UTF-8, bad YAML, a key given twice, unknown keys or out-of-range values.
     """
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read bench config {path}: {exc.strerror}") from None
-    except yaml.YAMLError:
-        raise ConfigError(f"{path}: invalid YAML") from None
+    data = read_yaml(path, "bench config")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
     data.update({k: v for k, v in overrides.items() if v is not None})

@@ -43,7 +43,7 @@ def aggregate(records: list[dict[str, Any]], strategies: list[str], profile: dic
             fwd = _sum(rs, "target_forwards")
             drafted, accepted = _sum(rs, "drafted_tokens"), _sum(rs, "accepted_tokens")
             per[col] = {
-                "questions": len({(r["question_id"], r["seed"], r["repeat"]) for r in rs}),
+                "questions": len({(r["question"], r["seed"], r["repeat"]) for r in rs}),
                 "new_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
                 "target_forwards": fwd, "tau": tokens / fwd if fwd else 0.0,
                 "alpha": (accepted / drafted if drafted else 0.0) if rs[0]["kind"] == "specframe" else None,
@@ -258,7 +258,7 @@ def render_markdown(results: dict[str, Any], plots: list[str], sections: tuple[s
 
 def _questions(results: dict[str, Any]) -> str:
     """"N question(s)": the distinct questions of the records."""
-    n_q = len({r["question_id"] for r in results["records"]})
+    n_q = len({r["question"] for r in results["records"]})
     return f"{n_q} question{'s' if n_q != 1 else ''}"
 
 

@@ -115,24 +115,43 @@ class BenchRunner:
             rec["others_load"] = round(self.monitor.sample().others, 2)  # other processes' cores during this run
         return rec
 
-    def run(self, questions: list[Prompt], advance: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
+    def run(self, questions: list[Prompt], advance: Callable[[str], None] = lambda s: None,
+            done: dict[tuple, dict[str, Any]] | None = None, on_record: Callable[[dict[str, Any]], None] = lambda r: None,
+            on_question: Callable[[int, list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+        """Every strategy on every question, interleaved; returns the records in run order.
+
+        ``done``: records of an earlier, interrupted run by :func:`~specframe.bench.journal.record_key`, used as
+        they are instead of running again. ``on_record`` hears of each newly finished record, ``on_question`` of each
+        finished question (its position and records).
+        """
         c = self.cfg
+        done = done or {}
         encoded = [self.sf.encode(q.text, c.chat) for q in questions]
         for ids in encoded[: c.warmup]:
             for s in c.strategies:
                 self.run_one(s, ids, c.seeds[0], min(16, c.max_new_tokens))
                 advance(f"warm-up {s.name}")
         records = []
-        for q, ids in zip(questions, encoded):
+        for i, (q, ids) in enumerate(zip(questions, encoded)):
+            first = len(records)
             for seed in c.seeds:
                 for rep in range(c.repeats):
                     for s in c.strategies:  # interleaved: A B C A B C ...
+                        if (i, seed, rep, s.name) in done:
+                            records.append(done[(i, seed, rep, s.name)])
+                            advance(s.name)
+                            continue
                         rec = self.run_one(s, ids, seed, c.max_new_tokens)
-                        rec.update(question_id=q.question_id, category=q.category, group=category_group(q.category, c.categories),
+                        # `question` (the position in the run) keys a record: ids may be missing or repeated
+                        rec.update(question=i, question_id=q.question_id, category=q.category,
+                                   group=category_group(q.category, c.categories),
                                    strategy=s.name, kind="peer" if s.peer else "specframe", seed=seed, repeat=rep,
                                    prompt_tokens=len(ids), plain=s.proposers == [{"name": BASELINE}])
                         records.append(rec)
+                        on_record(rec)
                         advance(s.name)
+            if on_question is not None:
+                on_question(i, records[first:])
         return records
 
 
@@ -148,8 +167,9 @@ def is_near_tie(gap: float, top1: float, dtype: torch.dtype) -> bool:
 
 
 def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Prompt], chat: bool) -> list[dict[str, Any]]:
-    """Greedy runs: every strategy's token ids must equal the baseline's for the same question, seed, repeat, run
-    with the same dtype and weight layout (``none``, or another plain-decoding strategy for other settings; runs
+    """Greedy runs: every strategy's token ids must equal the baseline's for the same question (by position:
+    ``record["question"]`` indexes ``questions``, so questions without a ``question_id`` or with a repeated one are
+    told apart), seed, repeat, run with the same dtype and weight layout (``none``, or another plain-decoding strategy for other settings; runs
     with no such reference are not compared). ``sf``: a ``Specframe``, or a callable strategy name -> ``Specframe``.
 
     Returns one entry per mismatch with the first divergent position and the target's top-2 logit gap there
@@ -167,13 +187,12 @@ def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Promp
             plain.append(r)
     base: dict[tuple, dict[str, Any]] = {}
     for r in plain:
-        base.setdefault((r["question_id"], r["seed"], r["repeat"], layout(r)), r)
-    text = {q.question_id: q.text for q in questions}
+        base.setdefault((r["question"], r["seed"], r["repeat"], layout(r)), r)
     out = []
     for r in records:
         if r["strategy"] == BASELINE or r in plain:
             continue
-        b = base.get((r["question_id"], r["seed"], r["repeat"], layout(r)))
+        b = base.get((r["question"], r["seed"], r["repeat"], layout(r)))
         if b is None:  # no plain-decoding run with the same dtype and layout: nothing to compare with
             continue
         got, ref = r["token_ids"], b["token_ids"]
@@ -181,13 +200,14 @@ def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Promp
             continue
         first = next((i for i, (x, y) in enumerate(zip(got, ref)) if x != y), min(len(got), len(ref)))
         one = sf(r["strategy"]) if callable(sf) else sf
-        ids = one.encode(text[r["question_id"]], chat) + ref[:first]
+        ids = one.encode(questions[r["question"]].text, chat) + ref[:first]
         target = one.target
         logits = target.last_logits(ids)
         top = torch.topk(logits, 2)
         gap = float(top.values[0] - top.values[1])
         out.append({
-            "strategy": r["strategy"], "kind": r["kind"], "question_id": r["question_id"], "seed": r["seed"],
+            "strategy": r["strategy"], "kind": r["kind"], "question": r["question"], "question_id": r["question_id"],
+            "seed": r["seed"],
             "repeat": r["repeat"], "first_divergence": first, "baseline_token": ref[first] if first < len(ref) else None,
             "strategy_token": got[first] if first < len(got) else None,
             "top2_logit_gap": gap,

@@ -53,7 +53,10 @@ def default_datastore(tokenizer: Any, model: str = "", preset: str = DEFAULT_PRE
     log.info("building the default %s datastore into %s", preset, path)
     t0 = time.perf_counter()
     ids = tokenize(tokenizer, source.texts)
-    return build_datastore(
-        ids, path, vocab_size=len(tokenizer), model=model, tokenizer=info, sources=[source.info],
-        input_bytes=source.info["bytes"], force=True, extra_build_s=time.perf_counter() - t0,
-    )
+    from ..models import writing_cache
+
+    with writing_cache(f"the default {preset} datastore"):
+        return build_datastore(
+            ids, path, vocab_size=len(tokenizer), model=model, tokenizer=info, sources=[source.info],
+            input_bytes=source.info["bytes"], force=True, extra_build_s=time.perf_counter() - t0,
+        )

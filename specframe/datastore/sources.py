@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..jsonl import jsonl_lines
 from .store import DatastoreError
 
 TEXT_SUFFIXES = (".txt",)
@@ -97,9 +98,7 @@ def read_file(path: Path, field: str = "text") -> Source:
         texts = [raw] if raw.strip() else []
     else:
         texts = []
-        for lineno, line in enumerate(raw.splitlines(), 1):
-            if not line.strip():
-                continue
+        for lineno, line in jsonl_lines(raw):
             try:
                 record = json.loads(line)
             except ValueError as exc:

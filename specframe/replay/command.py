@@ -24,12 +24,9 @@ def _proposer_entry(text: str) -> dict[str, Any]:
     """``--features-for`` value: a proposer name, or a proposer config as a YAML / JSON mapping with a ``name``."""
     if not text.lstrip().startswith("{"):
         return {"name": text}
-    import yaml
+    from ..yamlfile import parse_yaml
 
-    try:
-        entry = yaml.safe_load(text)
-    except yaml.YAMLError:
-        entry = None
+    entry = parse_yaml(text, f"--features-for {text!r}")
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise ConfigError(f"--features-for {text!r}: give a proposer name or a mapping with a name, e.g. "
                           "'{name: medusa, heads: runs/medusa}'")
@@ -355,9 +352,8 @@ def _write(setup: _Setup, results: list[Any], where: str, total: float, traces: 
 
     cfg, trace = setup.cfg, setup.trace
     order = {s.name: i for i, s in enumerate(setup.strategies)}
-    asked = {p.question_id: i for i, p in enumerate(setup.chosen)}
     records = sorted((r for res in results for r in res.records),  # the bench's order: questions, then strategies
-                     key=lambda r: (asked[r["question_id"]], r["seed"], r["repeat"], order[r["strategy"]]))
+                     key=lambda r: (r["question"], r["seed"], r["repeat"], order[r["strategy"]]))
     for r in records:
         r["group"] = category_group(r["category"], cfg.categories)
     summary = aggregate(records, [s.name for s in setup.strategies])

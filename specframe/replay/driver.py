@@ -207,7 +207,8 @@ def replay_requests(engine_for: Callable[[], ContextManager[Any]], trace: Trace,
     :class:`~specframe.engine.Engine` whose verifier is a :class:`TraceVerifier`).
 
     Returns one record per request, as ``specframe bench`` writes them (``token_ids``, ``finish_reason``,
-    ``metrics``, ``question_id``, ``category``, ``seed``, ``repeat``, ``prompt_tokens``), with modeled times:
+    ``metrics``, ``question`` (the trace index), ``question_id``, ``category``, ``seed``, ``repeat``,
+    ``prompt_tokens``), with modeled times:
     ``metrics.forward_s`` = Σ T(1)·v(N + 1) over the steps, ``wall_s`` = that + the measured draft time (no prefill, no
     framework overhead), ``replay_s`` = the replay's own seconds.
 
@@ -237,7 +238,8 @@ def replay_requests(engine_for: Callable[[], ContextManager[Any]], trace: Trace,
         m["prefill_s"] = m["verify_s"] = m["other_s"] = 0.0
         m["tokens_per_s"] = round(m["new_tokens"] / m["wall_s"], 3) if m["wall_s"] else 0.0
         out.append({"token_ids": res.token_ids, "finish_reason": res.finish_reason, "metrics": m,
-                    "question_id": q.question_id, "category": q.category, "seed": r.seed, "repeat": r.repeat,
+                    "question": r.index, "question_id": q.question_id, "category": q.category, "seed": r.seed,
+                    "repeat": r.repeat,
                     "prompt_tokens": len(q.prompt)})
         advance()
     return out

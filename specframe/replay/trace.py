@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from ..errors import TraceError
+from .schema import check_manifest, check_tokens
 
 FORMAT = "specframe-trace"
 VERSION = 1
@@ -128,8 +129,8 @@ def read_trace(folder: str | Path) -> Trace:
     """Read and validate a trace folder.
 
     Raises:
-        TraceError: no such folder or no manifest, a manifest that is not valid JSON or lacks fields, another
-            format or a newer version, a data file that is missing, truncated or altered (size or SHA-256 differs
+        TraceError: no such folder or no manifest, a manifest that is not valid JSON, lacks fields or has one of
+            the wrong type (:mod:`specframe.replay.schema`), another format or a newer version, a data file that is missing, truncated or altered (size or SHA-256 differs
             from the manifest), or token lists that disagree with the manifest.
     """
     folder = Path(folder)
@@ -147,18 +148,16 @@ def read_trace(folder: str | Path) -> Trace:
     if m.get("version") != VERSION:
         raise TraceError(f"{path}: trace format version {m.get('version')!r}; this specframe reads version {VERSION}: "
                          f"{RECORD_AGAIN} with this version, or use the specframe that wrote it")
-    need = ("model", "dtype", "specframe", "max_new_tokens", "chat", "recorded_with", "target", "questions", "files")
-    missing = [k for k in need if k not in m]
-    if missing or TOKENS not in m["files"]:
-        raise TraceError(f"{path} lacks {', '.join(missing) or 'files.' + TOKENS}: {RECORD_AGAIN}")
+    check_manifest(m, str(path), RECORD_AGAIN)  # every field's type: one TraceError, never an AttributeError later
     for name, meta in m["files"].items():
         _check_file(folder / name, meta)
     try:
         payload = json.loads(gzip.decompress((folder / TOKENS).read_bytes()))
     except (OSError, EOFError, ValueError) as exc:
         raise TraceError(f"{folder / TOKENS} cannot be read ({type(exc).__name__}): {RECORD_AGAIN}") from None
+    check_tokens(payload, m["target"]["vocab_size"], str(folder / TOKENS), RECORD_AGAIN)
     entries = m["questions"]
-    if not isinstance(payload, list) or len(payload) != len(entries):
+    if len(payload) != len(entries):
         raise TraceError(f"{folder / TOKENS} holds {len(payload) if isinstance(payload, list) else 'no'} requests, the "
                          f"manifest lists {len(entries)}: {RECORD_AGAIN}")
     questions = []

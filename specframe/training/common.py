@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
+from ..jsonl import jsonl_lines
 
 T = TypeVar("T")
 
@@ -177,7 +178,7 @@ class LossLog:
         self.path = out / "train-log.jsonl"
         rows = []
         if resume_step and self.path.exists():
-            rows = [json.loads(x) for x in self.path.read_text().splitlines() if x.strip()]
+            rows = [json.loads(x) for _, x in jsonl_lines(self.path.read_text(encoding="utf-8"))]
             rows = [r for r in rows if r["step"] < resume_step]
         self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         self._f = self.path.open("a")
@@ -192,7 +193,7 @@ class LossLog:
 
 def final_means(out: Path, last: int = 20) -> tuple[float, float]:
     """Mean loss and accuracy of the last ``last`` steps in ``train-log.jsonl`` (also after a resumed run)."""
-    rows = [json.loads(x) for x in (out / "train-log.jsonl").read_text().splitlines() if x.strip()][-last:]
+    rows = [json.loads(x) for _, x in jsonl_lines((out / "train-log.jsonl").read_text(encoding="utf-8"))][-last:]
     if not rows:
         return float("nan"), float("nan")
     return sum(r["loss"] for r in rows) / len(rows), sum(r["acc"] for r in rows) / len(rows)
@@ -205,7 +206,7 @@ def plot_loss(out: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(x) for x in (out / "train-log.jsonl").read_text().splitlines() if x.strip()]
+    rows = [json.loads(x) for _, x in jsonl_lines((out / "train-log.jsonl").read_text(encoding="utf-8"))]
     steps = [r["step"] for r in rows]
 
     def smooth(xs: list[float], w: int = 20) -> list[float]:

@@ -89,7 +89,7 @@ def _write(path: Path, lines: list[str]) -> None:
 
 def _read(path: Path) -> list[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as fh:
+    with opener(path, "rt", encoding="utf-8") as fh:  # iteration splits at "\n" only: JSON Lines
         return [json.loads(line) for line in fh if line.strip()]
 
 
