@@ -49,10 +49,14 @@ prefix, unless keeping it whole costs at most ``keep_tolerance`` (3 %) of the be
 extra nodes are nearly free and a trim must clearly pay.
 
 Exploration, so a skipped proposer's statistics do not freeze: one left out (or whose draft was trimmed) for
-``probe_every`` steps in a row is run once with the full budget and its draft kept whole, and with probability
-``explore`` per step one costly
+``wait[j]`` steps in a row (``probe_every`` at first) is run once with the full budget and its draft kept whole, and
+with probability ``explore * probe_every / wait[j]`` per step one costly
 proposer (drawn from the router's own ``random.Random`` seeded with the request's seed: deterministic, no global
-RNG, and the request's generator is untouched) is run too.
+RNG, and the request's generator is untouched) is run too. A probe costs its draft and the nodes it adds to the
+forward; one whose accepted tokens do not pay for that (where the cost curve is steep, a whole draft of a proposer
+that is not worth running costs several forwards) multiplies the proposer's wait by ``probe_backoff`` (up to
+``probe_max``), and one that pays resets it: a proposer that does not pay is left out for the rest of the request
+but for probes that grow rarer, so what probing costs stays a small fraction of the run.
 """
 
 from __future__ import annotations
@@ -100,6 +104,10 @@ class AdaptiveConfig(RouterConfig):
         "budget every step; what of its draft is kept is decided once it is known.",
     )
     probe_every: int = Field(16, ge=1, description="Run a proposer left out this many steps in a row once, fully.")
+    probe_backoff: float = Field(
+        2.0, ge=1.0, description="After a probe (or exploration) that did not pay for itself, the wait before the next "
+        "one grows by this factor, up to probe_max; a probe that pays brings it back to probe_every (1 = fixed).")
+    probe_max: int = Field(512, ge=1, description="The longest wait between probes of one proposer, in steps.")
     keep_tolerance: float = Field(
         0.03, ge=0.0, lt=1.0, description="Keep a draft whole when that lowers the expected tokens per cost by at most "
         "this fraction (the nodes a trim saves must pay clearly; 0 = trim to the exact optimum).")
@@ -195,6 +203,7 @@ class AdaptiveRouter(RouterBase):
         self.starved = [0] * p  # steps in a row whose draft was trimmed (its deeper statistics went stale)
         self.rng = random.Random(seed)
         self.forced: set[int] = set()  # probed / explored this step: run with the full budget, kept whole
+        self.wait = [cfg.probe_every] * p  # steps left out (or trimmed) in a row before the next probe
 
     # --- decision ------------------------------------------------------------------------------------------
     def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> list[int]:
@@ -207,13 +216,15 @@ class AdaptiveRouter(RouterBase):
                 nodes[j] = budget  # drafting is (nearly) free: draft fully, keep what pays (revise)
         costly = [j for j, ok in enumerate(available) if ok and not free[j]]  # the ones a step may leave out
         for j in costly:
-            if self.idle[j] + 1 >= self.config.probe_every:
+            if self.idle[j] + 1 >= self.wait[j]:
                 self.forced.add(j)
         for j, ok in enumerate(available):  # a draft trimmed every step would never have its depths measured again
-            if ok and self.starved[j] + 1 >= self.config.probe_every:
+            if ok and self.starved[j] + 1 >= self.wait[j]:
                 self.forced.add(j)
         if costly and self.config.explore > 0 and self.rng.random() < self.config.explore:
-            self.forced.add(costly[self.rng.randrange(len(costly))])
+            j = costly[self.rng.randrange(len(costly))]
+            if self.rng.random() * self.wait[j] < self.config.probe_every:  # rarer for one whose probes did not pay
+                self.forced.add(j)
         for j in self.forced:
             nodes[j] = budget
         return nodes
@@ -334,6 +345,23 @@ class AdaptiveRouter(RouterBase):
             out.append(prods)
         return out
 
+    def _probed(self, j: int, report: StepReport) -> None:
+        """After a probe of ``j``: did its accepted tokens pay for its draft and the nodes it added to the forward
+        (in one-token forwards)? Yes: the next probe after ``probe_every`` steps; no: after ``probe_backoff`` times the
+        last wait (at most ``probe_max``)."""
+        if j >= len(report.proposers):
+            return
+        s, cfg = report.proposers[j], self.config
+        if not s.asked or s.fault:
+            return
+        added = self.v(1 + report.verified) - self.v(1 + max(report.verified - s.drafted, 0))
+        cost = added + (self.draft_s[j] / self.t1 if self.timed and self.t1 and self.draft_s[j]
+                        else self.configured_cost[j])
+        if s.accepted >= cost:
+            self.wait[j] = cfg.probe_every
+        else:
+            self.wait[j] = min(cfg.probe_max, max(cfg.probe_every, int(self.wait[j] * cfg.probe_backoff)))
+
     def _draft_cost(self, j: int) -> float:
         if self.timed and self.t1 and self.draft_s[j]:
             return self.draft_s[j] / self.t1
@@ -345,6 +373,8 @@ class AdaptiveRouter(RouterBase):
         if self.timed and report.forward_s > 0:
             t1 = report.forward_s / self.v(report.verified + 1)
             self.t1 = t1 if self.t1 is None else a * self.t1 + (1 - a) * t1
+        for j in self.forced:
+            self._probed(j, report)
         for j, s in enumerate(report.proposers):
             self.idle[j] = 0 if s.asked else self.idle[j] + 1
             if s.asked and s.proposed:  # trimmed: its deeper nodes' statistics are not refreshed this step

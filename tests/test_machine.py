@@ -654,7 +654,7 @@ def starved_step(proposed: int, drafted: int) -> StepReport:
 
 
 def test_a_lone_draft_trimmed_to_nothing_is_probed_whole_every_probe_every_steps():
-    router = lone_router(LinearCost(2.0), probe_every=4)
+    router = lone_router(LinearCost(2.0), probe_every=4, probe_backoff=1.0)  # a fixed period (backoff: test_routers)
     draft = DraftTree.chain(list(range(1, 9)))
     kept = []
     for _ in range(9):

@@ -19,7 +19,7 @@ from .combining_helpers import chain, step, tree
 
 
 def test_router_drops_a_useless_proposer_and_probes_it_again():
-    router = AdaptiveRouter(AdaptiveConfig(explore=0.0, probe_every=5))
+    router = AdaptiveRouter(AdaptiveConfig(explore=0.0, probe_every=5, probe_backoff=1.0))  # a fixed period
     router.start(["good", "bad"], seed=0, greedy=True)
     assert all(b > 0 for b in router.route(16, 24, [True, True]))  # optimistic priors: both run at first
     for _ in range(30):
@@ -176,7 +176,8 @@ def test_router_revise_trims_a_draft_to_the_prefix_that_pays():
 
 
 def test_router_revise_keeps_probed_proposers_whole():
-    router = AdaptiveRouter(AdaptiveConfig(draft_cost={"b": 0.3}, measure="never", explore=0.0, probe_every=3))
+    router = AdaptiveRouter(AdaptiveConfig(draft_cost={"b": 0.3}, measure="never", explore=0.0, probe_every=3,
+                                           probe_backoff=1.0))
     router.start(["a", "b"], seed=0, greedy=True)
     long, b_draft = chain(list(range(1, 9))), chain([9] * 5)
     seen = []
@@ -195,6 +196,32 @@ def test_router_revise_keeps_probed_proposers_whole():
             assert (routed, ahead, behind) == (16, 16, 5)
         else:  # route plans b without the free a (b alone might pay); knowing a's long chain, revise skips it
             assert ahead == 0
+
+
+def test_probes_that_do_not_pay_grow_rarer_and_one_that_pays_resets_them():
+    """Where the cost curve is steep a probe costs several forwards: each one that does not pay doubles the wait
+    before the next (up to probe_max); the first that pays brings it back to probe_every."""
+    router = AdaptiveRouter(AdaptiveConfig(draft_cost={"bad": 0.5}, measure="never", explore=0.0, probe_every=4,
+                                           probe_max=32, cost_slope=1.0))  # v(n) = n: every node costs a forward
+    router.start(["bad"], seed=0, greedy=True)
+    probes = []
+    for i in range(120):
+        budgets = router.route(8, 16, [True])
+        if budgets[0]:
+            probes.append(i)
+        router.on_step(StepReport((step("bad", 8 if budgets[0] else 0, 0, asked=budgets[0] > 0, budget=budgets[0]),),
+                                  8 if budgets[0] else 0, 0, 0.0))
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[:3] == [8, 16, 32] and set(gaps[3:]) == {32}  # 4, 8, 16, 32 steps left out, then capped
+    # a probe whose draft is accepted (8 tokens for a cost of 8.5 forwards: no; 8 for 0.5 + 8 with v flat: yes)
+    router = AdaptiveRouter(AdaptiveConfig(draft_cost={"x": 0.5}, measure="never", explore=0.0, probe_every=4,
+                                           probe_max=32, cost_slope=0.0))
+    router.start(["x"], seed=0, greedy=True)
+    router.wait = [32]
+    router.idle = [31]
+    assert router.route(8, 16, [True]) == [8] and router.forced == {0}
+    router.on_step(StepReport((step("x", 8, 8, budget=8),), 8, 8, 0.0))
+    assert router.wait == [4]
 
 
 def test_prefix_levels_of_a_draft():

@@ -30,9 +30,11 @@ def _llama(target: Any, peer: str, options: dict[str, Any]) -> tuple[Any, dict[s
     cache = target.__dict__.setdefault("_peer_llamas", {})
     if key not in cache:
         draft = LlamaPromptLookupDecoding(**run) if run else None
+        # (with a draft model, Llama keeps a logits row per position and needs logits_all set for its buffer to
+        # hold them: left unset, it sizes the buffer for one batch and fails on prompts longer than n_batch)
         cache[key] = Llama(model_path=str(target.gguf), n_ctx=target.n_ctx, n_batch=512, n_ubatch=512,
                            n_threads=target.threads, n_threads_batch=target.threads, flash_attn=False,
-                           draft_model=draft, verbose=False)
+                           draft_model=draft, logits_all=draft is not None, verbose=False)
     return cache[key], run
 
 
