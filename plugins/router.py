@@ -57,6 +57,12 @@ forward; one whose accepted tokens do not pay for that (where the cost curve is 
 that is not worth running costs several forwards) multiplies the proposer's wait by ``probe_backoff`` (up to
 ``probe_max``), and one that pays resets it: a proposer that does not pay is left out for the rest of the request
 but for probes that grow rarer, so what probing costs stays a small fraction of the run.
+
+Ledger: the estimates above lag (moving averages of depths), and on a steep curve each kept node that is rejected
+costs most of a forward. So each proposer also keeps its realised net gain per verified step, ``accepted - (v(1 +
+verified) - v(1 + verified - drafted)) - draft cost`` (tokens minus the forwards it added); once the moving average
+is below 0 over at least ``ledger_steps`` verified steps, it is left out of every step, free ones too, but for probes
+after ``wait[j]`` steps (whose outcomes update the ledger and the wait as above).
 """
 
 from __future__ import annotations
@@ -108,6 +114,10 @@ class AdaptiveConfig(RouterConfig):
         2.0, ge=1.0, description="After a probe (or exploration) that did not pay for itself, the wait before the next "
         "one grows by this factor, up to probe_max; a probe that pays brings it back to probe_every (1 = fixed).")
     probe_max: int = Field(512, ge=1, description="The longest wait between probes of one proposer, in steps.")
+    ledger_steps: int = Field(
+        8, ge=0, description="Leave a proposer out for the rest of the request (but for probes) once, over at least "
+        "this many verified steps, its accepted tokens fell short of what its nodes and draft cost (a moving average "
+        "of the net gain per step below 0); 0 = never.")
     keep_tolerance: float = Field(
         0.03, ge=0.0, lt=1.0, description="Keep a draft whole when that lowers the expected tokens per cost by at most "
         "this fraction (the nodes a trim saves must pay clearly; 0 = trim to the exact optimum).")
@@ -204,6 +214,8 @@ class AdaptiveRouter(RouterBase):
         self.rng = random.Random(seed)
         self.forced: set[int] = set()  # probed / explored this step: run with the full budget, kept whole
         self.wait = [cfg.probe_every] * p  # steps left out (or trimmed) in a row before the next probe
+        self.net = [0.0] * p  # moving average of the realised net gain per verified step (tokens - forwards added)
+        self.net_steps = [0] * p  # verified steps behind it
 
     # --- decision ------------------------------------------------------------------------------------------
     def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> list[int]:
@@ -225,9 +237,20 @@ class AdaptiveRouter(RouterBase):
             j = costly[self.rng.randrange(len(costly))]
             if self.rng.random() * self.wait[j] < self.config.probe_every:  # rarer for one whose probes did not pay
                 self.forced.add(j)
+        for j, ok in enumerate(available):  # a proposer whose drafts have not paid: out, but for its probes
+            if ok and self.losing(j) and j not in self.forced:
+                if self.idle[j] + 1 >= self.wait[j]:
+                    self.forced.add(j)
+                else:
+                    nodes[j] = 0
         for j in self.forced:
             nodes[j] = budget
         return nodes
+
+    def losing(self, j: int) -> bool:
+        """Proposer ``j``'s realised net gain per verified step is below 0 (see the module docstring, Ledger)."""
+        n = self.config.ledger_steps
+        return n > 0 and self.net_steps[j] >= n and self.net[j] < 0
 
     def revise(self, budget: int, max_nodes: int, available: Sequence[bool],
                drafts: Sequence[DraftTree | None], budgets: Sequence[int]) -> list[int]:
@@ -375,6 +398,12 @@ class AdaptiveRouter(RouterBase):
             self.t1 = t1 if self.t1 is None else a * self.t1 + (1 - a) * t1
         for j in self.forced:
             self._probed(j, report)
+        for j, s in enumerate(report.proposers):
+            if s.asked and s.drafted and not s.fault:
+                added = self.v(1 + report.verified) - self.v(1 + max(report.verified - s.drafted, 0))
+                gain = s.accepted - added - self._draft_cost(j)
+                self.net[j] = gain if not self.net_steps[j] else a * self.net[j] + (1 - a) * gain
+                self.net_steps[j] += 1
         for j, s in enumerate(report.proposers):
             self.idle[j] = 0 if s.asked else self.idle[j] + 1
             if s.asked and s.proposed:  # trimmed: its deeper nodes' statistics are not refreshed this step

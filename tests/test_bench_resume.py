@@ -103,7 +103,7 @@ def test_an_interrupted_bench_resumes_to_the_uninterrupted_records(files, tmp_pa
     assert records[:4] == kept  # the runs done before the interruption, as they were
     summary = json.loads((tmp_path / "out" / "results.json").read_text())["summary"]
     assert summary["strategies"]["ngram"]["by_column"]["overall"]["questions"] == N_QUESTIONS
-    assert "lossless check: all specframe strategies identical to none" in again.stderr
+    assert "lossless check: all specframe strategies identical to plain decoding" in again.stderr
 
 
 def test_resume_of_another_config_is_one_error_line(files, tmp_path):

@@ -224,6 +224,30 @@ def test_probes_that_do_not_pay_grow_rarer_and_one_that_pays_resets_them():
     assert router.wait == [4]
 
 
+def test_a_proposer_whose_verified_drafts_do_not_pay_is_left_out_but_for_probes():
+    """The ledger: a free proposer (draft cost 0) whose verified nodes are rejected on a steep curve (v(n) = n) is
+    left out once its net gain per verified step has averaged below 0 over ledger_steps steps; a proposer that pays
+    is not."""
+    router = AdaptiveRouter(AdaptiveConfig(measure="never", explore=0.0, cost_slope=1.0, ledger_steps=4,
+                                           probe_every=6, keep_tolerance=0.0))
+    router.start(["lookup"], seed=0, greedy=True)
+    asked = []
+    for i in range(40):
+        budgets = router.route(8, 16, [True])
+        asked.append(budgets[0] > 0)
+        # when asked, it drafts 2 nodes and they are verified (as a draft kept whole would be), none accepted
+        router.on_step(StepReport((step("lookup", 2 if budgets[0] else 0, 0, asked=budgets[0] > 0,
+                                        budget=budgets[0]),), 2 if budgets[0] else 0, 0, 0.0))
+    assert asked[:4] == [True] * 4 and router.losing(0)
+    assert 0 < asked[4:].count(True) <= 3  # afterwards only probes, growing rarer (6, 12, 24 steps apart)
+    paying = AdaptiveRouter(AdaptiveConfig(measure="never", explore=0.0, cost_slope=1.0, ledger_steps=4))
+    paying.start(["lookup"], seed=0, greedy=True)
+    for _ in range(10):
+        paying.route(8, 16, [True])
+        paying.on_step(StepReport((step("lookup", 2, 2, budget=8),), 2, 2, 0.0))  # 2 accepted for 2 forwards added
+    assert not paying.losing(0) and paying.net == [0.0]
+
+
 def test_prefix_levels_of_a_draft():
     # nodes(D): the shortest prefix (what DraftTree.truncate keeps) holding every node of depth <= D
     assert _prefix_levels(chain([4, 5, 6]), 12) == ([1, 2, 3],)

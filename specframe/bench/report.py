@@ -405,15 +405,38 @@ def _attribution_lines(summary: dict[str, Any]) -> list[str]:
     return parts
 
 
+def _references(records: list[dict[str, Any]]) -> dict[str, str]:
+    """strategy -> the plain-decoding strategy its greedy tokens are compared with (as in
+    :func:`specframe.bench.runner.lossless_check`: ``none``, or another plain one for another engine / dtype / layout)."""
+    def layout(r: dict[str, Any]) -> tuple:
+        st = r.get("settings") or {}
+        return st.get("engine", "transformers"), st.get("dtype"), st.get("prepack")
+
+    plain: dict[tuple, str] = {}
+    for r in sorted(records, key=lambda r: r["strategy"] != BASELINE):  # `none` first
+        if r["strategy"] == BASELINE or r.get("plain"):
+            plain.setdefault(layout(r), r["strategy"])
+    out = {}
+    for r in records:
+        ref = plain.get(layout(r))
+        if ref is not None and r["strategy"] != ref and r["strategy"] not in plain.values():
+            out[r["strategy"]] = ref
+    return out
+
+
 def _lossless_lines(results: dict[str, Any], cfg: dict[str, Any], loss: list[dict[str, Any]] | None) -> list[str]:
     parts = ["", "## Lossless check", ""]
     if loss is None:
         parts.append("Not applicable: temperature > 0 (sampling); exactness of sampling is covered by the tests.")
     else:
-        checked = sorted({r["strategy"] for r in results["records"] if r["strategy"] != BASELINE})
+        refs = _references(results["records"])
+        by_ref: dict[str, list[str]] = {}
+        for name, ref in sorted(refs.items()):
+            by_ref.setdefault(ref, []).append(name)
         bad = sorted({m["strategy"] for m in loss})
-        parts.append(f"Greedy token ids compared with `none` for: {', '.join(checked) or '(none)'}. "
-                     + ("All identical." if not loss else f"Mismatches in: {', '.join(bad)}."))
+        compared = "; ".join(f"with `{ref}` for {', '.join(names)}" for ref, names in by_ref.items()) or "(none)"
+        parts.append("Greedy token ids compared with plain decoding on the same engine, dtype and weight layout: "
+                     f"{compared}. " + ("All identical." if not loss else f"Mismatches in: {', '.join(bad)}."))
         if loss:
             ties = sum(1 for m in loss if m.get("near_tie"))
             parts += ["", f"{len(loss)} mismatching runs; {ties} diverge at a near-tie (top-2 gap within 4 units in "

@@ -213,5 +213,7 @@ def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Promp
             "top2_logit_gap": gap,
             "top1_logit": float(top.values[0]),
             "near_tie": is_near_tie(gap, float(top.values[0]), target.dtype),
+            # settings asked for knowing they are not bit-exact (llama.cpp token trees)
+            "inexact_by_choice": bool((r.get("settings") or {}).get("trees")),
         })
     return out
