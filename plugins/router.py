@@ -20,7 +20,9 @@ The cost curve ``v(n)`` (target forward time for ``n`` tokens over the time for 
 (a list v(1), v(2), ...), or ``cost_profile`` (a ``specframe bench --profile`` results.json; its
 ``profile.v``), or else this machine's measured profile for the target as it runs (``TargetInfo.cost``, see
 :mod:`specframe.tune`; it follows thread changes under load), or else the linear default
-``1 + cost_slope * (n - 1)``. With a steep curve (no native bf16) drafts are trimmed hard, and where no prefix of
+``1 + cost_slope * (n - 1)``. Under sampling the measured curve is read at a fixed thread count (``v_fixed``: the
+machine's curve at its most threads), not the one the thread governor follows, so a seed gives the same tokens
+whatever the load. With a steep curve (no native bf16) drafts are trimmed hard, and where no prefix of
 any draft raises ``E / C`` above plain decoding's ``1 / v(1)`` nothing is verified: speculation switches itself
 off, and the probes below switch it back on when drafts start to pay again.
 
@@ -191,12 +193,16 @@ class AdaptiveRouter(RouterBase):
             return v_at(self.curve, n)
         measured = getattr(self.target, "cost", None)  # this machine's profile for the target as it runs now
         if measured:
-            return measured.v(n)
+            fixed = getattr(measured, "v_fixed", None)
+            # under sampling, decisions must not follow the thread governor: which drafts a step verifies decides
+            # how many random draws it makes, so a seed would give other tokens under another load
+            return fixed(n) if fixed is not None and not getattr(self, "greedy", True) else measured.v(n)
         return 1.0 + self.config.cost_slope * (n - 1)
 
     def start(self, proposers: Sequence[str], seed: int, greedy: bool = True) -> None:
         super().start(proposers, seed, greedy)
         cfg, p = self.config, len(proposers)
+        self.greedy = greedy
         self.timed = cfg.measure == "always" or (cfg.measure == "auto" and greedy)
         self.configured_cost = [float(cfg.draft_cost.get(label, 0.0)) for label in proposers]
         unknown = sorted(set(cfg.draft_cost) - set(proposers))

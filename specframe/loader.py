@@ -37,7 +37,7 @@ def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
     from .models import check_device, convert_gguf, load_model, model_directory, resolve_dtype, resolve_model
     from .packed import pack_linears
     from .target import Target
-    from .tune import Candidate, CostCurve, ThreadGovernor, resolve_settings
+    from .tune import Candidate, CostCurve, ThreadGovernor, load_independent, resolve_settings
 
     check_device(device)
     if dtype not in ("auto", "bfloat16", "float32"):
@@ -63,7 +63,8 @@ def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
     from .machine import usable_cores
 
     measured = profile.find(Candidate(settings.dtype, settings.threads, settings.prepack)) if profile else None
-    curve = CostCurve(measured.t_ms if measured else None)
+    curve = CostCurve(measured.t_ms if measured else None,
+                      load_independent(profile, Candidate(settings.dtype, settings.threads, settings.prepack)))
     target.attach_machine(settings, ThreadGovernor(settings, threads == "auto" and device == "cpu",
                                                    usable_cores()[0], profile, curve))
     return target

@@ -87,12 +87,17 @@ class CostCurve:
     """v(n) = T(n) / T(1) of the target as it runs now (mutable: the thread count may change during a run).
 
     ``v(n)`` for any n >= 1 (float) by linear interpolation over :data:`NS`, averaged over the measured contexts;
-    linear extrapolation past the last point.
+    linear extrapolation past the last point. ``v_fixed(n)``: the same for ``fixed``, a curve that never follows the
+    thread count (the machine's own, e.g. at its most threads), for decisions that must not depend on the load — a
+    router under sampling, where its decisions pick how many random draws a step makes (docs/machine.md, "What a
+    seed pins down").
     """
 
-    def __init__(self, t_ms: dict[int, list[float]] | None = None) -> None:
+    def __init__(self, t_ms: dict[int, list[float]] | None = None,
+                 fixed: dict[int, list[float]] | None = None) -> None:
         self.t_ms: dict[int, list[float]] = {}
         self.set(t_ms or {})
+        self.fixed = {int(c): list(v) for c, v in (fixed if fixed is not None else self.t_ms).items()}
 
     def set(self, t_ms: dict[int, list[float]]) -> None:
         self.t_ms = {int(c): list(v) for c, v in t_ms.items()}
@@ -104,9 +109,26 @@ class CostCurve:
         return sum(v[0] for v in self.t_ms.values()) / len(self.t_ms)
 
     def v(self, n: float) -> float:
-        if not self.t_ms:
-            return 1.0
-        return sum(interpolate(NS, [t / row[0] for t in row], n) for row in self.t_ms.values()) / len(self.t_ms)
+        return _v(self.t_ms, n)
+
+    def v_fixed(self, n: float) -> float:
+        return _v(self.fixed, n)
+
+
+def _v(t_ms: dict[int, list[float]], n: float) -> float:
+    if not t_ms:
+        return 1.0
+    return sum(interpolate(NS, [t / row[0] for t in row], n) for row in t_ms.values()) / len(t_ms)
+
+
+def load_independent(profile: "MachineProfile | None", candidate: Candidate) -> dict[int, list[float]] | None:
+    """The measured T(n) of ``candidate``'s dtype and layout at the most threads measured: the same curve whatever
+    the load was when the target was loaded (see :class:`CostCurve`), or None."""
+    if profile is None:
+        return None
+    same = [m for m in profile.measured if m.candidate.dtype == candidate.dtype
+            and m.candidate.prepack == candidate.prepack]
+    return max(same, key=lambda m: m.candidate.threads).t_ms if same else None
 
 
 def expected_tokens(n: int, accept: float = REF_ACCEPT) -> float:

@@ -653,6 +653,22 @@ def starved_step(proposed: int, drafted: int) -> StepReport:
     return StepReport((s,), drafted, 0, 0.0)
 
 
+def test_under_sampling_the_router_reads_a_curve_that_does_not_follow_the_load():
+    """A seed's tokens must not depend on the machine's load: the thread governor swaps the curve (set), which the
+    router follows under greedy decoding only; under sampling it reads the fixed, load-independent curve."""
+    quiet = {128: [10.0, 11.0, 12.0, 14.0, 18.0, 26.0]}
+    busy = {128: [20.0, 40.0, 80.0, 160.0, 320.0, 640.0]}
+    curve = CostCurve(quiet)
+    sampling = AdaptiveRouter(AdaptiveConfig(measure="never", explore=0.0), info(curve))
+    sampling.start(["ngram"], seed=0, greedy=False)
+    greedy = lone_router(curve)
+    before = (sampling.v(8), greedy.v(8))
+    curve.set(busy)  # what the governor does when a neighbour takes a core
+    assert sampling.v(8) == before[0] == pytest.approx(14.0 / 10.0)
+    assert greedy.v(8) == pytest.approx(8.0) != before[1]
+    assert CostCurve(busy, fixed=quiet).v_fixed(8) == pytest.approx(1.4)
+
+
 def test_a_lone_draft_trimmed_to_nothing_is_probed_whole_every_probe_every_steps():
     router = lone_router(LinearCost(2.0), probe_every=4, probe_backoff=1.0)  # a fixed period (backoff: test_routers)
     draft = DraftTree.chain(list(range(1, 9)))

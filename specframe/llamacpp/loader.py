@@ -86,7 +86,7 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
     """
     from ..machine import LoadMonitor, choose_threads, usable_cores
     from ..models import resolve_model
-    from ..tune import Candidate, CostCurve, Settings, ThreadGovernor, measured_threads
+    from ..tune import Candidate, CostCurve, Settings, ThreadGovernor, load_independent, measured_threads
     from .binding import EXACT_CMAKE_ARGS, build_info
     from .profile import DTYPE, get_profile
     from .target import LlamaCppTarget
@@ -125,7 +125,7 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
     target.set_threads(settings.threads)
     _check_rows(target, source.name, bool(opts.get("inexact")))
     measured = profile.find(cand) if profile is not None else None
-    curve = CostCurve(measured.t_ms if measured else None)
+    curve = CostCurve(measured.t_ms if measured else None, load_independent(profile, cand))
     governor = ThreadGovernor(settings, threads == "auto", cores, profile, curve, apply=target.set_threads)
     if profile is not None and not measured_threads(profile, cand):
         governor.auto = False
