@@ -712,6 +712,25 @@ def test_a_lone_proposer_is_routed_only_with_a_measured_cost_or_an_explicit_rout
     assert run(LinearCost(2.0), router="none") == whole  # `router: none` turns it off
 
 
+def test_a_seed_gives_the_same_sampled_tokens_whatever_curve_the_load_switched_to():
+    """Issue 25 item 11, end to end: the same seed at temperature 0.8, with the governor's curve quiet or busy
+    (flat or steep: different routing under greedy), gives the same tokens; with v read live it would not."""
+    base = Target(build_model("llama"), build_tokenizer())
+
+    def tokens(live_t_ms):
+        target = Target(base.model, base.tokenizer)
+        curve = CostCurve({128: [10.0, 10.5, 11.0, 12.0, 14.0, 18.0]})  # the fixed (most-threads) curve
+        curve.set(live_t_ms)  # what the thread governor switched to
+        target.info = replace(target.info, cost=curve)
+        sf = specframe.load(target=target, proposers=[{"name": "ngram", "k": 8}], max_new_tokens=40,
+                            temperature=0.8, seed=3)
+        return sf.generate_result(PROMPT).token_ids
+
+    quiet = tokens({128: [10.0, 10.5, 11.0, 12.0, 14.0, 18.0]})
+    busy = tokens({128: [20.0, 40.0, 80.0, 160.0, 320.0, 640.0]})
+    assert quiet == busy and len(quiet) > 0
+
+
 # --- config and CLI --------------------------------------------------------------------------------------------------
 
 
