@@ -424,6 +424,16 @@ def _references(records: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
+def _cause(m: dict[str, Any]) -> str:
+    if m.get("near_tie"):
+        return "near-tie"
+    if m.get("explained"):
+        return "bf16 rounding"
+    if m.get("inexact_by_choice"):
+        return "not bit-exact by choice (trees)"
+    return "**not explained**"
+
+
 def _lossless_lines(results: dict[str, Any], cfg: dict[str, Any], loss: list[dict[str, Any]] | None) -> list[str]:
     parts = ["", "## Lossless check", ""]
     if loss is None:
@@ -439,12 +449,18 @@ def _lossless_lines(results: dict[str, Any], cfg: dict[str, Any], loss: list[dic
                      f"{compared}. " + ("All identical." if not loss else f"Mismatches in: {', '.join(bad)}."))
         if loss:
             ties = sum(1 for m in loss if m.get("near_tie"))
+            explained = sum(1 for m in loss if not m.get("near_tie") and m.get("explained"))
             parts += ["", f"{len(loss)} mismatching runs; {ties} diverge at a near-tie (top-2 gap within 4 units in "
-                      f"the last place of {cfg['dtype']} at that logit), {len(loss) - ties} do not. In bf16 a 1-token "
-                      "and a k-token forward round differently, so near-ties can flip; exactness is checked in "
-                      "float32.",
-                      "", _md_table(["strategy", "question", "first divergence", "top-2 logit gap", "near-tie"],
+                      f"the last place of {cfg['dtype']} at that logit), {explained} more where the float32 re-score "
+                      "of the shared prefix shows rounding (both tokens float32's top two, their float32 margin at "
+                      "most twice the bf16 error there), "
+                      f"{len(loss) - ties - explained} neither. In bf16 a 1-token and a k-token forward round "
+                      "differently, so near-ties can flip; exactness is checked in float32.",
+                      "", _md_table(["strategy", "question", "first divergence", "top-2 logit gap", "near-tie",
+                                     "fp32 margin", "bf16 error", "cause"],
                                     [[m["strategy"], str(m["question_id"]), str(m["first_divergence"]),
-                                      f"{m['top2_logit_gap']:.4g}", "yes" if m.get("near_tie") else "**no**"]
+                                      f"{m['top2_logit_gap']:.4g}", "yes" if m.get("near_tie") else "no",
+                                      _f(m.get("fp32_gap"), "{:.4g}"), _f(m.get("bf16_error"), "{:.4g}"),
+                                      _cause(m)]
                                      for m in loss])]
     return parts

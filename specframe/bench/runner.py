@@ -166,7 +166,8 @@ def is_near_tie(gap: float, top1: float, dtype: torch.dtype) -> bool:
     return gap <= 4 * ulp
 
 
-def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Prompt], chat: bool) -> list[dict[str, Any]]:
+def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Prompt], chat: bool,
+                   float32: Callable[[], Any] | None = None) -> list[dict[str, Any]]:
     """Greedy runs: every strategy's token ids must equal the baseline's for the same question (by position:
     ``record["question"]`` indexes ``questions``, so questions without a ``question_id`` or with a repeated one are
     told apart), seed, repeat, run with the same dtype and weight layout (``none``, or another plain-decoding strategy for other settings; runs
@@ -174,8 +175,10 @@ def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Promp
 
     Returns one entry per mismatch with the first divergent position and the target's top-2 logit gap there
     (computed in the run's dtype: a small gap marks a near-tie where a 1-token and a k-token forward may round
-    differently in bf16).
+    differently in bf16). A bf16 divergence that is not a near-tie is explained or not with evidence (see
+    :func:`rounding_evidence`) when ``float32`` gives the float32 target (loaded once, on first need).
     """
+    fp32: list[Any] = []
     def layout(r: dict[str, Any]) -> tuple:  # the kernels a run used: outputs compare only within one
         st = r.get("settings") or {}
         return st.get("engine", "transformers"), st.get("dtype"), st.get("prepack")
@@ -216,4 +219,29 @@ def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Promp
             # settings asked for knowing they are not bit-exact (llama.cpp token trees)
             "inexact_by_choice": bool((r.get("settings") or {}).get("trees")),
         })
+        m = out[-1]
+        if (not m["near_tie"] and float32 is not None and target.dtype in (torch.bfloat16, torch.float16)
+                and m["baseline_token"] is not None and m["strategy_token"] is not None):
+            if not fp32:
+                fp32.append(float32())
+            m.update(rounding_evidence(logits, fp32[0].last_logits(ids), m["baseline_token"], m["strategy_token"]))
     return out
+
+
+def rounding_evidence(low: torch.Tensor, fp32: torch.Tensor, base_token: int, strategy_token: int) -> dict[str, Any]:
+    """Is a bf16 divergence between two greedy runs explained by rounding? The prefix both runs share is scored in the
+    run's dtype (``low``, ``[V]``) and in float32 (``fp32``, ``[V]``). Rounding explains it when the two tokens are
+    float32's top two and their float32 margin is at most twice what bf16 got wrong at that position (the largest
+    ``|low - fp32|`` of the two tokens' logits): 30 layers of bf16 rounding moved the logits by more than the margin,
+    so a 1-token and a k-token forward may each pick either. Otherwise (a token float32 ranks lower, or a margin
+    bf16's error cannot reach) it is not explained: a real divergence.
+
+    Returns ``{"fp32_gap", "bf16_error", "explained"}`` (logit units).
+    """
+    low, fp32 = low.float(), fp32.float()
+    pair = torch.tensor([base_token, strategy_token])
+    top2 = set(torch.topk(fp32, 2).indices.tolist())
+    margin = float((fp32[base_token] - fp32[strategy_token]).abs())
+    error = float((low[pair] - fp32[pair]).abs().max())
+    return {"fp32_gap": margin, "bf16_error": error,
+            "explained": {base_token, strategy_token} <= top2 and margin <= 2 * error}
