@@ -140,9 +140,9 @@ def standalone_draft(folder: Path, target: TargetInfo) -> Path:
 
     own = shipped(target.name, "draft-model")
     if own is None or own.resolve() != Path(folder).resolve():
-        raise ConfigError(f"draft model {folder} is a specframe small draft, which takes the target's embeddings; "
-                          f"engine {target.engine} has none to give: export it as a transformers model "
-                          "(scripts/export_draft.py) and set `model:` to that folder, or use engine transformers")
+        raise ConfigError(f"draft model {folder} is a specframe small draft, which needs the target model's "
+                          f"embeddings, and this target (engine {target.engine}) gives none: export it as a "
+                          "transformers model (scripts/export_draft.py) and set `model:` to that folder")
     return model_directory(resolve_model(target.name + DRAFT_SUFFIX))
 
 
