@@ -77,8 +77,8 @@ class EagleProposer(ProposerBase):
     def __init__(self, config: EagleConfig, target: TargetInfo) -> None:
         super().__init__(config, target)
         if target.model is None:
-            raise ConfigError(f"eagle reads the target's hidden-state features, embeddings and LM head, which engine "
-                              f"{target.engine} does not give: use engine transformers for eagle")
+            raise ConfigError(f"eagle needs the target model (its hidden-state features, embeddings and LM head), which "
+                              f"this target (engine {target.engine}) does not give: use engine transformers for eagle")
         folder = weights_folder(
             config.weights, target.name, "eagle", "EAGLE drafter is",
             "train one with `specframe train eagle` and set `weights: DIR` in the proposer config",

@@ -101,8 +101,8 @@ class MedusaProposer(ProposerBase):
     def __init__(self, config: MedusaConfig, target: TargetInfo) -> None:
         super().__init__(config, target)
         if target.model is None:
-            raise ConfigError(f"medusa reads the target's hidden states and LM head, which engine {target.engine} does "
-                              "not give: use engine transformers for medusa")
+            raise ConfigError(f"medusa needs the target model (its hidden states and LM head), which this target "
+                              f"(engine {target.engine}) does not give: use engine transformers for medusa")
         lm_head = target.model.get_output_embeddings()
         hidden = int(lm_head.weight.shape[1])
         folder = weights_folder(
