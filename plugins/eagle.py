@@ -37,7 +37,7 @@ from torch import Tensor
 
 from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, hookimpl
 from specframe.errors import ConfigError
-from specframe.learned.eagle_drafter import EagleDrafter
+from specframe.learned.eagle_drafter import EagleDrafter, KVBuffer
 from specframe.sampling import probs_from_logits
 from specframe.sharing import folder_key, shared
 
@@ -89,12 +89,12 @@ class EagleProposer(ProposerBase):
         self.drafter, self.embed, self.token_map, self.head_rows = w.drafter, w.embed, w.token_map, w.head_rows
         self.feature_layers = tuple(self.drafter.spec.feature_layers)
         self.trees = bool(target.supports_trees)
-        self._past: tuple[Tensor, Tensor] | None = None
+        self._kv = KVBuffer()  # the drafter's keys / values: committed positions, then the step's tree entries
         self._done = 0  # committed positions whose drafter entries are in the cache
         self._last: Tensor | None = None  # [1, H] drafter output at the last cached position
 
     def start(self, state: DecodeState) -> None:
-        self._past, self._done, self._last = None, 0, None
+        self._done, self._last = 0, None
 
     # --- the drafter's cache over committed positions --------------------------------------------------------
     def _catch_up(self, state: DecodeState) -> bool:
@@ -103,7 +103,7 @@ class EagleProposer(ProposerBase):
             return False
         t_f = int(feats.shape[1])
         if self._done > t_f:  # should not happen (positions are only added); start over
-            self._past, self._done = None, 0
+            self._done = 0
         if self._done == t_f:
             return self._last is not None
         cols = [state.feature_layers.index(i) for i in self.feature_layers]
@@ -112,32 +112,30 @@ class EagleProposer(ProposerBase):
         nxt = state.tokens[:1, self._done + 1 : t_f + 1].to(dev)  # the token after each position
         pos = torch.arange(self._done, t_f, device=dev)[None]
         g = self.drafter.fuse_features(f)
-        a, (k, v) = self.drafter.step(g, self.embed(nxt), pos, self._past, None)
-        self._past = (k, v) if self._past is None else (torch.cat([self._past[0], k], 2), torch.cat([self._past[1], v], 2))
+        n = t_f - self._done
+        mask = torch.ones((n, t_f), dtype=torch.bool, device=dev)  # every cached position, causal among the new
+        mask[:, self._done :] = torch.ones((n, n), dtype=torch.bool, device=dev).tril()
+        a, _ = self.drafter.step(g, self.embed(nxt), pos, None, mask, self._kv, self._done)
         self._done, self._last = t_f, a[:, -1]
         return True
 
     def _level(self, parents_a: Tensor, tokens: list[int], positions: list[int], ancestors: list[list[int]],
-               tree_kv: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """One drafter pass over ``m`` tree entries (``parents_a [m, H]``, their tokens and positions); entry ``r``
-        attends to every committed entry, to the tree entries ``ancestors[r]`` (indices into ``tree_kv`` order) and
-        to itself."""
+               n_tree: int) -> Tensor:
+        """One drafter pass over ``m`` tree entries (``parents_a [m, H]``, their tokens and positions), written to the
+        cache after the committed entries and the ``n_tree`` tree entries of earlier levels; entry ``r`` attends to
+        every committed entry, to the tree entries ``ancestors[r]`` (indices in the order written) and to itself."""
         dev = self.target.device
-        m = len(tokens)
-        n_tree = sum(kv[0].shape[2] for kv in tree_kv)
-        past = self._past
-        if tree_kv:
-            past = (torch.cat([past[0], *[kv[0] for kv in tree_kv]], 2), torch.cat([past[1], *[kv[1] for kv in tree_kv]], 2))
-        mask = torch.zeros((m, self._done + n_tree + m), dtype=torch.bool, device=dev)
-        mask[:, : self._done] = True
-        for r, anc in enumerate(ancestors):
-            for j in anc:
-                mask[r, self._done + j] = True
-            mask[r, self._done + n_tree + r] = True
+        m, base = len(tokens), self._done
+        mask = torch.zeros((m, base + n_tree + m), dtype=torch.bool, device=dev)
+        mask[:, :base] = True
+        rows = [r for r, anc in enumerate(ancestors) for _ in anc]
+        if rows:
+            mask[rows, [base + j for anc in ancestors for j in anc]] = True
+        mask[range(m), range(base + n_tree, base + n_tree + m)] = True
         tok = torch.tensor([tokens], dtype=torch.int64, device=dev)
         pos = torch.tensor([positions], dtype=torch.int64, device=dev)
-        a, kv = self.drafter.step(parents_a[None], self.embed(tok), pos, past, mask)
-        return a[0], kv
+        a, _ = self.drafter.step(parents_a[None], self.embed(tok), pos, None, mask, self._kv, base + n_tree)
+        return a[0]
 
     # --- drafting ----------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -165,7 +163,6 @@ class EagleProposer(ProposerBase):
         frontier = list(range(len(nodes)))
         out_a: dict[int, Tensor] = {}  # node -> drafter output of its entry
         entry_of: dict[int, int] = {}  # node -> index of its entry among tree entries
-        tree_kv: list[tuple[Tensor, Tensor]] = []
         n_entries = 0
         for level in range(1, depth):
             frontier = heapq.nlargest(k, frontier, key=lambda i: nodes[i][0])
@@ -179,9 +176,8 @@ class EagleProposer(ProposerBase):
                     anc.append(entry_of[p])
                     p = nodes[p][2]
                 ancestors.append(anc)
-            a, kv = self._level(parents_a, [nodes[i][1] for i in frontier], [length - 1 + level - 1] * len(frontier),
-                                ancestors, tree_kv)
-            tree_kv.append(kv)
+            a = self._level(parents_a, [nodes[i][1] for i in frontier], [length - 1 + level - 1] * len(frontier),
+                            ancestors, n_entries)
             for r, i in enumerate(frontier):
                 out_a[i], entry_of[i] = a[r], n_entries + r
             n_entries += len(frontier)
@@ -207,7 +203,6 @@ class EagleProposer(ProposerBase):
         a_prev, length = self._last, int(state.tokens.shape[1])
         drafted: list[int] = []
         probs: list[Tensor] = []
-        chain_kv: list[tuple[Tensor, Tensor]] = []
         for d in range(depth):
             sub = self.drafter.logits(a_prev, self.head_rows).float()[0]  # [S]
             full = torch.full((v,), float("-inf"), dtype=torch.float32, device=dev).index_copy_(0, self.token_map, sub)
@@ -218,9 +213,7 @@ class EagleProposer(ProposerBase):
             drafted.append(tok)
             probs.append(q.cpu())
             if d + 1 < depth:
-                a, kv = self._level(a_prev, [tok], [length - 1 + d], [list(range(d))], chain_kv)
-                chain_kv.append(kv)
-                a_prev = a
+                a_prev = self._level(a_prev, [tok], [length - 1 + d], [list(range(d))], d)
         if not drafted:
             return DraftTree.empty(state.tokens.shape[0])
         return DraftTree.chain(drafted, torch.stack(probs))

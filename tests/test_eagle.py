@@ -229,10 +229,10 @@ def test_tree_entries_equal_their_path_computed_independently(targets, top_k):
     entries = []  # (token, position, ancestor entries nearest first, output)
     level = p._level
 
-    def spy(parents_a, tokens, positions, ancestors, tree_kv):
-        a, kv = level(parents_a, tokens, positions, ancestors, tree_kv)
+    def spy(parents_a, tokens, positions, ancestors, n_tree):
+        a = level(parents_a, tokens, positions, ancestors, n_tree)
         entries.extend(zip(tokens, positions, ancestors, a.clone()))
-        return a, kv
+        return a
 
     p._level = spy
     state = _state_after_prefill(t, p, prompt)
@@ -416,6 +416,37 @@ def test_training_resumes_exactly(tmp_path):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
     with pytest.raises(ConfigError, match="other settings"):
         train_eagle(t, records, part, EagleSettings(vocab_subset=VOCAB, epochs=31, autocast=False))
+
+
+def test_training_in_pieces_equals_one_run(tmp_path, monkeypatch):
+    """A deadline stops training right after the step that passes it, with a checkpoint (PieceDone); calling again
+    resumes: three pieces give the same weights as one run, and the summary counts the pieces and their time."""
+    from specframe.training import common
+    from specframe.training.common import PieceDone
+
+    model = build_model("llama", num_hidden_layers=4, seed=3)
+    t = Target(model, build_tokenizer(), name=NAME)
+    records = _records(model, 16)
+    s = EagleSettings(vocab_subset=VOCAB, epochs=6, batch_size=8, lr=3e-3, warmup=5, autocast=False)
+    full = train_eagle(t, records, tmp_path / "full", s)
+    clock = {"now": 0.0}
+    monkeypatch.setattr(common.time, "monotonic", lambda: clock["now"])
+
+    def tick(step, total, loss):
+        clock["now"] += 1.0  # one "second" per step
+
+    part = tmp_path / "part"
+    stops = []
+    for _ in range(2):
+        with pytest.raises(PieceDone) as piece:
+            train_eagle(t, records, part, s, progress=tick, deadline=clock["now"] + 3.5)
+        stops.append(piece.value.step)
+        assert torch.load(part / "ckpt.pt", weights_only=False)["step"] == piece.value.step
+    assert stops == [4, 8] and piece.value.total == full["steps"]
+    last = train_eagle(t, records, part, s, progress=tick)
+    assert last["pieces"] == 3 and last["train_s"] == pytest.approx(full["steps"], abs=0.5)
+    for (k, a), (_, b) in zip(full["drafter"].state_dict().items(), last["drafter"].state_dict().items()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
 
 
 def test_training_refuses_a_corpus_without_responses(targets, tmp_path):

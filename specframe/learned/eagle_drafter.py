@@ -121,10 +121,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(h, s.rms_eps)
         self.post_attention_layernorm = RMSNorm(h, s.rms_eps)
 
-    def forward(self, x: Tensor, positions: Tensor, past: tuple[Tensor, Tensor] | None, mask: Tensor | None
-                ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    def forward(self, x: Tensor, positions: Tensor, past: tuple[Tensor, Tensor] | None, mask: Tensor | None,
+                into: "KVBuffer | None" = None, at: int = 0) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """``x [B, n, H]``, ``positions [B, n]`` int64, ``past`` keys/values ``[B, kv, m, d]`` or None, ``mask``
         ``[n, m + n]`` bool (True = may attend) or None for causal over the new rows after all of ``past``.
+
+        With ``into`` (a :class:`KVBuffer`), ``past`` is ignored: the new rows' keys and values are written at
+        ``at .. at + n`` and the rows attend to the buffer's first ``at + n`` entries (``m = at``), so drafting
+        copies no cache.
 
         Returns ``(out [B, n, H], (k, v) [B, kv, n, d] of the new rows)``."""
         s = self.s
@@ -134,18 +138,45 @@ class DecoderLayer(nn.Module):
         k = self.k_proj(y).view(b, n, s.num_kv_heads, s.head_dim).transpose(1, 2)
         v = self.v_proj(y).view(b, n, s.num_kv_heads, s.head_dim).transpose(1, 2)
         q, k = rope(q, positions, s.rope_theta), rope(k, positions, s.rope_theta)
-        keys, vals = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+        if into is not None:
+            keys, vals = into.write(at, k, v)
+        else:
+            keys, vals = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
         if mask is None:
             m = keys.shape[2] - n
             mask = torch.ones((n, m + n), dtype=torch.bool, device=x.device)
             mask[:, m:] = torch.ones((n, n), dtype=torch.bool, device=x.device).tril()
-        rep = s.num_heads // s.num_kv_heads
-        att = F.scaled_dot_product_attention(q, keys.repeat_interleave(rep, 1), vals.repeat_interleave(rep, 1),
-                                             attn_mask=mask)
+        # grouped-query attention without copying keys per query head
+        att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=s.num_heads != s.num_kv_heads)
         x = x + self.o_proj(att.transpose(1, 2).reshape(b, n, s.num_heads * s.head_dim))
         y = self.post_attention_layernorm(x)
         x = x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
         return x, (k, v)
+
+
+class KVBuffer:
+    """The drafter's keys and values ``[B, kv, capacity, d]``, preallocated and grown by doubling: committed
+    positions first, a step's tree entries after them (overwritten by the next step). Run-time drafting only."""
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    def write(self, at: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store ``k, v [B, kv, n, d]`` at ``at .. at + n``; returns views of entries ``0 .. at + n``."""
+        end = at + k.shape[2]
+        if self.k is None or self.k.shape[2] < end or self.k.dtype != k.dtype:
+            cap = max(64, 1 << (end - 1).bit_length())
+            grown_k = k.new_empty((*k.shape[:2], cap, k.shape[3]))
+            grown_v = v.new_empty((*v.shape[:2], cap, v.shape[3]))
+            if self.k is not None and self.k.dtype == k.dtype:
+                keep = min(at, self.k.shape[2])
+                grown_k[:, :, :keep] = self.k[:, :, :keep]
+                grown_v[:, :, :keep] = self.v[:, :, :keep]
+            self.k, self.v = grown_k, grown_v
+        self.k[:, :, at:end] = k
+        self.v[:, :, at:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]
 
 
 class EagleDrafter(nn.Module):
@@ -175,11 +206,13 @@ class EagleDrafter(nn.Module):
         return self.fuse(torch.cat(parts, -1))
 
     def step(self, g: Tensor, embeds: Tensor, positions: Tensor, past: tuple[Tensor, Tensor] | None,
-             mask: Tensor | None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+             mask: Tensor | None, into: KVBuffer | None = None, at: int = 0) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """One drafter pass over ``n`` entries: ``g [B, n, H]`` (fused target features or the drafter's own previous
-        outputs), ``embeds [B, n, H]`` (target input embeddings of the next tokens). Returns ``(a [B, n, H], kv)``."""
+        outputs), ``embeds [B, n, H]`` (target input embeddings of the next tokens). Returns ``(a [B, n, H], kv)``.
+        ``into`` / ``at``: keep the keys and values in a :class:`KVBuffer` instead of ``past`` (see
+        :meth:`DecoderLayer.forward`)."""
         x = self.fc(torch.cat([g, self.embed_norm(embeds.to(g.dtype))], -1))
-        return self.layer(x, positions, past, mask)
+        return self.layer(x, positions, past, mask, into, at)
 
     def logits(self, a: Tensor, head_rows: Tensor) -> Tensor:
         """``a [..., H]`` -> logits ``[..., S]`` over the subset (``head_rows [S, H]``: target LM-head rows)."""
@@ -235,8 +268,8 @@ class EagleDrafter(nn.Module):
         import safetensors.torch
 
         directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().to(torch.float32).contiguous() for k, v in self.state_dict().items()}
-        state[TOKEN_MAP] = self.token_map.contiguous()
+        state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in self.state_dict().items()}
+        state[TOKEN_MAP] = self.token_map.cpu().contiguous()
         safetensors.torch.save_file(state, str(directory / WEIGHTS), metadata={"format": "pt"})
         meta = {"format": FORMAT, **{k: v for k, v in asdict(self.spec).items() if k != "extra"},
                 "vocab_subset": int(self.token_map.numel())}
