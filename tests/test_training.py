@@ -565,6 +565,9 @@ runner = CliRunner()
         (["draft", "--max-records", "-1"], "--max-records"),
         (["draft", "--model", "nosuch"], "nosuch"),
         (["medusa", "--model", "nosuch"], "nosuch"),
+        (["eagle", "--max-minutes", "-1"], "--max-minutes"),
+        (["eagle", "--device", "tpu"], "tpu"),
+        (["corpus", "--device", "tpu"], "tpu"),
     ],
 )
 def test_train_cli_errors(args, needle, tmp_path, no_model_load):

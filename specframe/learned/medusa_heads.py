@@ -61,7 +61,7 @@ class MedusaHeads(nn.Module):
         import safetensors.torch
 
         directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().to(torch.float32).contiguous() for k, v in self.state_dict().items()}
+        state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in self.state_dict().items()}
         if self.token_map is not None:
             state[TOKEN_MAP] = self.token_map.contiguous()
         safetensors.torch.save_file(state, str(directory / "medusa.safetensors"), metadata={"format": "pt"})

@@ -74,7 +74,7 @@ class SmallDraft(nn.Module):
         import safetensors.torch
 
         directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().to(torch.float32).contiguous() for k, v in self.trainable_state().items()}
+        state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in self.trainable_state().items()}
         state[TOKEN_MAP] = self.token_map.cpu().contiguous()
         safetensors.torch.save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
         self.lm.config.save_pretrained(directory)
@@ -84,12 +84,13 @@ class SmallDraft(nn.Module):
 
 
 def _head_rows(target_model: nn.Module, token_map: Tensor) -> Tensor:
-    return target_model.get_output_embeddings().weight.detach()[token_map.to(torch.int64)]
+    weight = target_model.get_output_embeddings().weight.detach()
+    return weight[token_map.to(weight.device, torch.int64)]
 
 
 def build_from_target(target_model: nn.Module, layer_ids: list[int], token_map: Tensor) -> SmallDraft:
     """A draft of ``len(layer_ids)`` layers copied from the target (``layer_ids`` index its decoder layers), the
-    target's final norm, and the head rows ``token_map``; float32, ready to train.
+    target's final norm, and the head rows ``token_map``; float32, on the target's device, ready to train.
 
     Raises:
         ConfigError: a layer id outside the target.
@@ -113,7 +114,8 @@ def build_from_target(target_model: nn.Module, layer_ids: list[int], token_map: 
         lm.model.norm.load_state_dict({k: v.float() for k, v in src.norm.state_dict().items()})
         lm.model.embed_tokens.weight.copy_(_head_rows(target_model, token_map).float())
     lm.model.embed_tokens.weight.requires_grad_(False)
-    return SmallDraft(lm, target_model.get_input_embeddings(), token_map)
+    device = target_model.get_input_embeddings().weight.device  # train where the target runs (a GPU if it does)
+    return SmallDraft(lm, target_model.get_input_embeddings(), token_map).to(device)
 
 
 def load_small_draft(directory: Path, target_model: nn.Module, dtype: torch.dtype, device: Any) -> SmallDraft:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -13,7 +14,7 @@ from ..errors import ConfigError
 
 train_app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-    help="Train learned proposers for a target (self-distillation on the CPU).",
+    help="Train learned proposers for a target (self-distillation on the CPU or a GPU: --device).",
 )
 
 _MODEL = typer.Option("smollm2-135m-instruct", "--model", help="Target: built-in name, model folder or .gguf file.")
@@ -28,6 +29,9 @@ _DTYPE = typer.Option("bfloat16", "--dtype", help="Target dtype for the corpus a
 _EVAL = typer.Option(12, "--eval-prompts", help="Held-out prompts for the τ in the model card.")
 _MIX = typer.Option("broad", "--mix", help="Prompt mix of a new corpus: broad or pydoc.")
 _MAX_RECORDS = typer.Option(0, "--max-records", help="Train on the first N corpus records only (0 = all).")
+_DEVICE = typer.Option("cpu", "--device", help="Where the target runs and the weights train: cpu, cuda or cuda:N.")
+_MINUTES = typer.Option(0.0, "--max-minutes", help="Stop training after this many minutes with a checkpoint (0 = no "
+                        "limit); the same command resumes it, so a long run goes in pieces.")
 
 
 def _corpus_settings(corpus: Path, model: str, prompts: int, max_new_tokens: int, seed: int, dtype: str, mix: str):
@@ -66,11 +70,13 @@ def _train_threads() -> int:
 
 
 def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: int, max_new_tokens: int,
-         seed: int, dtype: str, eval_prompts: int, settings, mix: str = "broad") -> None:
+         seed: int, dtype: str, eval_prompts: int, settings, mix: str = "broad", device: str = "cpu",
+         max_minutes: float = 0.0) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from ..loader import load_target
-    from ..models import resolve_model
+    from ..models import check_device, resolve_model
+    from .common import PieceDone
     from .recipe import RECIPES, run_recipe
 
     if prompts < 16:
@@ -81,13 +87,17 @@ def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: i
         raise ConfigError(f"--dtype must be bfloat16 or float32, got {dtype!r}")
     if output.exists() and not output.is_dir():
         raise ConfigError(f"--output {output} is a file: give a folder")
+    if max_minutes < 0:
+        raise ConfigError(f"--max-minutes must be >= 0 (0 = no limit), got {max_minutes:g}")
+    check_device(device)
     source = resolve_model(model)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     with err.status(f"loading {model} ...", spinner="dots"):
-        target = load_target(model, dtype=dtype, log=lambda s: err.print(s, markup=False), threads=_train_threads())
+        target = load_target(model, dtype=dtype, device=device, log=lambda s: err.print(s, markup=False),
+                             threads=_train_threads())
     if corpus is None:  # the corpus shipped for this target, else a new one in the output folder
         from specframe_plugins.weights import shipped
 
@@ -103,7 +113,13 @@ def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: i
                 tasks[phase] = progress.add_task(phase, total=total, info="")
             progress.update(tasks[phase], completed=done, total=total, info=info)
 
-        record = run_recipe(kind, target, source.name, output, corpus, cs, settings, bar, eval_prompts)
+        deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
+        try:
+            record = run_recipe(kind, target, source.name, output, corpus, cs, settings, bar, eval_prompts, deadline)
+        except PieceDone as piece:
+            progress.stop()
+            err.print(f"{output}: {piece}; checkpointed in {output / 'ckpt.pt'}. Run the same command again to go on.")
+            return
     ev = record["eval"]
     name = RECIPES[kind]
     err.print(f"wrote {output} (weights, README.md model card, loss.png, recipe.json) in {record['wall_s'] / 60:.1f} min")
@@ -118,13 +134,13 @@ def corpus(
     max_new_tokens: int = typer.Option(144, "--max-new-tokens", help="Longest target answer per turn."),
     batch_size: int = typer.Option(64, "--batch-size", help="Prompts generated together."),
     mix: str = typer.Option("broad", "--mix", help="broad (chat, code, math, writing, ...) or pydoc (small, no extra packages)."),
-    seed: int = _SEED, dtype: str = _DTYPE,
+    seed: int = _SEED, dtype: str = _DTYPE, device: str = _DEVICE,
 ) -> None:
     """Build (or finish) a self-distillation corpus: the target's own greedy answers to a broad prompt mix."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from ..loader import load_target
-    from ..models import resolve_model
+    from ..models import check_device, resolve_model
     from .corpus import MIXES, CorpusSettings, build_corpus, corpus_stats, mix_prompts
 
     with one_error_line():
@@ -136,12 +152,14 @@ def corpus(
             raise ConfigError(f"--dtype must be bfloat16 or float32, got {dtype!r}")
         if output.exists() and not output.is_dir():
             raise ConfigError(f"--output {output} is a file: give a folder")
+        check_device(device)
         source = resolve_model(model)
         cs = CorpusSettings(source.name, prompts, max_new_tokens, batch_size, seed, dtype, mix)
         mix_prompts(cs)  # a missing source package fails here, before the model loads
         logging.getLogger("transformers").setLevel(logging.ERROR)
         with err.status(f"loading {model} ...", spinner="dots"):
-            target = load_target(model, dtype=dtype, log=lambda s: err.print(s, markup=False), threads=_train_threads())
+            target = load_target(model, dtype=dtype, device=device, log=lambda s: err.print(s, markup=False),
+                                 threads=_train_threads())
         cols = (TextColumn("corpus"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
         import time
 
@@ -165,7 +183,7 @@ def draft(
     hard_labels: bool = typer.Option(
         False, "--hard-labels", help="Train on the greedy answers only (no teacher pass; weaker, faster)."
     ),
-    max_records: int = _MAX_RECORDS,
+    max_records: int = _MAX_RECORDS, device: str = _DEVICE, max_minutes: float = _MINUTES,
 ) -> None:
     """Distil a small draft model (a few of the target's layers, its embeddings and tokenizer) from the target."""
     from .draft import DraftSettings
@@ -176,7 +194,8 @@ def draft(
             raise ConfigError("--epochs must be >= 1, --vocab-subset >= 16, --lr > 0 and --max-records >= 0")
         s = DraftSettings(layers=ids, vocab_subset=vocab_subset, epochs=epochs, lr=lr, seed=seed, soft_labels=not hard_labels,
                           max_records=max_records)
-        _run("draft", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix)
+        _run("draft", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix, device,
+             max_minutes)
 
 
 @train_app.command("eagle")
@@ -191,7 +210,7 @@ def eagle(
     vocab_subset: int = typer.Option(8192, "--vocab-subset", help="Output head size: most frequent tokens kept."),
     feature_layers: str = typer.Option("", "--feature-layers", help="Target hidden_states indices to fuse "
                                        "(comma-separated; default: a low, a middle and a high layer)."),
-    max_records: int = _MAX_RECORDS,
+    max_records: int = _MAX_RECORDS, device: str = _DEVICE, max_minutes: float = _MINUTES,
 ) -> None:
     """Train an EAGLE-style drafter on the target's own features and greedy answers (training-time test)."""
     from .eagle import EagleSettings
@@ -205,7 +224,8 @@ def eagle(
             raise ConfigError(f"--max-records must be >= 0, got {max_records}")
         s = EagleSettings(vocab_subset=vocab_subset, epochs=epochs, batch_size=batch_size, max_len=max_len, lr=lr,
                           ttt_steps=ttt_steps, feature_layers=layers, max_records=max_records, seed=seed)
-        _run("eagle", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix)
+        _run("eagle", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix, device,
+             max_minutes)
 
 
 @train_app.command("medusa")
@@ -216,7 +236,7 @@ def medusa(
     epochs: int = typer.Option(3, "--epochs", help="Passes over the corpus positions."),
     lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate (AdamW, cosine)."),
     batch_positions: int = typer.Option(256, "--batch-positions", help="Corpus positions per step."),
-    max_records: int = _MAX_RECORDS,
+    max_records: int = _MAX_RECORDS, device: str = _DEVICE, max_minutes: float = _MINUTES,
 ) -> None:
     """Train Medusa-1 heads on the target's own answers (self-distillation)."""
     from .medusa import MedusaSettings
@@ -226,4 +246,5 @@ def medusa(
             raise ConfigError("--heads, --epochs and --batch-positions must be >= 1, --lr > 0 and --max-records >= 0")
         s = MedusaSettings(num_heads=heads, epochs=epochs, lr=lr, seed=seed, batch_positions=batch_positions,
                            max_records=max_records)
-        _run("medusa", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix)
+        _run("medusa", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix, device,
+             max_minutes)

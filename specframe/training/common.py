@@ -8,6 +8,7 @@ import json
 import math
 import os
 import random
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
@@ -87,6 +88,15 @@ def cosine_lr(step: int, total: int, base: float, warmup: int) -> float:
     return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
+class PieceDone(Exception):
+    """A training run reached its time limit (``--max-minutes``) and checkpointed: running the same command again
+    resumes it. ``step`` / ``total``: the steps done and planned."""
+
+    def __init__(self, step: int, total: int) -> None:
+        super().__init__(f"stopped at the time limit after step {step} of {total}")
+        self.step, self.total = step, total
+
+
 class Checkpoint:
     """``ckpt.pt`` in the output folder: model + optimizer state, step, and the settings it was made with."""
 
@@ -98,7 +108,7 @@ class Checkpoint:
         """The saved state, or None. Raises ConfigError when it was made with other settings."""
         if not self.path.exists():
             return None
-        state = torch.load(self.path, weights_only=False)
+        state = torch.load(self.path, weights_only=False, map_location="cpu")  # (made on another device, perhaps)
         if state.get("settings") != self.settings:
             raise ConfigError(
                 f"{self.path} was made with other settings ({state.get('settings')}): "
@@ -116,7 +126,8 @@ class TrainingRun:
     """The bookkeeping of one training loop: resume ``model`` and ``opt`` from ``out/ckpt.pt`` (made with
     ``settings``; with ``rng``, the torch RNG state too), optimizer steps, the loss log, ``progress(step, total,
     loss)`` calls, and a checkpoint every ``save_every`` steps and at the last one. ``step`` counts the batches
-    done, skipped ones included.
+    done, skipped ones included. With ``deadline`` (a ``time.monotonic()`` value), the first step done after it
+    checkpoints and raises :class:`PieceDone`: long training runs in pieces that each fit a session.
 
     Raises:
         ConfigError: the checkpoint was made with other settings.
@@ -124,10 +135,12 @@ class TrainingRun:
 
     def __init__(self, out: Path, settings: dict, model: torch.nn.Module, opt: torch.optim.Optimizer, total: int, *,
                  save_every: int = 50, rng: bool = True, strict: bool = True,
-                 progress: Callable[[int, int, float], None] | None = None) -> None:
-        self.out, self.model, self.opt, self.total = out, model, opt, total
+                 progress: Callable[[int, int, float], None] | None = None, deadline: float | None = None) -> None:
+        self.out, self.model, self.opt, self.total, self.deadline = out, model, opt, total, deadline
         self.save_every, self.rng, self.progress = save_every, rng, progress
         self.ckpt = Checkpoint(out, settings)
+        self.before_s, self.pieces = 0.0, 1  # training seconds and pieces of the runs this one resumes
+        self.t0 = time.monotonic()
         self.step = self._resume(strict)
         self.log = LossLog(out, self.step)
 
@@ -139,7 +152,13 @@ class TrainingRun:
         self.opt.load_state_dict(state["opt"])
         if self.rng:
             torch.set_rng_state(state["rng"])
+        self.before_s, self.pieces = float(state.get("elapsed_s", 0.0)), int(state.get("pieces", 0)) + 1
         return state["step"]
+
+    @property
+    def elapsed_s(self) -> float:
+        """Training seconds over every piece of this run (resumed ones included)."""
+        return self.before_s + time.monotonic() - self.t0
 
     def update(self, loss: Tensor, lr: float, clip: float | None = None) -> None:
         """One optimizer step on ``loss`` at learning rate ``lr``, the gradient norm clipped to ``clip`` if given."""
@@ -157,11 +176,16 @@ class TrainingRun:
         self.step += 1
         if self.progress:
             self.progress(self.step, self.total, loss)
-        if self.step % self.save_every == 0 or self.step == self.total:
-            state: dict[str, Any] = {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step}
+        over = self.deadline is not None and time.monotonic() > self.deadline and self.step < self.total
+        if self.step % self.save_every == 0 or self.step == self.total or over:
+            state: dict[str, Any] = {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+                                     "elapsed_s": self.elapsed_s, "pieces": self.pieces}
             if self.rng:
                 state["rng"] = torch.get_rng_state()
             self.ckpt.save(**state)
+        if over:
+            self.log.close()
+            raise PieceDone(self.step, self.total)
 
     def skip(self) -> None:
         """A batch with nothing to learn: it counts as a step, with no update, log line or checkpoint."""

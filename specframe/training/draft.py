@@ -80,7 +80,7 @@ def _training_examples(records: list[dict], s: DraftSettings,
 
 def train_draft(
     target: Any, records: list[dict], out: Path, s: DraftSettings, progress: Callable[[int, int, float], None] | None = None,
-    teacher: list[dict] | None = None,
+    teacher: list[dict] | None = None, deadline: float | None = None,
 ) -> dict:
     """Train and save a draft into ``out``; resumes from ``out/ckpt.pt`` when present.
 
@@ -111,19 +111,19 @@ def train_draft(
     params = [p for p in draft.lm.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=0.0, betas=(0.9, 0.98))
     run = TrainingRun(out, {"draft": asdict(s), "records": len(records)}, draft.lm, opt, total, strict=False,
-                      progress=progress)
-    t0 = time.perf_counter()
+                      progress=progress, deadline=deadline)
     batches = resumed_batches(lambda epoch: length_batches(lengths, s.batch_size, s.seed, epoch), per_epoch,
                               s.epochs, run.step)
     for b in batches:
         rows = [examples[i] for i in b]
         ids, valid, labels = padded_batch(rows, sub_index, shift=1)
-        mask = valid.to(torch.int64)
+        dev = target.device  # the draft is built from the target's layers, on its device
+        ids, labels, mask = ids.to(dev), labels.to(dev), valid.to(dev, torch.int64)
         if not bool((labels != -100).any()):  # every label outside the subset: nothing to learn here
             run.skip()
             continue
         teach = [soft[id(r)] for r in rows] if s.soft_labels else None
-        loss, acc = _loss(draft(ids, attention_mask=mask), labels, teach, sub_index)
+        loss, acc = _loss(draft(ids, attention_mask=mask), labels, teach, sub_index.to(dev))
         run.update(loss, cosine_lr(run.step, total, s.lr, s.warmup), clip=1.0)
         run.done(float(loss.detach()), acc)
     final_loss, final_acc = run.close()
@@ -133,7 +133,8 @@ def train_draft(
         "final_loss": final_loss,
         "final_acc": final_acc,
         "subset_coverage": coverage,
-        "train_s": time.perf_counter() - t0,
+        "train_s": run.elapsed_s,
+        "pieces": run.pieces,
         "trainable_params": sum(p.numel() for p in params),
         "draft": draft,
     }
@@ -157,13 +158,14 @@ def _soft_loss(logits: torch.Tensor, teach: list[dict], sub_index: torch.Tensor)
     """Cross-entropy of the draft ``[B, W, S]`` against the target's top-k distributions renormalised over the
     subset, averaged over positions; also returns the target's top-1 as hard labels ``[B, W]`` (for accuracy)."""
     b, w, _ = logits.shape
+    dev = logits.device
     k = teach[0]["top_ids"].shape[1]
-    idx = torch.full((b, w, k), -100, dtype=torch.int64)
-    prob = torch.zeros((b, w, k), dtype=torch.float32)
+    idx = torch.full((b, w, k), -100, dtype=torch.int64, device=dev)
+    prob = torch.zeros((b, w, k), dtype=torch.float32, device=dev)
     for j, t in enumerate(teach):
         n = t["top_ids"].shape[0]
-        idx[j, :n] = sub_index[t["top_ids"].long()]
-        prob[j, :n] = t["top_logp"].float().exp()
+        idx[j, :n] = sub_index[t["top_ids"].long().to(dev)]
+        prob[j, :n] = t["top_logp"].to(dev).float().exp()
     inside = idx != -100
     prob = prob * inside
     total = prob.sum(-1, keepdim=True)

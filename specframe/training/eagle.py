@@ -9,7 +9,9 @@ frequent-token subset, response positions only, pass ``j`` weighted ``step_decay
 
 The drafter's decoder layer starts as a copy of the target's last layer when the shapes match (Llama-like
 targets); the rest starts random (seeded). Weights train in float32, forwards run under bfloat16 autocast when
-``autocast``. Seeded, resumable from ``ckpt.pt`` (every 50 steps); writes ``eagle.json``, ``eagle.safetensors``,
+``autocast`` (on a CPU or a CUDA target alike). The drafter trains on the target's device, so the same recipe runs
+on a GPU whenever there is one (``specframe train eagle --device cuda``). Seeded, resumable from ``ckpt.pt`` (every
+50 steps, and when a ``--max-minutes`` piece ends); writes ``eagle.json``, ``eagle.safetensors``,
 ``train-log.jsonl`` (pass-1 loss and accuracy) and ``loss.png``.
 """
 
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..learned.eagle_drafter import EagleDrafter, EagleSpec, init_from_target, new_drafter
 from .common import (
+    PieceDone,  # noqa: F401 - raised by TrainingRun, documented here
     TrainingRun,
     cosine_lr,
     length_batches,
@@ -87,24 +90,25 @@ def _drafter(target: Any, s: EagleSettings, token_map: torch.Tensor) -> tuple[Ea
     spec = EagleSpec.for_target(target.model.config, target.info.name, s.feature_layers)
     drafter = new_drafter(spec, token_map, s.seed)
     copied = s.init_from_target and init_from_target(drafter, target.model)
-    drafter.train()
+    drafter.to(target.device).train()
     return spec, drafter, copied
 
 
 def _autocast(s: EagleSettings, target: Any) -> contextlib.AbstractContextManager:
-    """The context the drafter's forwards run in: bfloat16 autocast on a CPU target when ``s.autocast``."""
-    if s.autocast and target.device.type == "cpu":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
+    """The context the drafter's forwards run in: bfloat16 autocast on a CPU or CUDA target when ``s.autocast``."""
+    if s.autocast and target.device.type in ("cpu", "cuda"):
+        return torch.autocast(target.device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
 def _inputs(target: Any, ids: torch.Tensor, valid: torch.Tensor, layers: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
-    """The drafter's inputs, on the CPU: the target's features ``[B, W, F, H]`` (:func:`target_features`) and, at
-    every position ``t``, the target's input embedding of token ``t + 1`` (0 past the end) ``[B, W, H]`` float32."""
-    feats = target_features(target.model, ids, valid, layers).to("cpu")
+    """The drafter's inputs, on the target's device: the target's features ``[B, W, F, H]``
+    (:func:`target_features`) and, at every position ``t``, the target's input embedding of token ``t + 1`` (0 past
+    the end) ``[B, W, H]`` float32."""
+    feats = target_features(target.model, ids, valid, layers)
     with torch.no_grad():
         nxt = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], 1)
-        emb = target.model.get_input_embeddings()(nxt.to(target.device)).to("cpu").float()
+        emb = target.model.get_input_embeddings()(nxt.to(target.device)).float()
     return feats, emb
 
 
@@ -115,7 +119,7 @@ def _unrolled_loss(drafter: EagleDrafter, feats: torch.Tensor, emb: torch.Tensor
     cross-entropy, and each pass's accuracy (NaN for a pass with no label; pass ``j + 1`` needs real features up
     to ``t - j``, so its first ``j`` positions are left out)."""
     outs = drafter.unrolled(drafter.fuse_features(feats.float()), emb, len(weights), valid)
-    loss = torch.zeros(())
+    loss = feats.new_zeros((), dtype=torch.float32)
     accs = []
     for j, a in enumerate(outs):
         lab = labels.clone()
@@ -131,7 +135,7 @@ def _unrolled_loss(drafter: EagleDrafter, feats: torch.Tensor, emb: torch.Tensor
 
 
 def train_eagle(target: Any, records: list[dict], out: Path, s: EagleSettings,
-                progress: Callable[[int, int, float], None] | None = None) -> dict:
+                progress: Callable[[int, int, float], None] | None = None, deadline: float | None = None) -> dict:
     """Train and save an EAGLE drafter into ``out``; resumes from ``out/ckpt.pt`` when present.
 
     Args:
@@ -140,6 +144,7 @@ def train_eagle(target: Any, records: list[dict], out: Path, s: EagleSettings,
         out: output folder (the drafter folder itself).
         s: settings; a checkpoint made with other settings is refused.
         progress: optional ``(step, total_steps, loss)`` callback.
+        deadline: a ``time.monotonic()`` after which the run checkpoints and stops (:class:`PieceDone`).
 
     Returns:
         Summary: steps, final loss / accuracy (pass 1, mean of the last 20 steps), per-pass accuracy of the last
@@ -147,6 +152,7 @@ def train_eagle(target: Any, records: list[dict], out: Path, s: EagleSettings,
 
     Raises:
         ConfigError: no usable records, bad feature layers, or a checkpoint made with other settings.
+        PieceDone: ``deadline`` passed (the checkpoint holds the steps done; the same call resumes).
     """
     torch.manual_seed(s.seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -156,20 +162,21 @@ def train_eagle(target: Any, records: list[dict], out: Path, s: EagleSettings,
     spec, drafter, copied = _drafter(target, s, token_map)
     sub_index = subset_index(token_map, target.vocab_size)
     examples = _examples(records, s.max_len)
-    head_rows = target.model.get_output_embeddings().weight.detach()[token_map].float()
+    head_rows = target.model.get_output_embeddings().weight.detach()[token_map.to(target.device)].float()
     lengths = [len(e[0]) for e in examples]
     per_epoch = len(length_batches(lengths, s.batch_size, s.seed, 0))
     total = per_epoch * s.epochs
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    run = TrainingRun(out, {"eagle": asdict(s), "records": len(records)}, drafter, opt, total, progress=progress)
+    run = TrainingRun(out, {"eagle": asdict(s), "records": len(records)}, drafter, opt, total, progress=progress,
+                      deadline=deadline)
     weights = [s.step_decay**j for j in range(s.ttt_steps)]
     pass_acc = [[] for _ in range(s.ttt_steps)]
-    t0 = time.perf_counter()
     batches = resumed_batches(lambda epoch: length_batches(lengths, s.batch_size, s.seed, epoch), per_epoch,
                               s.epochs, run.step)
     for b in batches:
         ids, valid, labels = padded_batch([examples[i] for i in b], sub_index, shift=2)
+        valid, labels = valid.to(target.device), labels.to(target.device)
         feats, emb = _inputs(target, ids, valid, spec.feature_layers)
         with _autocast(s, target):
             loss, accs = _unrolled_loss(drafter, feats, emb, valid, labels, head_rows, weights)
@@ -185,7 +192,7 @@ def train_eagle(target: Any, records: list[dict], out: Path, s: EagleSettings,
     return {
         "steps": run.step, "final_loss": final_loss, "final_acc": final_acc,
         "final_acc_by_pass": [sum(a) / len(a) if a else float("nan") for a in pass_acc],
-        "subset_coverage": coverage, "train_s": time.perf_counter() - t0,
+        "subset_coverage": coverage, "train_s": run.elapsed_s, "pieces": run.pieces,
         "trainable_params": sum(p.numel() for p in params), "init_from_target_layer": bool(copied),
         "feature_layers": list(spec.feature_layers), "drafter": drafter,
     }

@@ -5,7 +5,7 @@ answers (self-distillation, as Medusa's recipe for models without their SFT data
 2. Head ``i`` at position ``t`` learns the token at ``t + 2 + i`` with cross-entropy over the frequent-token
    subset of the LM head (training only: inference uses the full LM head), loss weight ``0.8 ** i``
    (Medusa paper §2.1.1). The target stays frozen.
-Seeded, resumable from ``ckpt.pt``; writes ``medusa.safetensors`` + ``medusa.json``, ``train-log.jsonl``,
+The hidden states are kept on the CPU; the heads train on the target's device (a GPU where there is one). Seeded, resumable from ``ckpt.pt``; writes ``medusa.safetensors`` + ``medusa.json``, ``train-log.jsonl``,
 ``loss.png``.
 """
 
@@ -128,6 +128,7 @@ def _head_losses(logits: Tensor, lab: Tensor) -> Tensor:
 def train_medusa(
     target: Any, records: list[dict], out: Path, s: MedusaSettings,
     progress: Callable[[str, int, int, float], None] | None = None, teacher: list[dict] | None = None,
+    deadline: float | None = None,
 ) -> dict:
     """Train heads and save them into ``out``; resumes from ``out/ckpt.pt`` when present.
 
@@ -138,6 +139,7 @@ def train_medusa(
         s: settings; a checkpoint made with other settings is refused (ConfigError).
         progress: optional ``(phase, done, total, loss)`` callback; phase is ``"hidden"`` or ``"train"``.
         teacher: :func:`specframe.training.teacher.teacher_pass` output (its hidden states are reused).
+        deadline: a ``time.monotonic()`` after which the run checkpoints and stops (``PieceDone``).
 
     Returns:
         Summary: steps, positions, final loss / head-0 accuracy (mean of the last 20 steps), coverage, seconds.
@@ -154,21 +156,22 @@ def train_medusa(
     token_map, coverage = token_subset(records, s.vocab_subset, target.eos_token_ids)
     sub_index = subset_index(token_map, target.vocab_size)
     sub_labels = torch.where(labels >= 0, sub_index[labels.clamp(min=0)], torch.full_like(labels, -100))
-    w_sub = target.model.get_output_embeddings().weight.detach()[token_map].float()  # [S, H]
-    heads = MedusaHeads(hidden.shape[1], s.num_heads, s.num_layers, token_map).float().train()
+    dev = target.device
+    w_sub = target.model.get_output_embeddings().weight.detach()[token_map.to(dev)].float()  # [S, H]
+    heads = MedusaHeads(hidden.shape[1], s.num_heads, s.num_layers, token_map).float().to(dev).train()
     opt = torch.optim.AdamW(heads.parameters(), lr=s.lr, weight_decay=0.0)
     m = hidden.shape[0]
     per_epoch = (m + s.batch_positions - 1) // s.batch_positions
     total = per_epoch * s.epochs
     run = TrainingRun(out, {"medusa": asdict(s), "records": len(records), "positions": m}, heads, opt, total,
                       save_every=200, rng=False,
-                      progress=(lambda d, n, loss: progress("train", d, n, loss)) if progress else None)
-    weights = torch.tensor([0.8**i for i in range(s.num_heads)])
-    t1 = time.perf_counter()
+                      progress=(lambda d, n, loss: progress("train", d, n, loss)) if progress else None,
+                      deadline=deadline)
+    weights = torch.tensor([0.8**i for i in range(s.num_heads)], device=dev)
     batches = resumed_batches(lambda epoch: _position_batches(m, s.batch_positions, s.seed, epoch), per_epoch,
                               s.epochs, run.step)
     for idx in batches:
-        h, lab = hidden[idx].float(), sub_labels[idx]
+        h, lab = hidden[idx].to(dev).float(), sub_labels[idx].to(dev)
         logits = heads(h) @ w_sub.T  # [b, D, S]
         losses = _head_losses(logits, lab)
         run.update((losses * weights).sum(), cosine_lr(run.step, total, s.lr, s.warmup))
@@ -181,7 +184,7 @@ def train_medusa(
     return {
         "steps": run.step, "positions": m, "final_loss_head0": final_loss,
         "final_acc_head0": final_acc, "subset_coverage": coverage,
-        "hidden_s": t_hidden, "train_s": time.perf_counter() - t1, "heads": heads,
+        "hidden_s": t_hidden, "train_s": run.elapsed_s, "pieces": run.pieces, "heads": heads,
     }
 
 

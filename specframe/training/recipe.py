@@ -82,9 +82,13 @@ def evaluate_tau(target: Any, proposer_name: str, options: dict, num_prompts: in
 
 def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: Path, corpus_settings: CorpusSettings,
                settings: DraftSettings | MedusaSettings | EagleSettings, bar: Callable[[str, int, int, str], None],
-               eval_prompts: int = 12) -> dict:
+               eval_prompts: int = 12, deadline: float | None = None) -> dict:
     """Build the corpus (or finish it), train, save, evaluate, write ``README.md`` (model card) and
-    ``recipe.json`` in ``output``. Returns the summary written to ``recipe.json``."""
+    ``recipe.json`` in ``output``. Returns the summary written to ``recipe.json``.
+
+    Raises:
+        PieceDone: training reached ``deadline`` (a ``time.monotonic()`` value) and checkpointed; nothing else is
+            written, and the same call resumes."""
     if kind not in RECIPES:
         raise ConfigError(f"unknown recipe {kind!r}: use one of {', '.join(RECIPES)}")
     t0 = time.perf_counter()
@@ -100,20 +104,21 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
     n_prompt = sum(len(r["prompt_ids"]) for r in records)
     if kind == "draft":
         summary = train_draft(target, records, output, settings,
-                              progress=lambda s, n, loss: bar("train", s, n, f"loss {loss:.3f}"), teacher=teacher)
+                              progress=lambda s, n, loss: bar("train", s, n, f"loss {loss:.3f}"), teacher=teacher,
+                              deadline=deadline)
         model = summary.pop("draft")
         finish_draft(model, output, target_name, target.vocab_size)
         proposer, options = "draft-model", {"model": str(output)}
     elif kind == "eagle":
         summary = train_eagle(target, records, output, settings,
-                              progress=lambda s, n, loss: bar("train", s, n, f"loss {loss:.3f}"))
+                              progress=lambda s, n, loss: bar("train", s, n, f"loss {loss:.3f}"), deadline=deadline)
         model = summary.pop("drafter")
         finish_eagle(model, output)
         proposer, options = "eagle", {"weights": str(output)}
     else:
         summary = train_medusa(target, records, output, settings,
                                progress=lambda ph, s, n, loss: bar(ph, s, n, f"loss {loss:.3f}" if ph == "train" else ""),
-                               teacher=teacher)
+                               teacher=teacher, deadline=deadline)
         model = summary.pop("heads")
         finish_medusa(model, output, target_name)
         proposer, options = "medusa", {"heads": str(output)}
@@ -125,12 +130,20 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
                    "prompt_tokens": n_prompt, "response_tokens": n_resp, "build_s_this_run": round(t_corpus, 1)},
         "settings": asdict(settings), "result": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()},
         "eval": ev, "wall_s": round(time.perf_counter() - t0, 1),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+        "machine": _machine(target),
     }
     (output / "recipe.json").write_text(json.dumps(record, indent=1) + "\n")
     (output / "README.md").write_text(model_card(record))
     (output / "ckpt.pt").unlink(missing_ok=True)  # done: the optimizer state is not shipped
     return record
+
+
+def _machine(target: Any) -> str:
+    """Where training ran, for the model card: the CPU's threads or the GPU's name, and torch's version."""
+    dev = getattr(target, "device", torch.device("cpu"))
+    if dev.type == "cuda":
+        return f"{torch.cuda.get_device_name(dev)} (CUDA), torch {torch.__version__}"
+    return f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 def _sources(corpus: Path) -> dict:
@@ -171,7 +184,8 @@ def model_card(r: dict) -> str:
         "```", json.dumps(s), "```", "",
         f"{res['steps']} steps; final loss {res.get('final_loss', res.get('final_loss_head0')):.3f}, top-1 accuracy "
         f"{res.get('final_acc', res.get('final_acc_head0')):.3f} (mean of the last 20 steps"
-        + {"draft": "", "medusa": ", head 0", "eagle": ", pass 1"}[kind] + f"); training {res['train_s'] / 60:.1f} min "
+        + {"draft": "", "medusa": ", head 0", "eagle": ", pass 1"}[kind] + f"); training {res['train_s'] / 60:.1f} min"
+        + (f" in {res['pieces']} pieces" if res.get("pieces", 1) > 1 else "") + " "
         f"on {r['machine']}; whole recipe run {r['wall_s'] / 60:.1f} min.", "",
         "![loss curve](loss.png)", "",
         "## Measured τ", "",
