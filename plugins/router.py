@@ -8,8 +8,9 @@ Live statistics per proposer ``j`` (exponential moving averages, decay ``decay``
   draft at all (an n-gram lookup that finds no match reaches depth 0). Starts at ``prior ** d``.
 - ``width[j][d]``: nodes it drafts at depth ``d`` when it drafts there (1 for chains; medusa's trees are wider).
 - ``cost[j]``: its draft cost per step in one-token target forwards: ``draft_cost[label]`` from the config (0
-  when not given), or, when timings are used, its measured seconds per propose call / ``t1``, the seconds of a
-  one-token target forward (each step's forward time / v(verified + 1)).
+  when not given), or, when timings are used, its measured seconds per step it drafts (its propose call and its
+  ``on_verified`` feedback work) / ``t1``, the seconds of a one-token target forward (each step's forward time /
+  v(verified + 1)). What its nodes add to the forward is ``v(1 + all nodes) - v(1 + the others' nodes)``.
 
 Timings (``measure``): wall-clock times differ from run to run, and under sampling the routing decides which
 proposers draw from the request's generator — so with timings a seed would no longer reproduce the same tokens
@@ -417,7 +418,8 @@ class AdaptiveRouter(RouterBase):
             if not s.asked or s.fault:
                 continue
             if self.timed:
-                self.draft_s[j] = a * self.draft_s[j] + (1 - a) * s.draft_s if self.draft_s[j] else s.draft_s
+                spent = s.draft_s + getattr(s, "feedback_s", 0.0)  # its propose call and its feedback work
+                self.draft_s[j] = a * self.draft_s[j] + (1 - a) * spent if self.draft_s[j] else spent
             # depths this step tells us about: all of them when the proposer drafted what it wanted; only those it
             # drafted when its budget (or the router, or the merged tree's) cut it short
             limited = s.proposed >= s.budget or s.drafted < s.proposed

@@ -35,6 +35,7 @@ class ProposerStep:
     accepted_alone: int  # accepted nodes only it produced
     draft_s: float  # seconds in its propose call
     fault: bool  # it faulted in this step (see specframe.isolation)
+    feedback_s: float = 0.0  # seconds in its on_verified call this step (its feedback work)
 
     @property
     def wasted(self) -> int:

@@ -168,9 +168,10 @@ class Drafting:
                 own = merged.own_accepted(j, path, s.draft.parent[0, :kept].tolist()) if kept else ()
                 alone = merged.alone(j, path)
                 by_depth = _count_depths(depths[m] for m in merged.node_of[j])
-            steps.append(ProposerStep(s.label, s.asked, s.budget, s.proposed, kept, by_depth, len(own), alone,
-                                      s.draft_s, s.fault))
+            t0 = time.perf_counter()
             self._call(s, "on_verified", VerifyOutcome(s.draft.truncate(kept), (own,), (tuple(committed),), finished))
+            steps.append(ProposerStep(s.label, s.asked, s.budget, s.proposed, kept, by_depth, len(own), alone,
+                                      s.draft_s, s.fault, time.perf_counter() - t0))
         report = StepReport(tuple(steps), merged.tree.num_nodes, len(path), forward_s)
         if self.policy is not None:
             self.policy = self._plugin("merge policy", self.policy, "on_step", report)
