@@ -206,3 +206,44 @@ def test_corpus_refuses_other_settings_and_missing_sources(tiny, tmp_path, fake_
     with pytest.raises(ConfigError, match="wordnet"):
         build_corpus(tiny, tmp_path / "d", small)
     assert not (tmp_path / "d").exists()  # nothing half-written
+
+
+# --- the long mix ---------------------------------------------------------------------------------------------------
+
+
+def test_long_mix_shares_lengths_and_prefix(fake_sources):
+    from specframe.training import long
+
+    got = long.build_long_prompts(60, seed=0)
+    assert len(got) == 60 and got[:25] == long.build_long_prompts(25, seed=0)
+    assert got != long.build_long_prompts(60, seed=1)
+    assert collections.Counter(p["kind"] for p in got[:20]) == {k: round(v * 20) for k, v in long.SHARES.items()}
+    for p in got:
+        assert p["source"] == "python-docs"
+        words = len(p["text"].split())
+        if p["kind"] == "summarize-long":  # fake passages are 80 words: 400 words at least means 5+ of them
+            assert long.MIN_WORDS <= words <= long.MAX_WORDS + 100
+        elif p["kind"] == "documents-qa":
+            n_docs = p["text"].count("Document ")
+            assert 3 <= n_docs <= 6 and "Question: " in p["text"]
+    assert mix_prompts(CorpusSettings("m", 7, 8, 1, 0, "float32", "long")) == long.build_long_prompts(7, 0)
+
+
+def _docs_missing() -> str | None:
+    try:
+        S.SOURCES["python-docs"].licence_file()
+    except ConfigError:
+        return S.SOURCES["python-docs"].install
+    return None
+
+
+@pytest.mark.skipif(_docs_missing() is not None, reason=f"a training source is not installed: {_docs_missing()}")
+def test_real_sources_give_long_prompts_without_specbench_text():
+    from specframe.training import long
+
+    got = long.build_long_prompts(200, 0)
+    words = sorted(len(p["text"].split()) for p in got)
+    assert words[len(words) // 10] >= 250 and words[-1] <= 2000  # long (SmolLM2: 470-2 050 tokens), not runaway
+    questions = {t.strip() for line in SPECBENCH.read_text().splitlines() if line.strip()
+                 for t in json.loads(line)["turns"]}
+    assert not {p["text"].strip() for p in got} & questions

@@ -649,3 +649,34 @@ def test_model_card_reproduce_line_names_real_flags(kind) -> None:
     assert flags and all(f in helptext for f in flags), (flags, helptext)
     assert ("--hard-labels" in line) == (kind == "draft")
     assert reproduce_flags(kind, {**settings, "max_records": 0}).count("--max-records") == 0
+
+
+def test_run_recipe_with_an_extra_corpus(tiny_free, tmp_path_factory, tmp_path):
+    """--extra-corpus: its records follow the main corpus's; the recipe and the model card name it; an unfinished
+    one, or one of another target, is refused before training."""
+    corpus = tmp_path_factory.getbasetemp() / "recipe-corpus"  # the corpus of test_run_recipe_end_to_end
+    cs = replace(CS, num_prompts=16, batch_size=8)
+    extra_cs = replace(CS, num_prompts=8, batch_size=8, seed=5)
+    extra = tmp_path / "extra"
+    from specframe.training.corpus import build_corpus
+
+    build_corpus(tiny_free, corpus, cs)
+    build_corpus(tiny_free, extra, extra_cs)
+    s = EagleSettings(vocab_subset=32, epochs=1, batch_size=8, autocast=False)
+    out = tmp_path / "eagle"
+    record = run_recipe("eagle", tiny_free, "tiny", out, corpus, cs, s, lambda *a: None, eval_prompts=1,
+                        extra_corpora=[extra])
+    assert record["corpus"]["records"] == 16
+    assert record["corpus"]["extra"] == [{"path": str(extra), "settings": json.loads(json.dumps(extra_cs.__dict__)),
+                                          "records": 8}]
+    assert record["result"]["steps"] == 3  # 24 records, 8 a batch
+    card = (out / "README.md").read_text()
+    assert "then 8 of the `pydoc` mix (seed 5)" in card and f"--extra-corpus {extra}" in card
+    (extra / "shard-00000.jsonl.gz").unlink()
+    with pytest.raises(ConfigError, match="not finished"):
+        run_recipe("eagle", tiny_free, "tiny", tmp_path / "e2", corpus, cs, s, lambda *a: None, extra_corpora=[extra])
+    with pytest.raises(ConfigError, match="not of 'other'"):
+        run_recipe("eagle", tiny_free, "other", tmp_path / "e3", corpus, cs, s, lambda *a: None, extra_corpora=[corpus])
+    with pytest.raises(ConfigError, match="no corpus.json"):
+        run_recipe("eagle", tiny_free, "tiny", tmp_path / "e4", corpus, cs, s, lambda *a: None,
+                   extra_corpora=[tmp_path / "nothing"])

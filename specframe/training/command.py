@@ -27,7 +27,9 @@ _NEW = typer.Option(160, "--max-new-tokens", help="Longest target answer per pro
 _SEED = typer.Option(0, "--seed", help="Seed of the prompts, initialisation and batch order.")
 _DTYPE = typer.Option("bfloat16", "--dtype", help="Target dtype for the corpus and hidden states.")
 _EVAL = typer.Option(12, "--eval-prompts", help="Held-out prompts for the τ in the model card.")
-_MIX = typer.Option("broad", "--mix", help="Prompt mix of a new corpus: broad or pydoc.")
+_MIX = typer.Option("broad", "--mix", help="Prompt mix of a new corpus: broad, pydoc or long.")
+_EXTRA = typer.Option(None, "--extra-corpus", help="A finished corpus folder to train on too, after --corpus "
+                      "(repeatable; e.g. one built with `specframe train corpus --mix long`).")
 _MAX_RECORDS = typer.Option(0, "--max-records", help="Train on the first N corpus records only (0 = all).")
 _DEVICE = typer.Option("cpu", "--device", help="Where the target runs and the weights train: cpu, cuda or cuda:N.")
 _MINUTES = typer.Option(0.0, "--max-minutes", help="Stop training after this many minutes with a checkpoint (0 = no "
@@ -71,7 +73,7 @@ def _train_threads() -> int:
 
 def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: int, max_new_tokens: int,
          seed: int, dtype: str, eval_prompts: int, settings, mix: str = "broad", device: str = "cpu",
-         max_minutes: float = 0.0) -> None:
+         max_minutes: float = 0.0, extra: Optional[list[Path]] = None) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from ..loader import load_target
@@ -115,7 +117,8 @@ def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: i
 
         deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
         try:
-            record = run_recipe(kind, target, source.name, output, corpus, cs, settings, bar, eval_prompts, deadline)
+            record = run_recipe(kind, target, source.name, output, corpus, cs, settings, bar, eval_prompts, deadline,
+                                extra or [])
         except PieceDone as piece:
             progress.stop()
             err.print(f"{output}: {piece}; checkpointed in {output / 'ckpt.pt'}. Run the same command again to go on.")
@@ -133,7 +136,8 @@ def corpus(
     prompts: int = typer.Option(24000, "--prompts", help="First-turn prompts (about 10% also get a second turn)."),
     max_new_tokens: int = typer.Option(144, "--max-new-tokens", help="Longest target answer per turn."),
     batch_size: int = typer.Option(64, "--batch-size", help="Prompts generated together."),
-    mix: str = typer.Option("broad", "--mix", help="broad (chat, code, math, writing, ...) or pydoc (small, no extra packages)."),
+    mix: str = typer.Option("broad", "--mix", help="broad (chat, code, math, writing, ...), pydoc (small, no extra packages) or long (documents to summarise "
+                       "or answer from, 330-2 050 tokens)."),
     seed: int = _SEED, dtype: str = _DTYPE, device: str = _DEVICE,
 ) -> None:
     """Build (or finish) a self-distillation corpus: the target's own greedy answers to a broad prompt mix."""
@@ -184,6 +188,7 @@ def draft(
         False, "--hard-labels", help="Train on the greedy answers only (no teacher pass; weaker, faster)."
     ),
     max_records: int = _MAX_RECORDS, device: str = _DEVICE, max_minutes: float = _MINUTES,
+    extra_corpus: Optional[list[Path]] = _EXTRA,
 ) -> None:
     """Distil a small draft model (a few of the target's layers, its embeddings and tokenizer) from the target."""
     from .draft import DraftSettings
@@ -195,7 +200,7 @@ def draft(
         s = DraftSettings(layers=ids, vocab_subset=vocab_subset, epochs=epochs, lr=lr, seed=seed, soft_labels=not hard_labels,
                           max_records=max_records)
         _run("draft", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix, device,
-             max_minutes)
+             max_minutes, extra_corpus)
 
 
 @train_app.command("eagle")
@@ -211,6 +216,7 @@ def eagle(
     feature_layers: str = typer.Option("", "--feature-layers", help="Target hidden_states indices to fuse "
                                        "(comma-separated; default: a low, a middle and a high layer)."),
     max_records: int = _MAX_RECORDS, device: str = _DEVICE, max_minutes: float = _MINUTES,
+    extra_corpus: Optional[list[Path]] = _EXTRA,
 ) -> None:
     """Train an EAGLE-style drafter on the target's own features and greedy answers (training-time test)."""
     from .eagle import EagleSettings
@@ -225,7 +231,7 @@ def eagle(
         s = EagleSettings(vocab_subset=vocab_subset, epochs=epochs, batch_size=batch_size, max_len=max_len, lr=lr,
                           ttt_steps=ttt_steps, feature_layers=layers, max_records=max_records, seed=seed)
         _run("eagle", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix, device,
-             max_minutes)
+             max_minutes, extra_corpus)
 
 
 @train_app.command("medusa")
@@ -237,6 +243,7 @@ def medusa(
     lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate (AdamW, cosine)."),
     batch_positions: int = typer.Option(256, "--batch-positions", help="Corpus positions per step."),
     max_records: int = _MAX_RECORDS, device: str = _DEVICE, max_minutes: float = _MINUTES,
+    extra_corpus: Optional[list[Path]] = _EXTRA,
 ) -> None:
     """Train Medusa-1 heads on the target's own answers (self-distillation)."""
     from .medusa import MedusaSettings
@@ -247,4 +254,4 @@ def medusa(
         s = MedusaSettings(num_heads=heads, epochs=epochs, lr=lr, seed=seed, batch_positions=batch_positions,
                            max_records=max_records)
         _run("medusa", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix, device,
-             max_minutes)
+             max_minutes, extra_corpus)

@@ -33,7 +33,7 @@ import torch
 from ..errors import ConfigError
 from . import prompts as pydoc_prompts
 
-MIXES = ("broad", "pydoc")
+MIXES = ("broad", "pydoc", "long")
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,10 @@ def mix_prompts(settings: CorpusSettings) -> list[dict]:
         return build_broad_prompts(settings.num_prompts, settings.seed)
     if settings.mix == "pydoc":
         return [{**p, "source": "python-docs"} for p in pydoc_prompts.build_prompts(settings.num_prompts, settings.seed)]
+    if settings.mix == "long":
+        from .long import build_long_prompts
+
+        return build_long_prompts(settings.num_prompts, settings.seed)
     raise ConfigError(f"unknown corpus mix {settings.mix!r}: use one of {', '.join(MIXES)}")
 
 
@@ -69,6 +73,8 @@ def sources_record(mix: str) -> dict:
     if mix == "pydoc":
         return {"pydoc_data": {"package": "CPython stdlib pydoc_data.topics", "licence": "PSF License 2.0"},
                 "specframe": OWN}
+    if mix == "long":
+        return {"python-docs": SOURCES["python-docs"].record(), "specframe": OWN}
     return {**{name: s.record() for name, s in SOURCES.items()}, "specframe": OWN}
 
 

@@ -11,7 +11,7 @@ import platform
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -82,11 +82,15 @@ def evaluate_tau(target: Any, proposer_name: str, options: dict, num_prompts: in
 
 def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: Path, corpus_settings: CorpusSettings,
                settings: DraftSettings | MedusaSettings | EagleSettings, bar: Callable[[str, int, int, str], None],
-               eval_prompts: int = 12, deadline: float | None = None) -> dict:
+               eval_prompts: int = 12, deadline: float | None = None, extra_corpora: Sequence[Path] = ()) -> dict:
     """Build the corpus (or finish it), train, save, evaluate, write ``README.md`` (model card) and
     ``recipe.json`` in ``output``. Returns the summary written to ``recipe.json``.
 
+    ``extra_corpora``: finished corpus folders of the same target whose records follow ``corpus``'s (their
+    ``max_records`` share is not cut: ``max_records`` counts ``corpus``'s records only).
+
     Raises:
+        ConfigError: an extra corpus is not a finished corpus of this target.
         PieceDone: training reached ``deadline`` (a ``time.monotonic()`` value) and checkpointed; nothing else is
             written, and the same call resumes."""
     if kind not in RECIPES:
@@ -97,6 +101,9 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
     records = list(read_corpus(corpus))
     if settings.max_records:  # the first N records: any prefix of the shards covers every prompt kind
         records = records[: settings.max_records]
+    n_main = len(records)
+    extras = [_extra_corpus(p, target_name) for p in extra_corpora]
+    records += [r for _, recs in extras for r in recs]
     teacher = None  # medusa takes its hidden states in its own forward: the teacher's top-K is not needed for it
     if kind == "draft" and settings.soft_labels:
         teacher = teacher_pass(target, corpus, records, progress=lambda d, n: bar("teacher", d, n, ""))
@@ -126,7 +133,9 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
                       mix=corpus_settings.mix)
     record = {
         "recipe": kind, "target": target_name, "target_dtype": str(target.dtype).replace("torch.", ""),
-        "corpus": {"settings": asdict(corpus_settings), "sources": _sources(corpus), "records": len(records),
+        "corpus": {"settings": asdict(corpus_settings), "sources": _sources(corpus, *extra_corpora),
+                   "records": n_main, "extra": [{"path": str(p), "settings": cs, "records": len(recs)}
+                                                      for p, (cs, recs) in zip(extra_corpora, extras)],
                    "prompt_tokens": n_prompt, "response_tokens": n_resp, "build_s_this_run": round(t_corpus, 1)},
         "settings": asdict(settings), "result": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()},
         "eval": ev, "wall_s": round(time.perf_counter() - t0, 1),
@@ -146,8 +155,37 @@ def _machine(target: Any) -> str:
     return f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
-def _sources(corpus: Path) -> dict:
-    return json.loads((corpus / "corpus.json").read_text()).get("sources", {})
+def _sources(*corpora: Path) -> dict:
+    out: dict = {}
+    for c in corpora:
+        out.update(json.loads((c / "corpus.json").read_text()).get("sources", {}))
+    return out
+
+
+def _extra_corpus(path: Path, target_name: str) -> tuple[dict, list[dict]]:
+    """``(settings, records)`` of a finished corpus of ``target_name`` to train on too.
+
+    Raises:
+        ConfigError: no corpus there, one of another target, or one not finished (a shard missing).
+    """
+    from .corpus import CorpusSettings, corpus_batches
+
+    meta = path / "corpus.json"
+    if not meta.is_file():
+        raise ConfigError(f"--extra-corpus {path} is not a corpus folder (no corpus.json): build it with "
+                          "`specframe train corpus`")
+    try:
+        cs = CorpusSettings(**json.loads(meta.read_text())["settings"])
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(f"{meta} is not a specframe corpus description: rebuild it with `specframe train corpus`")
+    if cs.model != target_name:
+        raise ConfigError(f"--extra-corpus {path} holds answers of {cs.model!r}, not of {target_name!r}")
+    first, second = corpus_batches(cs)
+    have1, have2 = len(list(path.glob("shard-*.jsonl.gz"))), len(list(path.glob("turn2-*.jsonl.gz")))
+    if have1 < first or have2 < second:
+        raise ConfigError(f"--extra-corpus {path} is not finished ({have1 + have2} of {first + second} shards): "
+                          "finish it with the `specframe train corpus` command that started it")
+    return asdict(cs), list(read_corpus(path))
 
 
 def model_card(r: dict) -> str:
@@ -172,7 +210,9 @@ def model_card(r: dict) -> str:
         f"Use: `specframe generate --proposer {proposer} ...` (these weights are the default for this target).", "",
         "## Data", "",
         f"- Prompts: {c['records']} records of the `{c['settings'].get('mix', 'pydoc')}` prompt mix (seed "
-        f"{c['settings']['seed']}; `specframe train corpus`, docs/training.md). No Spec-Bench text.",
+        f"{c['settings']['seed']}; `specframe train corpus`, docs/training.md)"
+        + "".join(f", then {e['records']} of the `{e['settings'].get('mix')}` mix (seed {e['settings']['seed']})"
+                  for e in c.get("extra", [])) + ". No Spec-Bench text.",
         "- Responses: the target's own greedy answers (self-distillation), "
         f"{c['settings']['max_new_tokens']} new tokens at most, generated in {c['settings']['dtype']}.",
         f"- {c['prompt_tokens']} prompt tokens, {c['response_tokens']} response tokens "
@@ -196,6 +236,8 @@ def model_card(r: dict) -> str:
         f"| {proposer} | {ev[proposer]['tau']:.2f} | {ev[proposer]['tok_s']:.1f} |",
         f"| none | {ev['none']['tau']:.2f} | {ev['none']['tok_s']:.1f} |", "",
         f"Speed-up on this machine: {ev['speedup']:.2f}x. Spec-Bench figures: docs/results/.", "",
-        "Reproduce: `specframe train " + kind + reproduce_flags(kind, s) + " --output DIR` (see docs/training.md).", "",
+        "Reproduce: `specframe train " + kind + reproduce_flags(kind, s)
+        + "".join(f" --extra-corpus {e['path']}" for e in c.get("extra", [])) + " --output DIR` (see docs/training.md).",
+        "",
     ]
     return "\n".join(lines)
