@@ -52,14 +52,17 @@ prefix, unless keeping it whole costs at most ``keep_tolerance`` (3 %) of the be
 extra nodes are nearly free and a trim must clearly pay.
 
 Exploration, so a skipped proposer's statistics do not freeze: one left out (or whose draft was trimmed) for
-``wait[j]`` steps in a row (``probe_every`` at first) is run once with the full budget and its draft kept whole, and
+``wait[j]`` steps in a row (``probe_every`` at first) is run once with a probe's budget and its draft kept whole, and
 with probability ``explore * probe_every / wait[j]`` per step one costly
 proposer (drawn from the router's own ``random.Random`` seeded with the request's seed: deterministic, no global
-RNG, and the request's generator is untouched) is run too. A probe costs its draft and the nodes it adds to the
-forward; one whose accepted tokens do not pay for that (where the cost curve is steep, a whole draft of a proposer
-that is not worth running costs several forwards) multiplies the proposer's wait by ``probe_backoff`` (up to
-``probe_max``), and one that pays resets it: a proposer that does not pay is left out for the rest of the request
-but for probes that grow rarer, so what probing costs stays a small fraction of the run.
+RNG, and the request's generator is untouched) is run too. A probe's budget is the most nodes that add at most
+``probe_cost`` one-token forwards to the step's forward (``v(1 + n) - v(1)``): the full budget on a flat cost curve,
+a node or two on a steep one, where a whole draft of a proposer that is not worth running costs several forwards;
+a timed proposer's first draft, before its cost is measured, gets the same budget. A probe costs its draft and the
+nodes it adds to the forward; one whose accepted tokens do not pay for that multiplies the proposer's wait by
+``probe_backoff`` (up to ``probe_max``), and one that pays resets it: a proposer that does not pay is left out for
+the rest of the request but for probes that grow rarer and cheaper, so what probing costs stays a small fraction
+of the run.
 
 Ledger: the estimates above lag (moving averages of depths), and on a steep curve each kept node that is rejected
 costs most of a forward. So each proposer also keeps its realised net gain per verified step, ``accepted - (v(1 +
@@ -117,6 +120,10 @@ class AdaptiveConfig(RouterConfig):
         2.0, ge=1.0, description="After a probe (or exploration) that did not pay for itself, the wait before the next "
         "one grows by this factor, up to probe_max; a probe that pays brings it back to probe_every (1 = fixed).")
     probe_max: int = Field(512, ge=1, description="The longest wait between probes of one proposer, in steps.")
+    probe_cost: float = Field(
+        0.5, gt=0.0, description="Most a probe (or a proposer's first, unmeasured draft) may add to its step's "
+        "forward, in one-token forwards: it drafts at most the largest n nodes with v(1 + n) - v(1) <= this (on a "
+        "flat cost curve the whole budget, on a steep one a node or two).")
     ledger_steps: int = Field(
         8, ge=0, description="Leave a proposer out for the rest of the request (but for probes) once, over at least "
         "this many verified steps, its accepted tokens fell short of what its nodes and draft cost (a moving average "
@@ -250,9 +257,23 @@ class AdaptiveRouter(RouterBase):
                     self.forced.add(j)
                 else:
                     nodes[j] = 0
+        probe = self.probe_nodes(budget)
         for j in self.forced:
-            nodes[j] = budget
+            nodes[j] = probe
+        if self.timed:  # a proposer not measured yet: its first draft is as small as a probe's
+            for j, ok in enumerate(available):
+                if ok and not self.draft_s[j] and nodes[j] > probe:
+                    nodes[j] = probe
         return nodes
+
+    def probe_nodes(self, budget: int) -> int:
+        """The node budget of a probe: the largest ``n <= budget`` whose nodes add at most ``probe_cost`` one-token
+        forwards to the step's forward (``v(1 + n) - v(1)``), at least 1. A probe asks whether a proposer pays again;
+        a whole draft verified where the cost curve is steep costs several forwards, a node or two answers it."""
+        base, n = self.v(1), 1
+        while n < budget and self.v(2 + n) - base <= self.config.probe_cost:
+            n += 1
+        return n
 
     def losing(self, j: int) -> bool:
         """Proposer ``j``'s realised net gain per verified step is below 0 (see the module docstring, Ledger)."""
@@ -268,7 +289,7 @@ class AdaptiveRouter(RouterBase):
             if drafts[j] is None and budgets[j] == 0:
                 nodes[j] = 0  # a proposer the step's route left out stays out
             elif j in self.forced:
-                nodes[j] = budget if drafts[j] is None else drafts[j].num_nodes
+                nodes[j] = self.probe_nodes(budget) if drafts[j] is None else drafts[j].num_nodes
             elif drafts[j] is None and self._draft_cost(j) <= self.config.free_cost:
                 nodes[j] = budget  # free to draft: it drafts; what of it is kept is decided once it is known
         return nodes

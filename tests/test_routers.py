@@ -82,7 +82,9 @@ def test_router_cost_curve_from_a_bench_profile(tmp_path):
     # with 3 verified tokens free and a 4th costing 4x, one proposer gets at most 2 nodes
     router.start(["a"], seed=0, greedy=True)
     assert router.allocate(16, 24, [True])[1] == [2]
-    assert router.route(16, 24, [True]) == [16]  # free to draft: drafts fully ...
+    assert router.route(16, 24, [True]) == [2]  # not measured yet: a probe's budget (2 nodes add no cost here)
+    router.on_step(StepReport((step("a", 1, 1, draft_s=1e-6),), 1, 1, forward_s=0.1))
+    assert router.route(16, 24, [True]) == [16]  # measured free to draft: drafts fully ...
     assert router.revise(16, 24, [True], [chain(list(range(8)))], [16]) == [2]  # ... and keeps what pays
     assert AdaptiveRouter(AdaptiveConfig()).v(11) == pytest.approx(1.3)  # the linear default
     assert load_cost_curve(AdaptiveConfig(cost_curve=[1.0, 1.5])) == [1.0, 1.5]
@@ -295,3 +297,24 @@ def test_router_counts_a_proposers_feedback_work_in_its_draft_cost():
     s = ProposerStep("a", True, 8, 1, 1, (1,), 1, 1, 0.002, False, 0.006)
     router.on_step(StepReport((s,), 1, 1, forward_s=0.010))
     assert router._draft_cost(0) == pytest.approx(0.8)
+
+
+def test_probe_budget_follows_the_cost_curve():
+    """A probe drafts the most nodes that add at most probe_cost forwards: the whole budget on a flat curve, one
+    node on a steep one (v(2) = 1.5: one more node already costs half a forward)."""
+    flat = AdaptiveRouter(AdaptiveConfig(cost_curve=[1.0] * 8 + [1.2] * 24))
+    steep = AdaptiveRouter(AdaptiveConfig(cost_curve=[1.0, 1.5, 2.0, 2.6, 3.1, 3.6, 4.2, 4.8]))
+    assert flat.probe_nodes(16) == 16 and flat.probe_nodes(4) == 4
+    assert steep.probe_nodes(16) == 1
+    assert AdaptiveRouter(AdaptiveConfig(cost_curve=[1.0, 1.2, 1.5, 1.9], probe_cost=0.6)).probe_nodes(16) == 2
+    # a proposer left out until its probe is due is probed with that budget, not the step's
+    router = AdaptiveRouter(AdaptiveConfig(cost_curve=[1.0, 1.5, 2.0, 2.6, 3.1, 3.6, 4.2, 4.8], measure="never",
+                                           draft_cost={"x": 0.5}, explore=0.0, probe_every=3))
+    router.start(["x"], seed=0, greedy=True)
+    budgets = []
+    for _ in range(6):
+        nodes = router.route(8, 16, [True])
+        budgets.append(nodes[0])
+        router.on_step(StepReport((step("x", min(nodes[0], 1), 0, asked=nodes[0] > 0),), min(nodes[0], 1), 0,
+                                  forward_s=0.1))
+    assert budgets[0] == 0 and 1 in budgets and max(budgets) == 1
