@@ -13,7 +13,7 @@ translate, summarize, passage-qa.
 from __future__ import annotations
 
 import random
-from typing import Callable
+from typing import Callable, Iterator
 
 from . import sources as S
 
@@ -298,25 +298,29 @@ def build_broad_prompts(n: int, seed: int = 0, followup_share: float = FOLLOWUP_
     Raises:
         ConfigError: a source package is not installed (the message says how to install it).
     """
-    kinds = list(SHARES)
-    block = [k for k in kinds for _ in range(round(SHARES[k] * 100))]
-    sched = random.Random(seed)
     out: list[dict] = []
     seen: set[str] = set()
-    while len(out) < n:
-        order = block[:]
-        sched.shuffle(order)
-        for kind in order:
-            if len(out) == n:
+    for kind in kind_schedule(SHARES, 100, random.Random(seed)):
+        if len(out) == n:
+            break
+        rng = random.Random(f"{seed}:{len(out)}")
+        item = MAKERS[kind](rng)
+        for _ in range(8):  # a repeated prompt (common chat openers, templates) is drawn again
+            if item["text"] not in seen:
                 break
-            rng = random.Random(f"{seed}:{len(out)}")
             item = MAKERS[kind](rng)
-            for _ in range(8):  # a repeated prompt (common chat openers, templates) is drawn again
-                if item["text"] not in seen:
-                    break
-                item = MAKERS[kind](rng)
-            seen.add(item["text"])
-            if "followup" not in item and rng.random() < followup_share:
-                item["followup"] = rng.choice(_FOLLOWUPS)
-            out.append({"kind": kind, "source": SOURCE_OF[kind], **item})
+        seen.add(item["text"])
+        if "followup" not in item and rng.random() < followup_share:
+            item["followup"] = rng.choice(_FOLLOWUPS)
+        out.append({"kind": kind, "source": SOURCE_OF[kind], **item})
     return out
+
+
+def kind_schedule(shares: dict[str, float], per_block: int, rng: random.Random) -> Iterator[str]:
+    """Prompt kinds without end, in blocks of ``per_block`` holding ``round(share * per_block)`` of each kind,
+    each block shuffled by ``rng``: any prefix follows the shares to within one block."""
+    block = [k for k in shares for _ in range(round(shares[k] * per_block))]
+    while True:
+        order = block[:]
+        rng.shuffle(order)
+        yield from order

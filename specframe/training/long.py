@@ -16,6 +16,7 @@ import random
 from typing import Callable
 
 from . import sources as S
+from .broad import kind_schedule
 
 SHARES = {"summarize-long": 0.40, "documents-qa": 0.35, "passage-qa-long": 0.25}
 MIN_WORDS, MAX_WORDS = 400, 1400  # of a long text (a run of passages)
@@ -79,15 +80,10 @@ def build_long_prompts(n: int, seed: int = 0) -> list[dict]:
     Raises:
         ConfigError: the Python documentation sources are not installed (the message says how to install them).
     """
-    block = [k for k in SHARES for _ in range(round(SHARES[k] * 20))]
-    sched = random.Random(f"long:{seed}")
     out: list[dict] = []
-    while len(out) < n:
-        order = block[:]
-        sched.shuffle(order)
-        for kind in order:
-            if len(out) == n:
-                break
-            item = MAKERS[kind](random.Random(f"long:{seed}:{len(out)}"))
-            out.append({"kind": kind, "source": "python-docs", **item})
+    for kind in kind_schedule(SHARES, 20, random.Random(f"long:{seed}")):
+        if len(out) == n:
+            break
+        item = MAKERS[kind](random.Random(f"long:{seed}:{len(out)}"))
+        out.append({"kind": kind, "source": "python-docs", **item})
     return out
