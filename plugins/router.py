@@ -230,6 +230,7 @@ class AdaptiveRouter(RouterBase):
         self.wait = [cfg.probe_every] * p  # steps left out (or trimmed) in a row before the next probe
         self.net = [0.0] * p  # moving average of the realised net gain per verified step (tokens - forwards added)
         self.net_steps = [0] * p  # verified steps behind it
+        self.measured = [False] * p  # its draft time has been measured (timed routers)
 
     # --- decision ------------------------------------------------------------------------------------------
     def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> list[int]:
@@ -258,11 +259,11 @@ class AdaptiveRouter(RouterBase):
                 else:
                     nodes[j] = 0
         probe = self.probe_nodes(budget)
-        for j in self.forced:
-            nodes[j] = probe
+        for j in self.forced:  # a free one drafts fully: what of it a probe keeps is decided in revise()
+            nodes[j] = budget if free[j] else probe
         if self.timed:  # a proposer not measured yet: its first draft is as small as a probe's
             for j, ok in enumerate(available):
-                if ok and not self.draft_s[j] and nodes[j] > probe:
+                if ok and not self.measured[j] and nodes[j] > probe:
                     nodes[j] = probe
         return nodes
 
@@ -288,8 +289,9 @@ class AdaptiveRouter(RouterBase):
         for j in range(len(nodes)):
             if drafts[j] is None and budgets[j] == 0:
                 nodes[j] = 0  # a proposer the step's route left out stays out
-            elif j in self.forced:
-                nodes[j] = self.probe_nodes(budget) if drafts[j] is None else drafts[j].num_nodes
+            elif j in self.forced:  # a probe keeps what it may add to the forward (probe_cost)
+                nodes[j] = self.probe_nodes(budget) if drafts[j] is None else min(drafts[j].num_nodes,
+                                                                                  self.probe_nodes(budget))
             elif drafts[j] is None and self._draft_cost(j) <= self.config.free_cost:
                 nodes[j] = budget  # free to draft: it drafts; what of it is kept is decided once it is known
         return nodes
@@ -435,10 +437,12 @@ class AdaptiveRouter(RouterBase):
         for j, s in enumerate(report.proposers):
             self.idle[j] = 0 if s.asked else self.idle[j] + 1
             if s.asked and s.proposed:  # trimmed: its deeper nodes' statistics are not refreshed this step
-                self.starved[j] = self.starved[j] + 1 if s.drafted < s.proposed else 0
+                # (a probe counts as the refresh: it keeps what probe_cost allows, all of it on a flat curve)
+                self.starved[j] = self.starved[j] + 1 if s.drafted < s.proposed and j not in self.forced else 0
             if not s.asked or s.fault:
                 continue
             if self.timed:
+                self.measured[j] = True
                 spent = s.draft_s + getattr(s, "feedback_s", 0.0)  # its propose call and its feedback work
                 self.draft_s[j] = a * self.draft_s[j] + (1 - a) * spent if self.draft_s[j] else spent
             # depths this step tells us about: all of them when the proposer drafted what it wanted; only those it

@@ -679,8 +679,11 @@ def test_a_lone_draft_trimmed_to_nothing_is_probed_whole_every_probe_every_steps
         keep = router.revise(16, 1 << 16, [True], [draft], budgets)
         kept.append((0 in router.forced, keep[0]))
         router.on_step(starved_step(8, keep[0]))  # nothing of it accepted
-    # trimmed to nothing 3 steps in a row, then kept whole once; the counter restarts after the probe
-    assert kept == [(False, 0)] * 3 + [(True, 8)] + [(False, 0)] * 3 + [(True, 8)] + [(False, 0)]
+    # trimmed to nothing 3 steps in a row, then probed once: as much of it as adds at most probe_cost forwards (on this
+    # steep curve, v(2) - v(1) = 2: one node; a flat curve keeps it whole); the counter restarts after the probe
+    assert kept == [(False, 0)] * 3 + [(True, 1)] + [(False, 0)] * 3 + [(True, 1)] + [(False, 0)]
+    flat = lone_router(LinearCost(0.0), probe_every=4, probe_backoff=1.0)
+    assert flat.probe_nodes(16) == 16
     # a step with no draft at all (no n-gram match) neither counts nor resets
     router.start(["ngram"], seed=0, greedy=True)
     for report in (starved_step(8, 0), starved_step(0, 0), starved_step(8, 0), starved_step(0, 0)):
