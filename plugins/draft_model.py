@@ -80,7 +80,8 @@ def check_vocabularies(target_tok: Any, draft_tok: Any) -> None:
             where = "is missing from the draft's vocabulary" if j is None else f"is id {j} in the draft"
             raise ConfigError(
                 f"the draft model does not share the target's tokenizer: token {token!r} is id {i} in the target "
-                f"and {where}; use a draft trained with the target's tokenizer"
+                f"and {where}; use a draft with the target's tokenizer, or proposer cross-draft for a draft with another "
+                "tokenizer"
             )
 
 

@@ -179,7 +179,7 @@ def _bench_inputs(config, questions, categories, limit_per_category, max_new_tok
 def _load_strategies(cfg, registry, err) -> tuple[dict[str, Any], dict[str, Any]]:
     """Load the target once per distinct machine request (dtype, threads, prepack, and whether it speculates where
     any of those is ``auto``), and the ``hf-assisted`` assistant models: (strategy name -> Specframe, strategy
-    name -> assistant model)."""
+    name -> (assistant model, its tokenizer))."""
     import logging
 
     from ..config import SpecframeConfig
@@ -208,8 +208,10 @@ def _load_strategies(cfg, registry, err) -> tuple[dict[str, Any], dict[str, Any]
         by_strategy[s.name] = loaded[key]
     assistant_names = {s.name: s.options["assistant_model"] for s in cfg.strategies if s.peer == "hf-assisted"}
     with err.status("loading assistant models ...", spinner="dots"):
-        assistants = {k: load_target(v, by_strategy[k].target.settings.dtype, cfg.device, measure=False).model
-                      for k, v in assistant_names.items()}
+        assistants = {}
+        for k, v in assistant_names.items():
+            t = load_target(v, by_strategy[k].target.settings.dtype, cfg.device, measure=False)
+            assistants[k] = (t.model, t.tokenizer)  # the tokenizer: for an assistant of another vocabulary (UAG)
     return by_strategy, assistants
 
 

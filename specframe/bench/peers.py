@@ -3,7 +3,9 @@
 - ``hf-greedy``: ``model.generate(do_sample=False)`` (or sampling when temperature > 0);
 - ``hf-prompt-lookup``: ``generate(prompt_lookup_num_tokens=..., max_matching_ngram_size=...)``
   (defaults stated in the record: 10 and 2, transformers' own defaults);
-- ``hf-assisted``: ``generate(assistant_model=...)`` with a draft model loaded by specframe's model loader.
+- ``hf-assisted``: ``generate(assistant_model=...)`` with a draft model loaded by specframe's model loader; a draft
+  whose tokenizer differs from the target's runs as transformers' Universal Assisted Generation (``tokenizer`` and
+  ``assistant_tokenizer`` given; the record's ``peer_options`` says ``universal: true``).
 
 Target forwards and their time are counted with forward hooks on the target module.
 """
@@ -42,16 +44,22 @@ class ForwardMeter:
             h.remove()
 
 
-def peer_kwargs(peer: str, options: dict[str, Any], assistant: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(generate kwargs, options as run)`` for a peer."""
+def peer_kwargs(peer: str, options: dict[str, Any], assistant: Any = None,
+                target_tokenizer: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(generate kwargs, options as run)`` for a peer; ``assistant`` is the hf-assisted draft model, or ``(model,
+    tokenizer)``."""
     if peer == "hf-greedy":
         return {}, {}
     if peer == "hf-prompt-lookup":
         run = {**PROMPT_LOOKUP_DEFAULTS, **{k: v for k, v in options.items() if k in PROMPT_LOOKUP_DEFAULTS}}
         return dict(run), run
     if peer == "hf-assisted":
-        kw: dict[str, Any] = {"assistant_model": assistant}
-        run = {"assistant_model": options["assistant_model"]}
+        model, tok = assistant if isinstance(assistant, tuple) else (assistant, None)
+        kw: dict[str, Any] = {"assistant_model": model}
+        run: dict[str, Any] = {"assistant_model": options["assistant_model"]}
+        if tok is not None and target_tokenizer is not None and tok.get_vocab() != target_tokenizer.get_vocab():
+            kw.update(tokenizer=target_tokenizer, assistant_tokenizer=tok)  # transformers' UAG: text between them
+            run["universal"] = True
         if "num_assistant_tokens" in options:
             kw["num_assistant_tokens"] = run["num_assistant_tokens"] = options["num_assistant_tokens"]
         return kw, run
@@ -73,7 +81,7 @@ def run_peer(
 ) -> dict[str, Any]:
     """Run one peer generation; returns a bench record (metrics named as specframe's)."""
     model = target.model
-    kwargs, run_options = peer_kwargs(peer, options, assistant)
+    kwargs, run_options = peer_kwargs(peer, options, assistant, getattr(target, "tokenizer", None))
     ids = torch.tensor([prompt_ids], device=model.device)
     if not is_greedy_temperature(temperature):  # (below 1e-5 is greedy, as in specframe: no NaN from HF's warper)
         kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k or None)
