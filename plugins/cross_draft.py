@@ -61,6 +61,10 @@ class CrossDraftConfig(ProposerConfig):
         "text", description="text: re-encode the draft's text with the target's tokenizer (UAG); shared: draft only "
         "tokens both vocabularies hold (TLI).")
     window: int = Field(4, ge=1, le=64, description="Committed target tokens re-encoded with the draft's text.")
+    context: int = Field(
+        256, ge=1, le=1 << 20, description="Most draft tokens one step feeds the draft: a longer catch-up (the first "
+        "ask after a long prompt, or after steps the router left the draft out) restarts it on the last `context` "
+        "tokens of the text.")
     engine: Literal["auto", "transformers", "llama.cpp"] = Field(
         "auto", description="What runs the draft: auto = llama.cpp for a .gguf draft when llama-cpp-python loads "
         "(its kernels are several times faster per token on a CPU), else transformers (in the target's dtype).")
@@ -227,7 +231,7 @@ class CrossDraftProposer(ProposerBase):
         self._run: Any = None  # the draft's KV state for the current request
         self._seen: list[int] = []  # draft token ids whose keys / values are in the draft's cache
         self._prompt: list[int] | None = None  # the draft's tokens of the target's prompt (its chat template)
-        self.speculating = True
+        self._base = 0  # the first of the draft's tokens (of the committed text) that it reads
 
     def start(self, state: DecodeState) -> None:
         if self._run is None or self.draft.engine != "llama.cpp":
@@ -235,7 +239,25 @@ class CrossDraftProposer(ProposerBase):
         self._run.rollback(0)
         self._seen = []
         self._prompt = self.draft.bridge.draft_prompt(state.tokens[0, : state.prompt_len].tolist())
-        self.speculating = True
+        self._base = 0
+
+    def _window(self, ids: list[int]) -> list[int]:
+        """The draft's tokens it reads: ``ids`` from ``_base`` on. When that would feed more than ``context`` tokens
+        (a first ask after a long prompt, or one after many steps without the draft), the draft restarts on the last
+        ``context`` tokens: catching up costs at most ``context`` draft positions."""
+        limit = max(1, min(self.config.context, self.draft.max_context - self.config.k))
+        if self._base > len(ids):
+            self._base = 0
+        window = ids[self._base :]
+        keep, n = 0, min(len(self._seen), len(window), self._run.length)
+        while keep < n and self._seen[keep] == window[keep]:
+            keep += 1
+        if len(window) - keep > limit or len(window) > self.draft.max_context - self.config.k:
+            self._base = max(0, len(ids) - limit)
+            self._run.rollback(0)
+            self._seen = []
+            window = ids[self._base :]
+        return window
 
     def _sync(self, ids: list[int]) -> list[int]:
         """Roll the draft's cache back to its common prefix with ``ids``; returns the tokens still to feed."""
@@ -249,19 +271,15 @@ class CrossDraftProposer(ProposerBase):
     @torch.inference_mode()
     def propose(self, state: DecodeState, budget: int) -> DraftTree:
         batch = state.tokens.shape[0]
-        if not self.speculating or self._run is None or budget < 1:
+        if self._run is None or budget < 1:
             return DraftTree.empty(batch)
         bridge = self.draft.bridge
         committed = state.tokens[0].tolist()
         ids, n_prompt, text = bridge.draft_ids(self._prompt, committed, state.prompt_len)
-        k = min(self.config.k, budget, self.draft.max_context - len(ids))
-        if k < 1 or not ids:
-            if k < 1:
-                self.speculating = False
-                log.info("cross-draft: context of %d draft tokens exceeds the draft's %d positions; speculation off",
-                         len(ids), self.draft.max_context)
+        k = min(self.config.k, budget)
+        if not ids:
             return DraftTree.empty(batch)
-        feed = self._sync(ids)
+        feed = self._sync(self._window(ids))
         if self.config.mapping == "shared":
             return self._shared_chain(state, feed, k)
         new: list[int] = []

@@ -60,9 +60,13 @@ RNG, and the request's generator is untouched) is run too. A probe's budget is t
 a node or two on a steep one, where a whole draft of a proposer that is not worth running costs several forwards;
 a timed proposer's first draft, before its cost is measured, gets the same budget. A probe costs its draft and the
 nodes it adds to the forward; one whose accepted tokens do not pay for that multiplies the proposer's wait by
-``probe_backoff`` (up to ``probe_max``), and one that pays resets it: a proposer that does not pay is left out for
-the rest of the request but for probes that grow rarer and cheaper, so what probing costs stays a small fraction
-of the run.
+``probe_backoff`` (up to ``probe_max``), and at least to its draft cost / ``probe_share`` steps, and one that pays
+resets it: a proposer that does not pay is left out for the rest of the request but for probes that grow rarer and
+cheaper, so what probing costs stays a small fraction (``probe_share``) of the run.
+
+Costs outlive a request: the draft seconds measured per proposer label and the one-token forward time carry over to
+the router's next request (acceptance statistics start afresh), so a proposer an earlier request found costly is
+not drafted unmeasured again, and its first probe waits its draft cost / ``probe_share`` steps.
 
 Ledger: the estimates above lag (moving averages of depths), and on a steep curve each kept node that is rejected
 costs most of a forward. So each proposer also keeps its realised net gain per verified step, ``accepted - (v(1 +
@@ -120,6 +124,10 @@ class AdaptiveConfig(RouterConfig):
         2.0, ge=1.0, description="After a probe (or exploration) that did not pay for itself, the wait before the next "
         "one grows by this factor, up to probe_max; a probe that pays brings it back to probe_every (1 = fixed).")
     probe_max: int = Field(512, ge=1, description="The longest wait between probes of one proposer, in steps.")
+    probe_share: float = Field(
+        0.02, gt=0.0, le=1.0, description="Most of a run's time the probes of one proposer that does not pay may cost: "
+        "its wait after such a probe is at least its draft cost (one-token forwards) / probe_share steps, and so is "
+        "the first wait of a request for a proposer whose cost an earlier request measured.")
     probe_cost: float = Field(
         0.5, gt=0.0, description="Most a probe (or a proposer's first, unmeasured draft) may add to its step's "
         "forward, in one-token forwards: it drafts at most the largest n nodes with v(1 + n) - v(1) <= this (on a "
@@ -195,6 +203,10 @@ class AdaptiveRouter(RouterBase):
         super().__init__(config, target)
         self.curve = load_cost_curve(config)
         self.warned_labels = False  # draft_cost labels matching no proposer: said once per router
+        # draft seconds per proposer label and the one-token forward time, measured by earlier requests: costs belong
+        # to the machine, not the request, so a later request starts from them (acceptance statistics start afresh)
+        self.known_s: dict[str, float] = {}
+        self.known_t1: float | None = None
 
     def v(self, n: float) -> float:
         if self.curve is not None:
@@ -231,6 +243,12 @@ class AdaptiveRouter(RouterBase):
         self.net = [0.0] * p  # moving average of the realised net gain per verified step (tokens - forwards added)
         self.net_steps = [0] * p  # verified steps behind it
         self.measured = [False] * p  # its draft time has been measured (timed routers)
+        if self.timed:
+            self.t1 = self.known_t1
+            for j, label in enumerate(proposers):
+                if label in self.known_s:
+                    self.draft_s[j], self.measured[j] = self.known_s[label], True
+                    self.wait[j] = self._cost_wait(j, cfg.probe_every)
 
     # --- decision ------------------------------------------------------------------------------------------
     def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> list[int]:
@@ -413,7 +431,13 @@ class AdaptiveRouter(RouterBase):
         if s.accepted >= cost:
             self.wait[j] = cfg.probe_every
         else:
-            self.wait[j] = min(cfg.probe_max, max(cfg.probe_every, int(self.wait[j] * cfg.probe_backoff)))
+            self.wait[j] = self._cost_wait(j, min(cfg.probe_max, max(cfg.probe_every,
+                                                                      int(self.wait[j] * cfg.probe_backoff))))
+
+    def _cost_wait(self, j: int, wait: int) -> int:
+        """``wait``, raised so that one probe of ``j`` per wait costs at most ``probe_share`` of the steps' time."""
+        cfg = self.config
+        return min(cfg.probe_max, max(wait, math.ceil(self._draft_cost(j) / cfg.probe_share)))
 
     def _draft_cost(self, j: int) -> float:
         if self.timed and self.t1 and self.draft_s[j]:
@@ -426,8 +450,7 @@ class AdaptiveRouter(RouterBase):
         if self.timed and report.forward_s > 0:
             t1 = report.forward_s / self.v(report.verified + 1)
             self.t1 = t1 if self.t1 is None else a * self.t1 + (1 - a) * t1
-        for j in self.forced:
-            self._probed(j, report)
+            self.known_t1 = self.t1
         for j, s in enumerate(report.proposers):
             if s.asked and s.drafted and not s.fault:
                 added = self.v(1 + report.verified) - self.v(1 + max(report.verified - s.drafted, 0))
@@ -445,6 +468,8 @@ class AdaptiveRouter(RouterBase):
                 self.measured[j] = True
                 spent = s.draft_s + getattr(s, "feedback_s", 0.0)  # its propose call and its feedback work
                 self.draft_s[j] = a * self.draft_s[j] + (1 - a) * spent if self.draft_s[j] else spent
+                if j < len(self.proposers):
+                    self.known_s[self.proposers[j]] = self.draft_s[j]
             # depths this step tells us about: all of them when the proposer drafted what it wanted; only those it
             # drafted when its budget (or the router, or the merged tree's) cut it short
             limited = s.proposed >= s.budget or s.drafted < s.proposed
@@ -457,6 +482,8 @@ class AdaptiveRouter(RouterBase):
                     self.width[j][d] = a * self.width[j][d] + (1 - a) * n
                     if s.accepted >= d:  # the path reached depth d: depth d + 1 was put to the test
                         self.cont[j][d] = a * self.cont[j][d] + (1 - a) * (1.0 if s.accepted > d else 0.0)
+        for j in self.forced:  # (after the timings: a first probe is judged with its own cost)
+            self._probed(j, report)
 
 
 def _prefix_levels(draft: DraftTree, dmax: int) -> tuple[list[int]]:

@@ -200,6 +200,24 @@ def test_the_drafts_cache_follows_the_committed_text(pair):
     torch.testing.assert_close(cached, fresh, atol=1e-5, rtol=1e-4)
 
 
+def test_a_bounded_context_bounds_every_catch_up(pair):
+    """With ``context: 6`` no step feeds the draft more than 6 tokens (the prompt alone is 11 target words, 33
+    draft characters), output stays the target's, and the draft still drafts."""
+    prop = proposer(pair, k=3, context=6)
+    fed: list[int] = []
+    engine = Engine(pair["target"], [prop], GreedyVerifier())
+    prop.start(DecodeState(torch.tensor([PROMPT]), len(PROMPT), SamplingParams(), torch.Generator()))
+    run = prop._run
+    feed = run.feed
+    run.feed = lambda ids: (fed.append(len(ids)), feed(ids))[1]
+    prop.start = lambda state: (setattr(prop, "_base", 0), setattr(prop, "_seen", []), run.rollback(0),
+                                setattr(prop, "_prompt", None))  # keep the instrumented runner
+    res = engine.generate(PROMPT, max_new_tokens=N_NEW)
+    assert res.token_ids == pair["ref"][0]
+    assert res.metrics.drafted_tokens > 0 and fed and max(fed) <= 6
+    assert prop._base > 0  # it restarted on the text's tail
+
+
 @pytest.mark.parametrize("mapping", ["text", "shared"])
 def test_sampling_keeps_the_targets_distribution(pair, mapping):
     """First two generated tokens follow the target's exact joint distribution (one-hot q for text drafts, the

@@ -179,7 +179,7 @@ def test_router_revise_trims_a_draft_to_the_prefix_that_pays():
 
 def test_router_revise_keeps_probed_proposers_whole():
     router = AdaptiveRouter(AdaptiveConfig(draft_cost={"b": 0.3}, measure="never", explore=0.0, probe_every=3,
-                                           probe_backoff=1.0))
+                                           probe_backoff=1.0, probe_share=1.0))  # (no cost floor on the wait)
     router.start(["a", "b"], seed=0, greedy=True)
     long, b_draft = chain(list(range(1, 9))), chain([9] * 5)
     seen = []
@@ -204,7 +204,8 @@ def test_probes_that_do_not_pay_grow_rarer_and_one_that_pays_resets_them():
     """Where the cost curve is steep a probe costs several forwards: each one that does not pay doubles the wait
     before the next (up to probe_max); the first that pays brings it back to probe_every."""
     router = AdaptiveRouter(AdaptiveConfig(draft_cost={"bad": 0.5}, measure="never", explore=0.0, probe_every=4,
-                                           probe_max=32, cost_slope=1.0))  # v(n) = n: every node costs a forward
+                                           probe_max=32, cost_slope=1.0,  # v(n) = n: every node costs a forward
+                                           probe_share=1.0))  # (no cost floor on the wait: see the next test)
     router.start(["bad"], seed=0, greedy=True)
     probes = []
     for i in range(120):
@@ -224,6 +225,50 @@ def test_probes_that_do_not_pay_grow_rarer_and_one_that_pays_resets_them():
     assert router.route(8, 16, [True]) == [8] and router.forced == {0}
     router.on_step(StepReport((step("x", 8, 8, budget=8),), 8, 8, 0.0))
     assert router.wait == [4]
+
+
+def test_probes_of_a_costly_proposer_cost_at_most_probe_share_of_the_steps():
+    """A probe that does not pay waits at least draft cost / probe_share steps: 0.5 forwards / 0.02 = 25."""
+    router = AdaptiveRouter(AdaptiveConfig(draft_cost={"bad": 0.5}, measure="never", explore=0.0, probe_every=4,
+                                           probe_max=64, cost_slope=1.0, probe_share=0.02))
+    router.start(["bad"], seed=0, greedy=True)
+    probes = []
+    for i in range(300):
+        budgets = router.route(8, 16, [True])
+        if budgets[0]:
+            probes.append(i)
+        router.on_step(StepReport((step("bad", 1 if budgets[0] else 0, 0, asked=budgets[0] > 0, budget=budgets[0]),),
+                                  1 if budgets[0] else 0, 0, 0.0))
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[:3] == [25, 50, 64] and set(gaps[3:]) == {64}  # 25 steps (not 4), then doubled, then capped
+
+
+def test_a_measured_draft_cost_carries_over_to_the_next_request():
+    """Timed: a proposer's draft seconds and the forward time measured in one request are where the next request
+    starts (no second unmeasured draft, and the first probe waits draft cost / probe_share steps); acceptance
+    statistics start afresh."""
+    router = AdaptiveRouter(AdaptiveConfig(measure="always", explore=0.0, probe_every=4, cost_slope=0.0,
+                                           probe_share=0.05))
+    router.start(["slow"], seed=0, greedy=True)
+    assert router.route(8, 16, [True]) == [router.probe_nodes(8)]  # unmeasured: a probe's budget
+    # it drafted 1 node in 0.1 s, rejected, next to a 0.05 s forward: 2 forwards of drafting
+    router.on_step(StepReport((step("slow", 1, 0, budget=1, draft_s=0.1),), 1, 0, 0.05))
+    assert router.measured == [True] and router._draft_cost(0) == pytest.approx(2.0)
+    router.start(["slow"], seed=1, greedy=True)  # the next request
+    assert router.measured == [True] and router._draft_cost(0) == pytest.approx(2.0)
+    assert router.wait == [40]  # 2.0 / 0.05
+    assert router.reach[0][0] == pytest.approx(router.config.prior)  # acceptance starts from the prior again
+    asked = []
+    for _ in range(45):
+        budgets = router.route(8, 16, [True])
+        asked.append(budgets[0] > 0)
+        router.on_step(StepReport((step("slow", 1 if asked[-1] else 0, 0, asked=asked[-1], budget=budgets[0],
+                                        draft_s=0.1),), 1 if asked[-1] else 0, 0, 0.05))
+    # 2 forwards of drafting for a prior reach of 0.6: not worth it; its first probe after 40 steps left out
+    assert asked.index(True) == 39 and asked.count(True) == 1
+    fresh = AdaptiveRouter(AdaptiveConfig(measure="always"))
+    fresh.start(["slow"], seed=0, greedy=True)
+    assert fresh.measured == [False]  # another router instance knows nothing
 
 
 def test_a_proposer_whose_verified_drafts_do_not_pay_is_left_out_but_for_probes():
