@@ -17,6 +17,12 @@ over a long answer. Its proposal reaches the target as target tokens, by one of 
 
 Greedy output is the target's own greedy output under either mapping; so is the sampling distribution.
 
+A catch-up longer than ``context`` draft tokens (the first ask after a long prompt, or after many steps the router
+left the draft out) restarts the draft on the text's last ``context`` tokens, so no step pays a long draft prefill.
+The draft runs on llama.cpp when it is a ``.gguf`` and llama-cpp-python loads (``engine: auto``; several times
+cheaper per draft token than transformers on a 2-core CPU), else on transformers in the target's dtype. What it
+costs where it runs decides, through the router, whether it drafts at all.
+
 Refused at load (``ConfigError``, exit 2 from the command line): a draft whose tokenizer cannot spell the target's
 text, one that shares the target's tokenizer (use ``draft-model``), and the target itself under another name.
 """
@@ -39,7 +45,7 @@ from specframe import (
     hookimpl,
 )
 from specframe.crossvocab import TextBridge, check_lossless, shared_tokens
-from specframe.errors import ConfigError
+from specframe.errors import ConfigError, SpecframeError
 from specframe.kv_cache import cache_length, new_cache, rollback
 from specframe.sampling import probs_from_logits
 from specframe.sharing import shared
@@ -169,7 +175,7 @@ class _Draft:
             self.eos.add(int(self.tok.eos_token_id))
         if self.tok.get_vocab() == target.tokenizer.get_vocab():
             same = self.model is not None and target.model is not None and _same_weights(self.model, target.model)
-            if same or _same_size(self, target):
+            if same or _same_gguf(source, target):
                 raise ConfigError(f"cross-draft: draft model {spec} is the target itself (same tokenizer and "
                                   "weights); a draft must be a smaller model")
             raise ConfigError(f"cross-draft: draft model {spec} shares the target's tokenizer; use proposer "
@@ -201,12 +207,17 @@ def _llama_cpp_loads() -> bool:
         return False
 
 
-def _same_size(draft: _Draft, target: TargetInfo) -> bool:
-    """A llama.cpp draft with the target's parameter count (with the same tokenizer: the target's own GGUF)."""
-    if draft.model is not None or target.model is None:
+def _same_gguf(source: Any, target: TargetInfo) -> bool:
+    """The draft's GGUF holds the same bytes as the GGUF the target was loaded from (its name resolved again)."""
+    from specframe.models import file_sha256, resolve_model
+
+    try:
+        own = resolve_model(target.name).gguf
+    except SpecframeError:
         return False
-    n = int(draft.llama.lib.llama_model_n_params(draft.llama.ptr))
-    return n == sum(p.numel() for p in target.model.parameters())
+    if source.gguf is None or own is None or source.gguf.stat().st_size != own.stat().st_size:
+        return False
+    return file_sha256(source.gguf) == file_sha256(own)
 
 
 class CrossDraftProposer(ProposerBase):

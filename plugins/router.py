@@ -65,7 +65,8 @@ resets it: a proposer that does not pay is left out for the rest of the request 
 cheaper, so what probing costs stays a small fraction (``probe_share``) of the run.
 
 Costs outlive a request: the draft seconds measured per proposer label and the one-token forward time carry over to
-the router's next request (acceptance statistics start afresh), so a proposer an earlier request found costly is
+the next request of the same lineup (target, router settings, proposer labels) in the process, whichever router
+instance serves it (acceptance statistics start afresh), so a proposer an earlier request found costly is
 not drafted unmeasured again, and its first probe waits its draft cost / ``probe_share`` steps.
 
 Ledger: the estimates above lag (moving averages of depths), and on a steep curve each kept node that is rejected
@@ -192,6 +193,9 @@ def load_cost_curve(config: AdaptiveConfig) -> list[float] | None:
     return [x / curve[0] for x in curve]
 
 
+_KNOWN_COSTS: dict[tuple, dict[str, float]] = {}  # (target, router settings, lineup) -> label -> draft seconds
+
+
 class AdaptiveRouter(RouterBase):
     """Runs the proposers, and gives them the node budgets, that maximise expected tokens per unit cost; after each
     proposer drafts, decides again on the rest knowing its draft (a cascade) and trims what is not worth verifying."""
@@ -203,10 +207,7 @@ class AdaptiveRouter(RouterBase):
         super().__init__(config, target)
         self.curve = load_cost_curve(config)
         self.warned_labels = False  # draft_cost labels matching no proposer: said once per router
-        # draft seconds per proposer label and the one-token forward time, measured by earlier requests: costs belong
-        # to the machine, not the request, so a later request starts from them (acceptance statistics start afresh)
-        self.known_s: dict[str, float] = {}
-        self.known_t1: float | None = None
+        self.known: dict[str, float] = {}  # this lineup's measured costs (see start)
 
     def v(self, n: float) -> float:
         if self.curve is not None:
@@ -243,11 +244,17 @@ class AdaptiveRouter(RouterBase):
         self.net = [0.0] * p  # moving average of the realised net gain per verified step (tokens - forwards added)
         self.net_steps = [0] * p  # verified steps behind it
         self.measured = [False] * p  # its draft time has been measured (timed routers)
+        # draft seconds per proposer label and the one-token forward time ("t1"), measured by earlier requests of
+        # this lineup on this target: costs belong to the machine, not the request, so a later request starts from
+        # them (acceptance statistics start afresh). Kept per process, not per router instance: the instance pool
+        # may drop an idle router between requests.
+        key = (id(self.target), cfg.model_dump_json(), tuple(proposers))
+        self.known = {} if self.target is None else _KNOWN_COSTS.setdefault(key, {})  # (no target: nothing shared)
         if self.timed:
-            self.t1 = self.known_t1
+            self.t1 = self.known.get("\0t1")
             for j, label in enumerate(proposers):
-                if label in self.known_s:
-                    self.draft_s[j], self.measured[j] = self.known_s[label], True
+                if label in self.known:
+                    self.draft_s[j], self.measured[j] = self.known[label], True
                     self.wait[j] = self._cost_wait(j, cfg.probe_every)
 
     # --- decision ------------------------------------------------------------------------------------------
@@ -450,7 +457,7 @@ class AdaptiveRouter(RouterBase):
         if self.timed and report.forward_s > 0:
             t1 = report.forward_s / self.v(report.verified + 1)
             self.t1 = t1 if self.t1 is None else a * self.t1 + (1 - a) * t1
-            self.known_t1 = self.t1
+            self.known["\0t1"] = self.t1
         for j, s in enumerate(report.proposers):
             if s.asked and s.drafted and not s.fault:
                 added = self.v(1 + report.verified) - self.v(1 + max(report.verified - s.drafted, 0))
@@ -469,7 +476,7 @@ class AdaptiveRouter(RouterBase):
                 spent = s.draft_s + getattr(s, "feedback_s", 0.0)  # its propose call and its feedback work
                 self.draft_s[j] = a * self.draft_s[j] + (1 - a) * spent if self.draft_s[j] else spent
                 if j < len(self.proposers):
-                    self.known_s[self.proposers[j]] = self.draft_s[j]
+                    self.known[self.proposers[j]] = self.draft_s[j]
             # depths this step tells us about: all of them when the proposer drafted what it wanted; only those it
             # drafted when its budget (or the router, or the merged tree's) cut it short
             limited = s.proposed >= s.budget or s.drafted < s.proposed

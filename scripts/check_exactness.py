@@ -3,6 +3,8 @@
     python scripts/check_exactness.py --limit 20 --max-new-tokens 128 --dtype float32 --proposer ngram --proposer none
     python scripts/check_exactness.py --proposer ngram+medusa      # "+": proposers combined in one verification pass
     python scripts/check_exactness.py --prepack on --proposer ngram  # pre-packed weights (reference: the packed model)
+    python scripts/check_exactness.py --model gemma3-270m --limit-per-category 4 --limit 24 --router none \
+        --proposer cross-draft --proposer ngram+cross-draft     # whole drafts every step (no router)
 
 For each question (first turn, chat template applied) the generated token ids of every proposer must equal
 transformers' greedy output. A mismatch is listed with the first divergent position and the target's top-2
@@ -35,6 +37,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--questions", default=str(DEFAULT_QUESTIONS))
     ap.add_argument("--limit", type=int, default=20)
+    ap.add_argument("--limit-per-category", type=int, default=None,
+                    help="First N questions of each category (the bench's dev set with 5), before --skip / --limit.")
     ap.add_argument("--skip", type=int, default=0, help="Leave out the first N of the --limit questions (resume).")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="float32")
@@ -43,6 +47,8 @@ def main() -> int:
     ap.add_argument("--prepack", choices=["on", "off", "auto"], default="auto",
                     help="Pre-packed oneDNN weights; with them the reference is transformers greedy on the packed model.")
     ap.add_argument("--threads", default="auto")
+    ap.add_argument("--router", default=None, help="Router of every strategy: none = whole drafts every step (default: "
+                    "the config's, which routes a lone proposer on a target with a measured cost curve).")
     args = ap.parse_args()
     proposers = args.proposer or ["ngram", "none"]
 
@@ -51,7 +57,12 @@ def main() -> int:
     st = sf.target.settings
     print(f"target: {st.dtype}, {st.threads} threads, prepack {'on' if st.prepack else 'off'}", file=sys.stderr)
     model = sf.target.model
-    prompts = read_prompts(args.questions)[args.skip : args.limit]
+    prompts = read_prompts(args.questions)
+    if args.limit_per_category:
+        from specframe.bench.runner import select_questions
+
+        prompts = select_questions(prompts, None, args.limit_per_category)
+    prompts = prompts[args.skip : args.limit]
     mismatches, rows = 0, []
     for p in prompts:
         ids = sf.encode(p.text)
@@ -63,7 +74,8 @@ def main() -> int:
         row = {"question_id": p.question_id, "hf_tokens": len(ref)}
         for name in proposers:
             entries = [{"name": n} for n in name.split("+")]  # "a+b": a and b combined in one verification pass
-            rec = sf.generate(ids, proposers=entries, max_new_tokens=args.max_new_tokens, temperature=0.0)
+            extra = {"router": args.router} if args.router else {}
+            rec = sf.generate(ids, proposers=entries, max_new_tokens=args.max_new_tokens, temperature=0.0, **extra)
             got = rec["token_ids"]
             ok = got == ref
             entry = {"equal": ok, "tau": rec["metrics"]["mean_accepted_length"]}

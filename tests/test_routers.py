@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import types
 
 import pytest
 import torch
@@ -247,8 +248,9 @@ def test_a_measured_draft_cost_carries_over_to_the_next_request():
     """Timed: a proposer's draft seconds and the forward time measured in one request are where the next request
     starts (no second unmeasured draft, and the first probe waits draft cost / probe_share steps); acceptance
     statistics start afresh."""
+    target = types.SimpleNamespace(cost=None)  # costs are kept per target (and router settings and lineup)
     router = AdaptiveRouter(AdaptiveConfig(measure="always", explore=0.0, probe_every=4, cost_slope=0.0,
-                                           probe_share=0.05))
+                                           probe_share=0.05), target)
     router.start(["slow"], seed=0, greedy=True)
     assert router.route(8, 16, [True]) == [router.probe_nodes(8)]  # unmeasured: a probe's budget
     # it drafted 1 node in 0.1 s, rejected, next to a 0.05 s forward: 2 forwards of drafting
@@ -266,9 +268,14 @@ def test_a_measured_draft_cost_carries_over_to_the_next_request():
                                         draft_s=0.1),), 1 if asked[-1] else 0, 0, 0.05))
     # 2 forwards of drafting for a prior reach of 0.6: not worth it; its first probe after 40 steps left out
     assert asked.index(True) == 39 and asked.count(True) == 1
-    fresh = AdaptiveRouter(AdaptiveConfig(measure="always"))
-    fresh.start(["slow"], seed=0, greedy=True)
-    assert fresh.measured == [False]  # another router instance knows nothing
+    same = AdaptiveRouter(AdaptiveConfig(measure="always", explore=0.0, probe_every=4, cost_slope=0.0,
+                                         probe_share=0.05), target)
+    same.start(["slow"], seed=2, greedy=True)
+    assert same.measured == [True]  # another instance serving the same lineup (the pool may drop idle routers)
+    for other in (AdaptiveRouter(AdaptiveConfig(measure="always"), target),  # other router settings
+                  AdaptiveRouter(same.config, types.SimpleNamespace(cost=None))):  # another target
+        other.start(["slow"], seed=0, greedy=True)
+        assert other.measured == [False]
 
 
 def test_a_proposer_whose_verified_drafts_do_not_pay_is_left_out_but_for_probes():
