@@ -248,7 +248,9 @@ class AdaptiveRouter(RouterBase):
         # this lineup on this target: costs belong to the machine, not the request, so a later request starts from
         # them (acceptance statistics start afresh). Kept per process, not per router instance: the instance pool
         # may drop an idle router between requests.
-        key = (id(self.target), cfg.model_dump_json(), tuple(proposers))
+        t = self.target  # (TargetInfo may be built anew per request: the model it describes is what stays)
+        anchor = getattr(t, "model", None)
+        key = (getattr(t, "name", ""), id(anchor if anchor is not None else t), cfg.model_dump_json(), tuple(proposers))
         self.known = {} if self.target is None else _KNOWN_COSTS.setdefault(key, {})  # (no target: nothing shared)
         if self.timed:
             self.t1 = self.known.get("\0t1")
