@@ -9,8 +9,11 @@ Live statistics per proposer ``j`` (exponential moving averages, decay ``decay``
 - ``width[j][d]``: nodes it drafts at depth ``d`` when it drafts there (1 for chains; medusa's trees are wider).
 - ``cost[j]``: its draft cost per step in one-token target forwards: ``draft_cost[label]`` from the config (0
   when not given), or, when timings are used, its measured seconds per step it drafts (its propose call and its
-  ``on_verified`` feedback work) / ``t1``, the seconds of a one-token target forward (each step's forward time /
-  v(verified + 1)). What its nodes add to the forward is ``v(1 + all nodes) - v(1 + the others' nodes)``.
+  ``on_verified`` feedback work) / ``t1``, the seconds of a one-token target forward (measured on the steps that
+  verify nothing; until there is one, each step's forward time / v(verified + 1)). What its nodes add to the
+  forward is ``v(1 + all nodes) - v(1 + the others' nodes)``, plus, when timed, its share by nodes of the
+  forward's measured excess over the curve (``forward_s / t1 - v(1 + verified)``): a tree's attention mask or a
+  profile taken under other conditions can make a wide verification dearer than the curve says.
 
 Timings (``measure``): wall-clock times differ from run to run, and under sampling the routing decides which
 proposers draw from the request's generator — so with timings a seed would no longer reproduce the same tokens
@@ -52,28 +55,29 @@ prefix, unless keeping it whole costs at most ``keep_tolerance`` (3 %) of the be
 extra nodes are nearly free and a trim must clearly pay.
 
 Exploration, so a skipped proposer's statistics do not freeze: one left out (or whose draft was trimmed) for
-``wait[j]`` steps in a row (``probe_every`` at first) is run once with a probe's budget and its draft kept whole, and
-with probability ``explore * probe_every / wait[j]`` per step one costly
-proposer (drawn from the router's own ``random.Random`` seeded with the request's seed: deterministic, no global
-RNG, and the request's generator is untouched) is run too. A probe's budget is the most nodes that add at most
-``probe_cost`` one-token forwards to the step's forward (``v(1 + n) - v(1)``): the full budget on a flat cost curve,
-a node or two on a steep one, where a whole draft of a proposer that is not worth running costs several forwards;
-a timed proposer's first draft, before its cost is measured, gets the same budget. A probe costs its draft and the
-nodes it adds to the forward; one whose accepted tokens do not pay for that multiplies the proposer's wait by
-``probe_backoff`` (up to ``probe_max``), and at least to its draft cost / ``probe_share`` steps, and one that pays
-resets it: a proposer that does not pay is left out for the rest of the request but for probes that grow rarer and
-cheaper, so what probing costs stays a small fraction (``probe_share``) of the run.
+``wait[j]`` steps in a row (``probe_every`` at first) is run once with a probe's budget and its draft kept whole,
+and with probability ``explore`` per step one costly proposer (drawn from the router's own ``random.Random`` seeded
+with the request's seed: deterministic, no global RNG, and the request's generator is untouched) is run too, unless
+its last probe did not pay (its wait is above ``probe_every``): that one is left to its probes. A probe's budget is
+the most nodes that add at most ``probe_cost`` one-token forwards to the step's forward (``v(1 + n) - v(1)``): the
+full budget on a flat cost curve, a node or two on a steep one, where a whole draft of a proposer that is not worth
+running costs several forwards; a timed proposer's first draft, before its cost is measured, gets the same budget. A
+probe costs its draft and the nodes it adds to the forward; one whose accepted tokens do not pay for that multiplies
+the proposer's wait by ``probe_backoff`` (up to ``probe_max``), and at least to its cost per drafted step (its draft
+cost and what its nodes added to the forward, measured) / ``probe_share`` steps, and one that pays resets it: a
+proposer that does not pay is left out for the rest of the request but for probes that grow rarer and cheaper, so
+what probing costs stays a small fraction (``probe_share``) of the run.
 
-Costs outlive a request: the draft seconds measured per proposer label and the one-token forward time carry over to
-the next request of the same lineup (target, router settings, proposer labels) in the process, whichever router
-instance serves it (acceptance statistics start afresh), so a proposer an earlier request found costly is
-not drafted unmeasured again, and its first probe waits its draft cost / ``probe_share`` steps.
+Costs outlive a request: the draft seconds and the forward cost measured per proposer label and the one-token
+forward time carry over to the next request of the same lineup (target, router settings, proposer labels) in the
+process, whichever router instance serves it (acceptance statistics start afresh), so a proposer an earlier request
+found costly is not drafted unmeasured again, and its first probe waits its cost per drafted step / ``probe_share`` steps.
 
 Ledger: the estimates above lag (moving averages of depths), and on a steep curve each kept node that is rejected
-costs most of a forward. So each proposer also keeps its realised net gain per verified step, ``accepted - (v(1 +
-verified) - v(1 + verified - drafted)) - draft cost`` (tokens minus the forwards it added); once the moving average
-is below 0 over at least ``ledger_steps`` verified steps, it is left out of every step, free ones too, but for probes
-after ``wait[j]`` steps (whose outcomes update the ledger and the wait as above).
+costs most of a forward. So each proposer also keeps its realised net gain per verified step, ``accepted - what its
+nodes added to the forward (as above, measured when timed) - draft cost`` (tokens minus the forwards it added); once
+the moving average is below 0 over at least ``ledger_steps`` verified steps, it is left out of every step, free ones
+too, but for probes after ``wait[j]`` steps (whose outcomes update the ledger and the wait as above).
 """
 
 from __future__ import annotations
@@ -236,6 +240,9 @@ class AdaptiveRouter(RouterBase):
         self.width = [[1.0] * cfg.max_depth for _ in range(p)]
         self.draft_s = [0.0] * p
         self.t1: float | None = None
+        self.t1_plain = False  # t1 comes from one-token forwards (steps that verified nothing), not the curve
+        self.fwd_cost = [0.0] * p  # what its nodes added to the forward when it drafted, one-token forwards (EMA)
+        self.fwd_known = [False] * p  # fwd_cost has been measured (in this request or an earlier one)
         self.idle = [0] * p  # steps left out in a row
         self.starved = [0] * p  # steps in a row whose draft was trimmed (its deeper statistics went stale)
         self.rng = random.Random(seed)
@@ -254,9 +261,12 @@ class AdaptiveRouter(RouterBase):
         self.known = {} if self.target is None else _KNOWN_COSTS.setdefault(key, {})  # (no target: nothing shared)
         if self.timed:
             self.t1 = self.known.get("\0t1")
+            self.t1_plain = bool(self.known.get("\0t1 plain"))
             for j, label in enumerate(proposers):
                 if label in self.known:
                     self.draft_s[j], self.measured[j] = self.known[label], True
+                    if label + "\0forward" in self.known:
+                        self.fwd_cost[j], self.fwd_known[j] = self.known[label + "\0forward"], True
                     self.wait[j] = self._cost_wait(j, cfg.probe_every)
 
     # --- decision ------------------------------------------------------------------------------------------
@@ -277,7 +287,7 @@ class AdaptiveRouter(RouterBase):
                 self.forced.add(j)
         if costly and self.config.explore > 0 and self.rng.random() < self.config.explore:
             j = costly[self.rng.randrange(len(costly))]
-            if self.rng.random() * self.wait[j] < self.config.probe_every:  # rarer for one whose probes did not pay
+            if self.wait[j] <= self.config.probe_every:  # one whose probes did not pay is left to its rarer probes
                 self.forced.add(j)
         for j, ok in enumerate(available):  # a proposer whose drafts have not paid: out, but for its probes
             if ok and self.losing(j) and j not in self.forced:
@@ -434,9 +444,8 @@ class AdaptiveRouter(RouterBase):
         s, cfg = report.proposers[j], self.config
         if not s.asked or s.fault:
             return
-        added = self.v(1 + report.verified) - self.v(1 + max(report.verified - s.drafted, 0))
-        cost = added + (self.draft_s[j] / self.t1 if self.timed and self.t1 and self.draft_s[j]
-                        else self.configured_cost[j])
+        cost = self.added(report, s) + (self.draft_s[j] / self.t1 if self.timed and self.t1 and self.draft_s[j]
+                                        else self.configured_cost[j])
         if s.accepted >= cost:
             self.wait[j] = cfg.probe_every
         else:
@@ -444,9 +453,21 @@ class AdaptiveRouter(RouterBase):
                                                                       int(self.wait[j] * cfg.probe_backoff))))
 
     def _cost_wait(self, j: int, wait: int) -> int:
-        """``wait``, raised so that one probe of ``j`` per wait costs at most ``probe_share`` of the steps' time."""
+        """``wait``, raised so that one probe of ``j`` per wait costs at most ``probe_share`` of the steps' time: its
+        draft cost and what its nodes added to the forward when it last drafted (one-token forwards)."""
         cfg = self.config
-        return min(cfg.probe_max, max(wait, math.ceil(self._draft_cost(j) / cfg.probe_share)))
+        return min(cfg.probe_max, max(wait, math.ceil((self._draft_cost(j) + self.fwd_cost[j]) / cfg.probe_share)))
+
+    def added(self, report: StepReport, s) -> float:
+        """What proposer step ``s``'s nodes added to the step's target forward, in one-token forwards: the cost
+        curve's ``v(1 + verified) - v(1 + verified - drafted)``, plus, when timed, its share (by nodes) of the
+        forward's measured excess over the curve (``forward_s / t1 - v(1 + verified)``: a tree's attention mask, a
+        long context, a profile taken under other conditions). Never below 0."""
+        n = report.verified
+        added = self.v(1 + n) - self.v(1 + max(n - s.drafted, 0))
+        if self.timed and self.t1_plain and self.t1 and n > 0 and report.forward_s > 0:
+            added += (report.forward_s / self.t1 - self.v(1 + n)) * min(s.drafted, n) / n
+        return max(0.0, added)
 
     def _draft_cost(self, j: int) -> float:
         if self.timed and self.t1 and self.draft_s[j]:
@@ -456,13 +477,21 @@ class AdaptiveRouter(RouterBase):
     # --- feedback ------------------------------------------------------------------------------------------
     def on_step(self, report: StepReport) -> None:
         a, cfg = self.config.decay, self.config
-        if self.timed and report.forward_s > 0:
+        if self.timed and report.forward_s > 0 and (report.verified == 0 or not self.t1_plain):
+            # t1 from one-token forwards once there are any: read through the curve, a tree forward that costs
+            # more than the curve says would raise t1 and hide that excess from what its proposer is charged
             t1 = report.forward_s / self.v(report.verified + 1)
-            self.t1 = t1 if self.t1 is None else a * self.t1 + (1 - a) * t1
-            self.known["\0t1"] = self.t1
+            first_plain = report.verified == 0 and not self.t1_plain
+            self.t1 = t1 if self.t1 is None or first_plain else a * self.t1 + (1 - a) * t1
+            self.t1_plain = self.t1_plain or report.verified == 0
+            self.known["\0t1"], self.known["\0t1 plain"] = self.t1, float(self.t1_plain)
         for j, s in enumerate(report.proposers):
             if s.asked and s.drafted and not s.fault:
-                added = self.v(1 + report.verified) - self.v(1 + max(report.verified - s.drafted, 0))
+                added = self.added(report, s)
+                self.fwd_cost[j] = a * self.fwd_cost[j] + (1 - a) * added if self.fwd_known[j] else added
+                self.fwd_known[j] = True
+                if j < len(self.proposers):
+                    self.known[self.proposers[j] + "\0forward"] = self.fwd_cost[j]
                 gain = s.accepted - added - self._draft_cost(j)
                 self.net[j] = gain if not self.net_steps[j] else a * self.net[j] + (1 - a) * gain
                 self.net_steps[j] += 1

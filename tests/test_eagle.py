@@ -492,3 +492,20 @@ def test_config_validation(bad):
 
     with pytest.raises(ValidationError):
         EagleConfig(**bad)
+
+
+def test_warm_start_goes_on_from_the_given_drafter(learned, tmp_path):
+    """--init: training starts from the given drafter (its weights, head rows, feature layers), not from a new
+    one: with learning rate 0 the result is that drafter, bit for bit; other feature layers are refused."""
+    t, folder, _ = learned
+    records = _records(t.model, 8)
+    start = EagleDrafter.load(folder)
+    s = EagleSettings(vocab_subset=16, epochs=1, batch_size=8, lr=1e-12, warmup=0, autocast=False, init=str(folder))
+    out = train_eagle(t, records, tmp_path / "warm", s)
+    assert out["init_from_target_layer"] is False and out["steps"] == 1
+    assert torch.equal(out["drafter"].token_map, start.token_map)  # the head keeps its rows (not a 16-token subset)
+    for (k, a), (_, b) in zip(start.state_dict().items(), out["drafter"].state_dict().items()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-9, msg=k)
+    with pytest.raises(ConfigError, match="feature layers"):
+        train_eagle(t, records, tmp_path / "other", EagleSettings(init=str(folder), feature_layers=(1, 2),
+                                                                  autocast=False))

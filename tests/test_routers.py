@@ -20,7 +20,8 @@ from .combining_helpers import chain, step, tree
 
 
 def test_router_drops_a_useless_proposer_and_probes_it_again():
-    router = AdaptiveRouter(AdaptiveConfig(explore=0.0, probe_every=5, probe_backoff=1.0))  # a fixed period
+    router = AdaptiveRouter(AdaptiveConfig(explore=0.0, probe_every=5, probe_backoff=1.0,  # a fixed period
+                                           probe_share=1.0))  # (no cost floor on the wait)
     router.start(["good", "bad"], seed=0, greedy=True)
     assert all(b > 0 for b in router.route(16, 24, [True, True]))  # optimistic priors: both run at first
     for _ in range(30):
@@ -213,8 +214,9 @@ def test_probes_that_do_not_pay_grow_rarer_and_one_that_pays_resets_them():
         budgets = router.route(8, 16, [True])
         if budgets[0]:
             probes.append(i)
-        router.on_step(StepReport((step("bad", 8 if budgets[0] else 0, 0, asked=budgets[0] > 0, budget=budgets[0]),),
-                                  8 if budgets[0] else 0, 0, 0.0))
+        # (a probe's one node, as probe_cost allows on this curve: 0.5 + 1 forwards, under the wait's cost floor)
+        router.on_step(StepReport((step("bad", 1 if budgets[0] else 0, 0, asked=budgets[0] > 0, budget=budgets[0]),),
+                                  1 if budgets[0] else 0, 0, 0.0))
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps[:3] == [8, 16, 32] and set(gaps[3:]) == {32}  # 4, 8, 16, 32 steps left out, then capped
     # a probe whose draft is accepted (8 tokens for a cost of 8.5 forwards: no; 8 for 0.5 + 8 with v flat: yes)
@@ -229,19 +231,20 @@ def test_probes_that_do_not_pay_grow_rarer_and_one_that_pays_resets_them():
 
 
 def test_probes_of_a_costly_proposer_cost_at_most_probe_share_of_the_steps():
-    """A probe that does not pay waits at least draft cost / probe_share steps: 0.5 forwards / 0.02 = 25."""
+    """A probe that does not pay waits at least its cost / probe_share steps: its draft (0.5 forwards) and what its
+    node added to the forward (v(2) - v(1) = 1 forward on this curve), 1.5 / 0.02 = 75 steps."""
     router = AdaptiveRouter(AdaptiveConfig(draft_cost={"bad": 0.5}, measure="never", explore=0.0, probe_every=4,
-                                           probe_max=64, cost_slope=1.0, probe_share=0.02))
+                                           probe_max=256, cost_slope=1.0, probe_share=0.02))
     router.start(["bad"], seed=0, greedy=True)
     probes = []
-    for i in range(300):
+    for i in range(600):
         budgets = router.route(8, 16, [True])
         if budgets[0]:
             probes.append(i)
         router.on_step(StepReport((step("bad", 1 if budgets[0] else 0, 0, asked=budgets[0] > 0, budget=budgets[0]),),
                                   1 if budgets[0] else 0, 0, 0.0))
     gaps = [b - a for a, b in zip(probes, probes[1:])]
-    assert gaps[:3] == [25, 50, 64] and set(gaps[3:]) == {64}  # 25 steps (not 4), then doubled, then capped
+    assert gaps == [75, 150, 256]  # 75 steps (not 4, nor the 25 its draft cost alone gives), doubled, capped
 
 
 def test_a_measured_draft_cost_carries_over_to_the_next_request():
@@ -370,3 +373,43 @@ def test_probe_budget_follows_the_cost_curve():
         router.on_step(StepReport((step("x", min(nodes[0], 1), 0, asked=nodes[0] > 0),), min(nodes[0], 1), 0,
                                   forward_s=0.1))
     assert budgets[0] == 0 and 1 in budgets and max(budgets) == 1
+
+
+def test_a_verification_dearer_than_the_curve_is_charged_to_the_proposer_whose_nodes_it_held():
+    """Timed: t1 comes from the steps that verify nothing, and what a wide verification costs beyond the curve
+    (here a flat one: v(n) = 1) is charged to the nodes' proposers by their share of the nodes. 10 ms one-token
+    forwards, 15 ms with 8 nodes (6 of a, 2 of b): 0.5 forwards over the curve, 0.375 of them a's."""
+    target = types.SimpleNamespace(cost=None)
+    router = AdaptiveRouter(AdaptiveConfig(measure="always", cost_slope=0.0, decay=0.5, explore=0.0), target)
+    router.start(["a", "b"], seed=0, greedy=True)
+    router.on_step(StepReport((step("a", 0, 0, asked=False), step("b", 0, 0, asked=False)), 0, 0, 0.010))
+    assert router.t1 == pytest.approx(0.010) and router.t1_plain
+    router.on_step(StepReport((step("a", 6, 1, budget=8, draft_s=0.0), step("b", 2, 0, budget=8, draft_s=0.0)), 8, 1,
+                              0.015))
+    assert router.t1 == pytest.approx(0.010)  # not raised by the tree step
+    assert router.fwd_cost == pytest.approx([0.375, 0.125])
+    assert router.net == pytest.approx([1 - 0.375, -0.125])  # accepted - forward added - draft cost (0 here)
+    # the next request of this lineup starts from those costs: a's first probe waits 0.375 / 0.02 = 19 steps
+    # (b's 0.125 / 0.02 = 7 is below probe_every: 16)
+    router.start(["a", "b"], seed=1, greedy=True)
+    assert router.fwd_cost == pytest.approx([0.375, 0.125]) and router.wait == [19, 16]
+    # a forward that costs less than the curve says is not a refund: what a proposer adds is never below 0
+    router.on_step(StepReport((step("a", 8, 0, budget=8, draft_s=0.0), step("b", 0, 0, asked=False)), 8, 0, 0.008))
+    assert router.fwd_cost[0] == pytest.approx(0.5 * 0.375) and router.net[0] == pytest.approx(0.0)
+
+
+def test_exploration_leaves_a_proposer_whose_probes_did_not_pay_to_its_probes():
+    """explore = 1: every step runs one costly proposer too, unless its wait was raised by a probe that did not
+    pay; that one runs only when its probe is due."""
+    router = AdaptiveRouter(AdaptiveConfig(draft_cost={"x": 2.0}, measure="never", explore=1.0, probe_every=4))
+    router.start(["x"], seed=0, greedy=True)
+    assert router.route(8, 16, [True]) != [0] and router.forced == {0}  # explored at once
+    router.on_step(StepReport((step("x", 1, 0, budget=1),), 1, 0, 0.0))  # rejected: 2 + 0.03 forwards for nothing
+    assert router.wait[0] > router.config.probe_every
+    asked = []
+    for _ in range(router.wait[0]):
+        nodes = router.route(8, 16, [True])
+        asked.append(nodes[0] > 0)
+        router.on_step(StepReport((step("x", 1 if nodes[0] else 0, 0, asked=nodes[0] > 0, budget=nodes[0]),),
+                                  1 if nodes[0] else 0, 0, 0.0))
+    assert asked == [False] * (len(asked) - 1) + [True]  # only the probe, when due

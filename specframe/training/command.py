@@ -217,6 +217,10 @@ def eagle(
                                        "(comma-separated; default: a low, a middle and a high layer)."),
     max_records: int = _MAX_RECORDS, device: str = _DEVICE, max_minutes: float = _MINUTES,
     extra_corpus: Optional[list[Path]] = _EXTRA,
+    skip_records: int = typer.Option(0, "--skip-records", help="Leave out the first N of the corpus records (after "
+                                     "--max-records), e.g. the ones an --init drafter trained on."),
+    init: Optional[Path] = typer.Option(None, "--init", help="Warm start: go on training this EAGLE drafter folder "
+                                        "(its weights, head rows and feature layers), e.g. the shipped one."),
 ) -> None:
     """Train an EAGLE-style drafter on the target's own features and greedy answers (training-time test)."""
     from .eagle import EagleSettings
@@ -226,10 +230,14 @@ def eagle(
         if epochs < 1 or vocab_subset < 16 or not lr > 0 or batch_size < 1 or max_len < 8 or ttt_steps < 1:
             raise ConfigError("--epochs, --batch-size and --ttt-steps must be >= 1, --max-len >= 8, --vocab-subset >= 16 "
                               "and --lr > 0")
-        if max_records < 0:
-            raise ConfigError(f"--max-records must be >= 0, got {max_records}")
+        if max_records < 0 or skip_records < 0:
+            raise ConfigError(f"--max-records and --skip-records must be >= 0, got {max_records} and {skip_records}")
+        if init is not None and not (init / "eagle.json").is_file():
+            raise ConfigError(f"--init {init} is not an EAGLE drafter folder (no eagle.json): give one that "
+                              "`specframe train eagle` wrote, e.g. plugins/weights/smollm2-135m-instruct/eagle")
         s = EagleSettings(vocab_subset=vocab_subset, epochs=epochs, batch_size=batch_size, max_len=max_len, lr=lr,
-                          ttt_steps=ttt_steps, feature_layers=layers, max_records=max_records, seed=seed)
+                          ttt_steps=ttt_steps, feature_layers=layers, max_records=max_records, seed=seed,
+                          skip_records=skip_records, init=str(init) if init is not None else "")
         _run("eagle", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix, device,
              max_minutes, extra_corpus)
 

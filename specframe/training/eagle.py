@@ -54,8 +54,10 @@ class EagleSettings:
     feature_layers: Optional[tuple[int, ...]] = None  # None: low / middle / high (EagleSpec.for_target)
     init_from_target: bool = True
     autocast: bool = True
-    max_records: int = 0  # 0: every record of the corpus
+    max_records: int = 0  # 0: every record of the corpus (run_recipe selects the records; train_eagle takes them all)
     seed: int = 0
+    skip_records: int = 0  # then leave out the first N of those (e.g. the ones an --init drafter trained on)
+    init: str = ""  # warm start: an EAGLE drafter folder (its weights, token map and feature layers), "" = new
 
 
 def _examples(records: list[dict], max_len: int) -> list[tuple[list[int], int]]:
@@ -85,8 +87,19 @@ def target_features(model: Any, ids: torch.Tensor, valid: torch.Tensor, layers: 
 
 
 def _drafter(target: Any, s: EagleSettings, token_map: torch.Tensor) -> tuple[EagleSpec, EagleDrafter, bool]:
-    """A new drafter in training mode for the target (seeded), its decoder layer copied from the target's last
-    layer when ``s.init_from_target`` and the shapes allow: ``(spec, drafter, whether it was copied)``."""
+    """The drafter to train, in training mode: the one in ``s.init`` (warm start), else a new one for the target
+    (seeded), its decoder layer copied from the target's last layer when ``s.init_from_target`` and the shapes allow:
+    ``(spec, drafter, whether a target layer was copied)``.
+
+    Raises:
+        ConfigError: ``s.init`` holds no drafter for this target, or one with other feature layers than asked."""
+    if s.init:
+        drafter = EagleDrafter.load(Path(s.init), target.model.config.hidden_size, target.vocab_size)
+        if s.feature_layers is not None and tuple(s.feature_layers) != tuple(drafter.spec.feature_layers):
+            raise ConfigError(f"--init {s.init} reads feature layers {list(drafter.spec.feature_layers)}, not "
+                              f"{list(s.feature_layers)}: leave out --feature-layers")
+        drafter.to(target.device).train()
+        return drafter.spec, drafter, False
     spec = EagleSpec.for_target(target.model.config, target.info.name, s.feature_layers)
     drafter = new_drafter(spec, token_map, s.seed)
     copied = s.init_from_target and init_from_target(drafter, target.model)
@@ -140,7 +153,8 @@ def train_eagle(target: Any, records: list[dict], out: Path, s: EagleSettings,
 
     Args:
         target: a loaded :class:`specframe.target.Target` (its model stays frozen, in its own dtype).
-        records: corpus records (:func:`specframe.training.corpus.read_corpus`).
+        records: the corpus records to train on (:func:`specframe.training.corpus.read_corpus`; ``max_records``
+            and ``skip_records`` are applied by :func:`specframe.training.recipe.run_recipe`, not here).
         out: output folder (the drafter folder itself).
         s: settings; a checkpoint made with other settings is refused.
         progress: optional ``(step, total_steps, loss)`` callback.
@@ -156,10 +170,11 @@ def train_eagle(target: Any, records: list[dict], out: Path, s: EagleSettings,
     """
     torch.manual_seed(s.seed)
     out.mkdir(parents=True, exist_ok=True)
-    if s.max_records:
-        records = records[: s.max_records]
     token_map, coverage = token_subset(records, s.vocab_subset, target.eos_token_ids)
     spec, drafter, copied = _drafter(target, s, token_map)
+    if s.init:  # the head keeps the rows it was trained with
+        token_map = drafter.token_map
+        coverage = _coverage(records, token_map)
     sub_index = subset_index(token_map, target.vocab_size)
     examples = _examples(records, s.max_len)
     head_rows = target.model.get_output_embeddings().weight.detach()[token_map.to(target.device)].float()
@@ -196,6 +211,13 @@ def train_eagle(target: Any, records: list[dict], out: Path, s: EagleSettings,
         "trainable_params": sum(p.numel() for p in params), "init_from_target_layer": bool(copied),
         "feature_layers": list(spec.feature_layers), "drafter": drafter,
     }
+
+
+def _coverage(records: list[dict], token_map: torch.Tensor) -> float:
+    """Share of the records' response tokens that ``token_map`` holds."""
+    keep = set(token_map.tolist())
+    total = sum(len(r["response_ids"]) for r in records)
+    return sum(t in keep for r in records for t in r["response_ids"]) / max(1, total)
 
 
 def finish_eagle(drafter: EagleDrafter, out: Path) -> None:

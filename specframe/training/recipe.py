@@ -29,13 +29,15 @@ EVAL_SEED = 10_001  # held-out prompts: same templates and source, another seed
 # recipe setting -> the `specframe train` flag that sets it (the model card's reproduce line names them all)
 _FLAGS = {"num_heads": "--heads", "layers": "--layers", "feature_layers": "--feature-layers", "epochs": "--epochs",
           "lr": "--lr", "batch_positions": "--batch-positions", "batch_size": "--batch-size", "max_len": "--max-len",
-          "ttt_steps": "--ttt-steps", "vocab_subset": "--vocab-subset", "max_records": "--max-records", "seed": "--seed"}
+          "ttt_steps": "--ttt-steps", "vocab_subset": "--vocab-subset", "max_records": "--max-records",
+          "skip_records": "--skip-records", "init": "--init", "seed": "--seed"}
+_UNSET = ("max_records", "skip_records", "init")  # left out of the reproduce line when 0 / empty
 
 
 _HAS = {"medusa": {"num_heads", "epochs", "lr", "batch_positions", "max_records", "seed"},
         "draft": {"layers", "vocab_subset", "epochs", "lr", "max_records", "seed"},
         "eagle": {"epochs", "lr", "batch_size", "max_len", "ttt_steps", "vocab_subset", "feature_layers", "max_records",
-                  "seed"}}
+                  "skip_records", "init", "seed"}}
 
 
 def reproduce_flags(kind: str, settings: dict) -> str:
@@ -43,7 +45,7 @@ def reproduce_flags(kind: str, settings: dict) -> str:
     out = []
     for key, flag in _FLAGS.items():
         value = settings.get(key) if key in _HAS.get(kind, ()) else None
-        if value is None or (key == "max_records" and not value):
+        if value is None or (key in _UNSET and not value):
             continue
         if isinstance(value, (list, tuple)):
             value = ",".join(str(v) for v in value)
@@ -101,6 +103,9 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
     records = list(read_corpus(corpus))
     if settings.max_records:  # the first N records: any prefix of the shards covers every prompt kind
         records = records[: settings.max_records]
+    records = records[getattr(settings, "skip_records", 0):]
+    if not records:
+        raise ConfigError(f"--skip-records {settings.skip_records} leaves no record of {corpus} to train on")
     n_main = len(records)
     extras = [_extra_corpus(p, target_name) for p in extra_corpora]
     records += [r for _, recs in extras for r in recs]
