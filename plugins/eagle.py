@@ -10,7 +10,9 @@ since the last one, then drafts:
   distribution after the newest token, each level expands the ``top_k`` most likely nodes so far (likelihood =
   product of the drafter's probabilities along the path) with their ``top_k`` best children, in one drafter pass
   per level, for ``depth`` levels; then the ``max_nodes`` (or the step's budget) most likely nodes of everything
-  drafted are verified. Drafts are deterministic (one-hot q), so output is the target's greedy output.
+  drafted are verified. The levels stop early once ``max_nodes`` drafted nodes are at least as likely as the best
+  node left to expand (no deeper node could be kept: the same tree, fewer drafter passes). Drafts are
+  deterministic (one-hot q), so output is the target's greedy output.
 - **sampling**: a chain of ``depth`` tokens drawn from the drafter's warped distribution q (the request's
   temperature / top-k / top-p, its generator), with q as ``draft_probs`` for exact rejection sampling
   (Leviathan et al. 2022, Algorithm 1). q is zero outside the head's token subset, which the acceptance rule
@@ -152,8 +154,12 @@ class EagleProposer(ProposerBase):
         k = self.config.top_k if self.trees else 1
         return self._tree(length, depth, k, min(budget, self.config.max_nodes) if k > 1 else min(budget, depth))
 
-    def _tree(self, length: int, depth: int, k: int, max_nodes: int) -> DraftTree:
-        """EAGLE-2: expand the ``k`` most likely nodes per level, keep the ``max_nodes`` most likely overall."""
+    def _tree(self, length: int, depth: int, k: int, max_nodes: int, prune: bool = True) -> DraftTree:
+        """EAGLE-2: expand the ``k`` most likely nodes per level, keep the ``max_nodes`` most likely overall.
+
+        ``prune``: stop expanding once no deeper node can be kept: a child is at most as likely as its parent and
+        loses ties to shallower nodes, so when ``max_nodes`` nodes already drafted are at least as likely as the
+        best node to expand, the levels below cannot change the tree (the same tree, fewer drafter passes)."""
         logp = torch.log_softmax(self.drafter.logits(self._last, self.head_rows).float(), -1)[0]  # [S]
         top = logp.topk(min(k, logp.numel()))
         tm = self.token_map
@@ -168,6 +174,10 @@ class EagleProposer(ProposerBase):
             frontier = heapq.nlargest(k, frontier, key=lambda i: nodes[i][0])
             if not frontier:
                 break
+            if prune and len(nodes) >= max_nodes:
+                best = nodes[frontier[0]][0]
+                if sum(1 for nd in nodes if nd[0] >= best) >= max_nodes:
+                    break  # no descendant of the frontier can be among the max_nodes most likely
             parents_a = torch.stack([self._last[0] if nodes[i][2] < 0 else out_a[nodes[i][2]] for i in frontier])
             ancestors = []
             for i in frontier:

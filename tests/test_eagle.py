@@ -235,6 +235,8 @@ def test_tree_entries_equal_their_path_computed_independently(targets, top_k):
         return a
 
     p._level = spy
+    full = p._tree
+    p._tree = lambda *a: full(*a, prune=False)  # every level (this drafter's flat distributions would be pruned)
     state = _state_after_prefill(t, p, prompt)
     assert p.propose(state, 64).num_nodes >= 5
     assert sum(1 for e in entries if len(e[2]) >= 2) >= 2  # entries two levels deep or more were checked
@@ -509,3 +511,31 @@ def test_warm_start_goes_on_from_the_given_drafter(learned, tmp_path):
     with pytest.raises(ConfigError, match="feature layers"):
         train_eagle(t, records, tmp_path / "other", EagleSettings(init=str(folder), feature_layers=(1, 2),
                                                                   autocast=False))
+
+
+@pytest.mark.parametrize("max_nodes,top_k", [(2, 2), (4, 4), (6, 3), (16, 4)])
+def test_pruned_levels_leave_the_tree_unchanged(targets, drafters, max_nodes, top_k):
+    """The tree stops growing once no deeper node can be among the max_nodes kept: the same tree as expanding
+    every level, with fewer drafter passes where the kept nodes are all shallow."""
+    t = targets["llama"]
+    p = eagle(t, drafters["llama"], top_k=top_k, max_nodes=max_nodes, depth=8)
+    passes = {True: 0, False: 0}
+    level = p._level
+
+    for prompt in (PROMPT, PROMPT_2):
+        state = _state_after_prefill(t, p, prompt)
+        assert p._catch_up(state)
+        length = int(state.tokens.shape[1])
+        trees = {}
+        for prune in (False, True):
+            def counted(*a, _prune=prune, **kw):
+                passes[_prune] += 1
+                return level(*a, **kw)
+            p._level = counted
+            trees[prune] = p._tree(length, 8, top_k, max_nodes, prune=prune)
+        p._level = level
+        assert trees[True].token_ids.tolist() == trees[False].token_ids.tolist()
+        assert trees[True].parent.tolist() == trees[False].parent.tolist()
+    assert passes[False] == 2 * 7  # every level below the first, twice
+    # an untrained drafter's flat distributions make deep paths unlikely: its deep levels are skipped
+    assert passes[True] < passes[False]
