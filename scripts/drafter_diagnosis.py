@@ -20,6 +20,7 @@ file are skipped).
     python scripts/drafter_diagnosis.py --corpus-held-out 40 --dtype float32 \\
         --output docs/results/drafter-diagnosis/mix-fp32.jsonl       # the training mix, records not trained on
     python scripts/drafter_diagnosis.py --summary docs/results/drafter-diagnosis/*.jsonl
+    # another EAGLE drafter (e.g. one `specframe train eagle` wrote): --eagle DIR
 
 Record fields: ``id``, ``category``, ``prompt_len``, ``answer`` (token ids), and per feature source (``live``,
 ``full``) and drafter lists over the answer positions: ``eagle1`` (top-1 right), ``eagle_top4``, ``eagle2``,
@@ -134,7 +135,8 @@ def _load(args: argparse.Namespace):
     target = load_target("smollm2-135m-instruct", args.dtype, "cpu", threads=args.threads, prepack=False)
     weights = Path(__file__).resolve().parent.parent / "plugins/weights/smollm2-135m-instruct"
     head = target.model.get_output_embeddings().weight
-    drafter = EagleDrafter.load(weights / "eagle", int(head.shape[1]), target.vocab_size).to(dtype=target.dtype)
+    folder = Path(args.eagle) if args.eagle else weights / "eagle"
+    drafter = EagleDrafter.load(folder, int(head.shape[1]), target.vocab_size).to(dtype=target.dtype)
     tm = drafter.token_map
     eagle = {"drafter": drafter, "embed": target.model.get_input_embeddings(), "token_map": tm,
              "rows": head.detach()[tm].to(target.dtype)}
@@ -239,6 +241,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--eagle", help="EAGLE drafter folder (default: the shipped one)")
     ap.add_argument("--output")
     ap.add_argument("--summary", nargs="*")
     args = ap.parse_args()

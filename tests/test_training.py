@@ -566,6 +566,8 @@ runner = CliRunner()
         (["draft", "--model", "nosuch"], "nosuch"),
         (["medusa", "--model", "nosuch"], "nosuch"),
         (["eagle", "--max-minutes", "-1"], "--max-minutes"),
+        (["eagle", "--skip-records", "-1"], "--skip-records"),
+        (["eagle", "--init", "no/such/folder"], "--init no/such/folder"),
         (["eagle", "--device", "tpu"], "tpu"),
         (["corpus", "--device", "tpu"], "tpu"),
     ],
@@ -649,6 +651,9 @@ def test_model_card_reproduce_line_names_real_flags(kind) -> None:
     assert flags and all(f in helptext for f in flags), (flags, helptext)
     assert ("--hard-labels" in line) == (kind == "draft")
     assert reproduce_flags(kind, {**settings, "max_records": 0}).count("--max-records") == 0
+    warm = reproduce_flags(kind, {**settings, "skip_records": 13000, "init": "old/eagle"})
+    assert (" --skip-records 13000" in warm and " --init old/eagle" in warm) == (kind == "eagle")
+    assert "--skip-records" not in reproduce_flags(kind, {**settings, "skip_records": 0, "init": ""})
 
 
 def test_run_recipe_with_an_extra_corpus(tiny_free, tmp_path_factory, tmp_path):
@@ -672,6 +677,17 @@ def test_run_recipe_with_an_extra_corpus(tiny_free, tmp_path_factory, tmp_path):
     assert record["result"]["steps"] == 3  # 24 records, 8 a batch
     card = (out / "README.md").read_text()
     assert "then 8 of the `pydoc` mix (seed 5)" in card and f"--extra-corpus {extra}" in card
+    # a warm start on a slice of the corpus (records 5-12), the extra corpus still whole after it
+    warm = replace(s, max_records=12, skip_records=4, init=str(out))
+    record = run_recipe("eagle", tiny_free, "tiny", tmp_path / "warm", corpus, cs, warm, lambda *a: None,
+                        eval_prompts=1, extra_corpora=[extra])
+    assert record["corpus"]["records"] == 8 and record["result"]["steps"] == 2  # 8 + 8 records, 8 a batch
+    card = (tmp_path / "warm" / "README.md").read_text()
+    assert "(records 5–12 of the corpus)" in card and f"Warm start: training went on from the drafter in `{out}`" in card
+    assert f"--skip-records 4 --init {out}" in card
+    with pytest.raises(ConfigError, match="leaves no record"):
+        run_recipe("eagle", tiny_free, "tiny", tmp_path / "none", corpus, cs, replace(s, skip_records=16),
+                   lambda *a: None, eval_prompts=1)
     (extra / "shard-00000.jsonl.gz").unlink()
     with pytest.raises(ConfigError, match="not finished"):
         run_recipe("eagle", tiny_free, "tiny", tmp_path / "e2", corpus, cs, s, lambda *a: None, extra_corpora=[extra])

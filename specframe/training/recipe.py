@@ -154,10 +154,15 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
 
 def _machine(target: Any) -> str:
     """Where training ran, for the model card: the CPU's threads or the GPU's name, and torch's version."""
+    from ..machine import fingerprint
+
     dev = getattr(target, "device", torch.device("cpu"))
     if dev.type == "cuda":
         return f"{torch.cuda.get_device_name(dev)} (CUDA), torch {torch.__version__}"
-    return f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    fp = fingerprint()
+    isa = " ".join(fp.get("isa") or []) or "-"
+    return (f"{fp.get('cpu') or platform.machine()} (ISA {isa}), {torch.get_num_threads()} threads, "
+            f"torch {torch.__version__}")
 
 
 def _sources(*corpora: Path) -> dict:
@@ -216,8 +221,12 @@ def model_card(r: dict) -> str:
         "## Data", "",
         f"- Prompts: {c['records']} records of the `{c['settings'].get('mix', 'pydoc')}` prompt mix (seed "
         f"{c['settings']['seed']}; `specframe train corpus`, docs/training.md)"
+        + (f" (records {s['skip_records'] + 1}–{s['skip_records'] + c['records']} of the corpus)"
+           if s.get("skip_records") else "")
         + "".join(f", then {e['records']} of the `{e['settings'].get('mix')}` mix (seed {e['settings']['seed']})"
                   for e in c.get("extra", [])) + ". No Spec-Bench text.",
+        *([f"- Warm start: training went on from the drafter in `{s['init']}` (its weights, head rows and feature "
+           "layers; its own model card says how it trained)."] if s.get("init") else []),
         "- Responses: the target's own greedy answers (self-distillation), "
         f"{c['settings']['max_new_tokens']} new tokens at most, generated in {c['settings']['dtype']}.",
         f"- {c['prompt_tokens']} prompt tokens, {c['response_tokens']} response tokens "
