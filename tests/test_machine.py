@@ -670,7 +670,8 @@ def test_under_sampling_the_router_reads_a_curve_that_does_not_follow_the_load()
 
 
 def test_a_lone_draft_trimmed_to_nothing_is_probed_whole_every_probe_every_steps():
-    router = lone_router(LinearCost(2.0), probe_every=4, probe_backoff=1.0)  # a fixed period (backoff: test_routers)
+    router = lone_router(LinearCost(2.0), probe_every=4, probe_backoff=1.0,  # a fixed period (backoff: test_routers)
+                         probe_share=1.0)  # (no floor from the probe's cost: its one node costs 2 forwards here)
     draft = DraftTree.chain(list(range(1, 9)))
     kept = []
     for _ in range(9):
