@@ -92,7 +92,7 @@ from typing import Literal, Optional, Sequence
 from pydantic import Field, field_validator
 
 from specframe import hookimpl
-from specframe.combining import RouterBase, RouterConfig, StepReport
+from specframe.combining import ProposerStep, RouterBase, RouterConfig, StepReport
 from specframe.contracts import DraftTree, TargetInfo
 from specframe.costs import v_at
 from specframe.errors import ConfigError
@@ -444,8 +444,7 @@ class AdaptiveRouter(RouterBase):
         s, cfg = report.proposers[j], self.config
         if not s.asked or s.fault:
             return
-        cost = self.added(report, s) + (self.draft_s[j] / self.t1 if self.timed and self.t1 and self.draft_s[j]
-                                        else self.configured_cost[j])
+        cost = self.added(report, s) + self._draft_cost(j)
         if s.accepted >= cost:
             self.wait[j] = cfg.probe_every
         else:
@@ -458,7 +457,7 @@ class AdaptiveRouter(RouterBase):
         cfg = self.config
         return min(cfg.probe_max, max(wait, math.ceil((self._draft_cost(j) + self.fwd_cost[j]) / cfg.probe_share)))
 
-    def added(self, report: StepReport, s) -> float:
+    def added(self, report: StepReport, s: ProposerStep) -> float:
         """What proposer step ``s``'s nodes added to the step's target forward, in one-token forwards: the cost
         curve's ``v(1 + verified) - v(1 + verified - drafted)``, plus, when timed, its share (by nodes) of the
         forward's measured excess over the curve (``forward_s / t1 - v(1 + verified)``: a tree's attention mask, a
