@@ -77,7 +77,11 @@ Ledger: the estimates above lag (moving averages of depths), and on a steep curv
 costs most of a forward. So each proposer also keeps its realised net gain per verified step, ``accepted - what its
 nodes added to the forward (as above, measured when timed) - draft cost`` (tokens minus the forwards it added); once
 the moving average is below 0 over at least ``ledger_steps`` verified steps, it is left out of every step, free ones
-too, but for probes after ``wait[j]`` steps (whose outcomes update the ledger and the wait as above).
+too, but for probes after ``wait[j]`` steps (whose outcomes update the ledger and the wait as above). With timings the
+verdict carries over as the costs do: a proposer that the previous request of the lineup ended leaving out is judged
+after ``ledger_steps_known`` (4) verified steps of the new request instead of ``ledger_steps`` — on that request's
+own gains, so one that pays on the new prompt stays in — which halves what a proposer that does not pay on any of a
+run's prompts (a weak draft model) costs each request before the ledger leaves it out.
 """
 
 from __future__ import annotations
@@ -141,6 +145,10 @@ class AdaptiveConfig(RouterConfig):
         8, ge=0, description="Leave a proposer out for the rest of the request (but for probes) once, over at least "
         "this many verified steps, its accepted tokens fell short of what its nodes and draft cost (a moving average "
         "of the net gain per step below 0); 0 = never.")
+    ledger_steps_known: int = Field(
+        4, ge=0, description="With timings: the ledger's verdict on a proposer that the previous request of this lineup "
+        "ended leaving out (its net gain below 0) needs only this many verified steps of the new request (its own "
+        "gains: a proposer that pays here is kept); 0 = as ledger_steps.")
     keep_tolerance: float = Field(
         0.03, ge=0.0, lt=1.0, description="Keep a draft whole when that lowers the expected tokens per cost by at most "
         "this fraction (the nodes a trim saves must pay clearly; 0 = trim to the exact optimum).")
@@ -251,6 +259,7 @@ class AdaptiveRouter(RouterBase):
         self.net = [0.0] * p  # moving average of the realised net gain per verified step (tokens - forwards added)
         self.net_steps = [0] * p  # verified steps behind it
         self.measured = [False] * p  # its draft time has been measured (timed routers)
+        self.judge_after = [cfg.ledger_steps] * p  # verified steps before the ledger may leave it out
         # draft seconds per proposer label and the one-token forward time ("t1"), measured by earlier requests of
         # this lineup on this target: costs belong to the machine, not the request, so a later request starts from
         # them (acceptance statistics start afresh). Kept per process, not per router instance: the instance pool
@@ -268,6 +277,9 @@ class AdaptiveRouter(RouterBase):
                     if label + "\0forward" in self.known:
                         self.fwd_cost[j], self.fwd_known[j] = self.known[label + "\0forward"], True
                     self.wait[j] = self._cost_wait(j, cfg.probe_every)
+                if self.known.get(label + "\0losing") and cfg.ledger_steps_known:
+                    # the last request ended with it left out: the same verdict needs less of this one's evidence
+                    self.judge_after[j] = min(cfg.ledger_steps, cfg.ledger_steps_known)
 
     # --- decision ------------------------------------------------------------------------------------------
     def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> list[int]:
@@ -315,7 +327,7 @@ class AdaptiveRouter(RouterBase):
 
     def losing(self, j: int) -> bool:
         """Proposer ``j``'s realised net gain per verified step is below 0 (see the module docstring, Ledger)."""
-        n = self.config.ledger_steps
+        n = self.judge_after[j]
         return n > 0 and self.net_steps[j] >= n and self.net[j] < 0
 
     def revise(self, budget: int, max_nodes: int, available: Sequence[bool],
@@ -494,6 +506,8 @@ class AdaptiveRouter(RouterBase):
                 gain = s.accepted - added - self._draft_cost(j)
                 self.net[j] = gain if not self.net_steps[j] else a * self.net[j] + (1 - a) * gain
                 self.net_steps[j] += 1
+                if self.timed and j < len(self.proposers) and self.net_steps[j] >= self.judge_after[j]:
+                    self.known[self.proposers[j] + "\0losing"] = float(self.net[j] < 0)  # for the next request
         for j, s in enumerate(report.proposers):
             self.idle[j] = 0 if s.asked else self.idle[j] + 1
             if s.asked and s.proposed:  # trimmed: its deeper nodes' statistics are not refreshed this step

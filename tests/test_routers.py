@@ -413,3 +413,37 @@ def test_exploration_leaves_a_proposer_whose_probes_did_not_pay_to_its_probes():
         router.on_step(StepReport((step("x", 1 if nodes[0] else 0, 0, asked=nodes[0] > 0, budget=nodes[0]),),
                                   1 if nodes[0] else 0, 0, 0.0))
     assert asked == [False] * (len(asked) - 1) + [True]  # only the probe, when due
+
+
+def test_the_ledger_verdict_carries_over_and_needs_less_evidence_in_the_next_request():
+    """Timed: a proposer the last request ended leaving out is judged after ledger_steps_known verified steps of the
+    next request (its own gains); one that pays there stays in, and its verdict carries over in turn."""
+    target = types.SimpleNamespace(cost=None)
+    config = AdaptiveConfig(measure="auto", explore=0.0, cost_slope=0.0, ledger_steps=8, ledger_steps_known=4,
+                            probe_every=64, probe_share=1.0)
+
+    def request(seed, accepted, steps=30):
+        router = AdaptiveRouter(config, target)
+        router.start(["weak"], seed=seed, greedy=True)
+        asked = []
+        for _ in range(steps):
+            b = router.route(8, 16, [True])[0]
+            asked.append(b > 0)
+            # 0.01 s of drafting next to a 0.05 s forward (0.2 forwards) for 2 nodes, `accepted` of them accepted
+            router.on_step(StepReport((step("weak", 2 if b else 0, accepted if b else 0, asked=b > 0, budget=b,
+                                            draft_s=0.01),), 2 if b else 0, accepted if b else 0, 0.05))
+        return router, asked
+
+    first, asked = request(0, accepted=0)
+    assert first.judge_after == [8] and asked[:8] == [True] * 8 and not any(asked[8:])  # the prior's optimism: 8 steps
+    second, asked = request(1, accepted=0)
+    assert second.judge_after == [4] and asked[:4] == [True] * 4 and not any(asked[4:])  # the same verdict, sooner
+    paying, asked = request(2, accepted=2)  # this prompt suits it: its own gains keep it in
+    assert paying.judge_after == [4] and all(asked) and not paying.losing(0)
+    after, _ = request(3, accepted=0, steps=1)
+    assert after.judge_after == [8]  # the last request ended with it paying: full evidence again
+    second, _ = request(4, accepted=0)  # (it ends losing again)
+    sampled = AdaptiveRouter(config, target)
+    sampled.start(["weak"], seed=0, greedy=False)
+    assert second.judge_after == [8] and sampled.judge_after == [8]  # untimed: nothing carries over (the seed alone
+    # fixes a sampled request's decisions)
