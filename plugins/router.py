@@ -81,7 +81,10 @@ too, but for probes after ``wait[j]`` steps (whose outcomes update the ledger an
 verdict carries over as the costs do: a proposer that the previous request of the lineup ended leaving out is judged
 after ``ledger_steps_known`` (4) verified steps of the new request instead of ``ledger_steps`` — on that request's
 own gains, so one that pays on the new prompt stays in — which halves what a proposer that does not pay on any of a
-run's prompts (a weak draft model) costs each request before the ledger leaves it out.
+run's prompts costs each request before the ledger leaves it out. A costly one (draft cost above ``free_cost``) so
+carried over starts on ``probation``: out but for probes, the first at the request's first step, until a probe pays
+for itself; then the ledger judges it afresh. So a drafter that pays on no prompt of a run (a weak draft model) costs
+a request a probe or two, and one that pays on this prompt is back after its first paying probe.
 """
 
 from __future__ import annotations
@@ -149,6 +152,10 @@ class AdaptiveConfig(RouterConfig):
         4, ge=0, description="With timings: the ledger's verdict on a proposer that the previous request of this lineup "
         "ended leaving out (its net gain below 0) needs only this many verified steps of the new request (its own "
         "gains: a proposer that pays here is kept); 0 = as ledger_steps.")
+    probation: bool = Field(
+        True, description="With timings: a costly proposer (draft cost above free_cost) that the previous request of "
+        "this lineup ended leaving out starts the next one left out but for probes, the first at its first step, "
+        "until a probe pays for itself (then the ledger judges it afresh).")
     keep_tolerance: float = Field(
         0.03, ge=0.0, lt=1.0, description="Keep a draft whole when that lowers the expected tokens per cost by at most "
         "this fraction (the nodes a trim saves must pay clearly; 0 = trim to the exact optimum).")
@@ -260,6 +267,7 @@ class AdaptiveRouter(RouterBase):
         self.net_steps = [0] * p  # verified steps behind it
         self.measured = [False] * p  # its draft time has been measured (timed routers)
         self.judge_after = [cfg.ledger_steps] * p  # verified steps before the ledger may leave it out
+        self.probation = [False] * p  # left out but for probes until one pays (a verdict carried over)
         # draft seconds per proposer label and the one-token forward time ("t1"), measured by earlier requests of
         # this lineup on this target: costs belong to the machine, not the request, so a later request starts from
         # them (acceptance statistics start afresh). Kept per process, not per router instance: the instance pool
@@ -280,6 +288,9 @@ class AdaptiveRouter(RouterBase):
                 if self.known.get(label + "\0losing") and cfg.ledger_steps_known:
                     # the last request ended with it left out: the same verdict needs less of this one's evidence
                     self.judge_after[j] = min(cfg.ledger_steps, cfg.ledger_steps_known)
+                if self.known.get(label + "\0losing") and cfg.probation and self._draft_cost(j) > cfg.free_cost:
+                    self.probation[j] = True  # costly, and it did not pay: it earns its way back by a probe
+                    self.idle[j] = self.wait[j] - 1  # probed at the first step: a prompt that suits it finds out now
 
     # --- decision ------------------------------------------------------------------------------------------
     def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> list[int]:
@@ -328,7 +339,7 @@ class AdaptiveRouter(RouterBase):
     def losing(self, j: int) -> bool:
         """Proposer ``j``'s realised net gain per verified step is below 0 (see the module docstring, Ledger)."""
         n = self.judge_after[j]
-        return n > 0 and self.net_steps[j] >= n and self.net[j] < 0
+        return self.probation[j] or (n > 0 and self.net_steps[j] >= n and self.net[j] < 0)
 
     def revise(self, budget: int, max_nodes: int, available: Sequence[bool],
                drafts: Sequence[DraftTree | None], budgets: Sequence[int]) -> list[int]:
@@ -459,6 +470,8 @@ class AdaptiveRouter(RouterBase):
         cost = self.added(report, s) + self._draft_cost(j)
         if s.accepted >= cost:
             self.wait[j] = cfg.probe_every
+            if self.probation[j]:  # it paid on this request's prompt: the ledger judges it afresh
+                self.probation[j], self.net_steps[j] = False, 0
         else:
             self.wait[j] = self._cost_wait(j, min(cfg.probe_max, max(cfg.probe_every,
                                                                       int(self.wait[j] * cfg.probe_backoff))))

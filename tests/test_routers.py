@@ -415,35 +415,56 @@ def test_exploration_leaves_a_proposer_whose_probes_did_not_pay_to_its_probes():
     assert asked == [False] * (len(asked) - 1) + [True]  # only the probe, when due
 
 
+def _request(config, target, seed, accepted, draft_s, steps=30):
+    """One request of a lone proposer "weak" that drafts 2 nodes when asked, `accepted` of them accepted, in `draft_s`
+    seconds next to a 0.05 s forward; returns the router and the steps it was asked in."""
+    router = AdaptiveRouter(config, target)
+    router.start(["weak"], seed=seed, greedy=True)
+    asked = []
+    for _ in range(steps):
+        b = router.route(8, 16, [True])[0]
+        asked.append(b > 0)
+        router.on_step(StepReport((step("weak", 2 if b else 0, accepted if b else 0, asked=b > 0, budget=b,
+                                        draft_s=draft_s),), 2 if b else 0, accepted if b else 0, 0.05))
+    return router, asked
+
+
 def test_the_ledger_verdict_carries_over_and_needs_less_evidence_in_the_next_request():
-    """Timed: a proposer the last request ended leaving out is judged after ledger_steps_known verified steps of the
-    next request (its own gains); one that pays there stays in, and its verdict carries over in turn."""
+    """Timed: a free proposer the last request ended leaving out is judged after ledger_steps_known verified steps of
+    the next request (on its own gains: one that pays there stays in); its verdict carries over in turn."""
     target = types.SimpleNamespace(cost=None)
-    config = AdaptiveConfig(measure="auto", explore=0.0, cost_slope=0.0, ledger_steps=8, ledger_steps_known=4,
-                            probe_every=64, probe_share=1.0)
-
-    def request(seed, accepted, steps=30):
-        router = AdaptiveRouter(config, target)
-        router.start(["weak"], seed=seed, greedy=True)
-        asked = []
-        for _ in range(steps):
-            b = router.route(8, 16, [True])[0]
-            asked.append(b > 0)
-            # 0.01 s of drafting next to a 0.05 s forward (0.2 forwards) for 2 nodes, `accepted` of them accepted
-            router.on_step(StepReport((step("weak", 2 if b else 0, accepted if b else 0, asked=b > 0, budget=b,
-                                            draft_s=0.01),), 2 if b else 0, accepted if b else 0, 0.05))
-        return router, asked
-
-    first, asked = request(0, accepted=0)
-    assert first.judge_after == [8] and asked[:8] == [True] * 8 and not any(asked[8:])  # the prior's optimism: 8 steps
-    second, asked = request(1, accepted=0)
+    # 2 nodes add 0.5 forward each (slope 0.5); 1 ms of drafting is 0.02 forwards: free
+    config = AdaptiveConfig(measure="auto", explore=0.0, cost_slope=0.5, ledger_steps=8, ledger_steps_known=4,
+                            probe_every=64, probe_share=1.0, keep_tolerance=0.0)
+    first, asked = _request(config, target, 0, accepted=0, draft_s=0.001)
+    assert first.judge_after == [8] and asked[:8] == [True] * 8 and not any(asked[8:])  # the prior's optimism
+    second, asked = _request(config, target, 1, accepted=0, draft_s=0.001)
     assert second.judge_after == [4] and asked[:4] == [True] * 4 and not any(asked[4:])  # the same verdict, sooner
-    paying, asked = request(2, accepted=2)  # this prompt suits it: its own gains keep it in
+    assert second.probation == [False]  # (free: no probation)
+    paying, asked = _request(config, target, 2, accepted=2, draft_s=0.001)  # this prompt suits it: it stays in
     assert paying.judge_after == [4] and all(asked) and not paying.losing(0)
-    after, _ = request(3, accepted=0, steps=1)
+    after, _ = _request(config, target, 3, accepted=0, draft_s=0.001, steps=1)
     assert after.judge_after == [8]  # the last request ended with it paying: full evidence again
-    second, _ = request(4, accepted=0)  # (it ends losing again)
+    _request(config, target, 4, accepted=0, draft_s=0.001)  # (it ends losing again)
     sampled = AdaptiveRouter(config, target)
     sampled.start(["weak"], seed=0, greedy=False)
-    assert second.judge_after == [8] and sampled.judge_after == [8]  # untimed: nothing carries over (the seed alone
-    # fixes a sampled request's decisions)
+    assert sampled.judge_after == [8]  # untimed: nothing carries over (the seed alone fixes a sampled request)
+
+
+def test_a_costly_proposer_the_last_request_left_out_starts_on_probation():
+    """Timed: a costly proposer (0.2 forwards of drafting) the last request ended leaving out is asked in the next only
+    on probes, the first at the first step, until a probe pays; then it drafts again."""
+    target = types.SimpleNamespace(cost=None)
+    config = AdaptiveConfig(measure="auto", explore=0.0, cost_slope=0.0, ledger_steps=8, ledger_steps_known=4,
+                            probe_every=8, probe_backoff=2.0, probe_share=1.0)
+    _, asked = _request(config, target, 0, accepted=0, draft_s=0.01)
+    assert asked[:8] == [True] * 8 and asked.count(True) < 12
+    second, asked = _request(config, target, 1, accepted=0, draft_s=0.01)
+    assert second.probation == [True]
+    assert [i for i, a in enumerate(asked) if a] == [0, 16]  # probes only: the first step, then 2 x 8 steps later
+    paying, asked = _request(config, target, 2, accepted=2, draft_s=0.01)
+    assert asked[0] and paying.probation == [False] and all(asked)  # its first probe paid: in from then on
+    off = config.model_copy(update={"probation": False})
+    _request(off, target, 0, accepted=0, draft_s=0.01)
+    second, asked = _request(off, target, 1, accepted=0, draft_s=0.01)
+    assert second.probation == [False] and asked[:4] == [True] * 4  # without probation: the shorter ledger alone
