@@ -66,9 +66,14 @@ def test_only_specframe_packages_at_the_top_level(wheel):
 def test_shipped_weights_ship_and_the_corpus_does_not(wheel):
     _, names = wheel
     shipped = {f"specframe_plugins/{p.relative_to(ROOT / 'plugins').as_posix()}"
-               for p in (ROOT / "plugins" / "weights").glob("*/*/*") if p.is_file() and "corpus" not in p.parts}
+               for p in (ROOT / "plugins" / "weights").glob("*/*/*") if p.is_file() and not _corpus(p)}
     assert shipped and not shipped - names, sorted(shipped - names)
-    assert not [n for n in names if "/corpus/" in n]
+    assert not [n for n in names if "/corpus/" in n or "/corpus-long/" in n]
+
+
+def _corpus(path: Path) -> bool:
+    """A training corpus's file (``corpus/``, ``corpus-long/``): kept in the repository, not shipped."""
+    return any(part in ("corpus", "corpus-long") for part in path.parts)
 
 
 def test_entry_points_name_modules_that_ship(wheel):
