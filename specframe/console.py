@@ -92,3 +92,29 @@ def load_with_progress(cfg: Any, registry: Any, what: str = "") -> Any:
     with Progress(*columns, console=err, transient=True) as progress:
         progress.add_task(f"loading {what or cfg.model} ...", total=None)
         return specframe.load(cfg, registry=registry, log=lambda s: err.print(s, markup=False), progress=progress)
+
+
+class ProgressLines:
+    """Long work's progress as plain lines on a stderr that is not a terminal (a log file, CI), where a rich bar is
+    drawn only once, at the end: one line per phase each time it has advanced by ``step`` of its total or
+    ``every_s`` seconds have passed, and one when it completes. On a terminal it prints nothing (the bar shows it).
+    """
+
+    def __init__(self, step: float = 0.05, every_s: float = 60.0) -> None:
+        import time
+
+        self.step, self.every_s, self.clock = step, every_s, time.monotonic
+        self.on = not err.is_terminal
+        self.last: dict[str, tuple[int, float]] = {}  # phase -> (done at the last line, its time)
+
+    def __call__(self, phase: str, done: int, total: int | None, info: str = "") -> None:
+        if not self.on:
+            return
+        now = self.clock()
+        last_done, last_t = self.last.get(phase, (-1, now))
+        finished = total is not None and done >= total
+        due = total and done - last_done >= self.step * total or now - last_t >= self.every_s
+        if done != last_done and (last_done < 0 or finished or due):
+            self.last[phase] = (done, now)
+            of = f"/{total}" if total else ""
+            err.print(f"{phase} {done}{of}{' ' + info if info else ''}", markup=False)

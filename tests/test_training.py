@@ -696,3 +696,28 @@ def test_run_recipe_with_an_extra_corpus(tiny_free, tmp_path_factory, tmp_path):
     with pytest.raises(ConfigError, match="no corpus.json"):
         run_recipe("eagle", tiny_free, "tiny", tmp_path / "e4", corpus, cs, s, lambda *a: None,
                    extra_corpora=[tmp_path / "nothing"])
+
+
+def test_progress_lines_on_a_non_terminal_stderr(monkeypatch):
+    """Where stderr is a log file, long work prints a line at its start, each 5 % of its total (or minute), and at
+    its end; on a terminal nothing (the bar shows it)."""
+    from specframe import console
+
+    printed: list[str] = []
+    monkeypatch.setattr(console.err, "print", lambda s, **kw: printed.append(s))
+    clock = iter(range(0, 10_000)).__next__  # one second per call
+    lines = console.ProgressLines(step=0.25, every_s=1e9)
+    lines.on, lines.clock = True, clock
+    for done in range(0, 101):
+        lines("train", done, 100, "loss 2.5")
+    assert printed == [f"train {d}/100 loss 2.5" for d in (0, 25, 50, 75, 100)]
+    printed.clear()
+    timed = console.ProgressLines(step=1.0, every_s=30)
+    timed.on, timed.clock = True, clock
+    for done in range(0, 90):
+        timed("corpus", done, 1000)
+    assert printed == ["corpus 0/1000", "corpus 30/1000", "corpus 60/1000"]  # every 30 s when the share is small
+    monkeypatch.setattr(type(console.err), "is_terminal", property(lambda self: True))
+    printed.clear()
+    console.ProgressLines()("x", 1, 1)
+    assert printed == []  # a terminal: the bar shows it

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from ..console import err, one_error_line
+from ..console import ProgressLines, err, one_error_line
 from ..errors import ConfigError
 
 train_app = typer.Typer(
@@ -109,11 +109,13 @@ def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: i
             TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*cols, console=err) as progress:
         tasks: dict[str, int] = {}
+        lines = ProgressLines()  # (a line per step of progress where stderr is not a terminal)
 
         def bar(phase: str, done: int, total: int, info: str) -> None:
             if phase not in tasks:
                 tasks[phase] = progress.add_task(phase, total=total, info="")
             progress.update(tasks[phase], completed=done, total=total, info=info)
+            lines(phase, done, total, info)
 
         deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
         try:
@@ -168,9 +170,15 @@ def corpus(
         import time
 
         t0 = time.perf_counter()
+        lines = ProgressLines()
         with Progress(*cols, console=err) as progress:
             task = progress.add_task("corpus", total=None)
-            build_corpus(target, output, cs, progress=lambda d, n: progress.update(task, completed=d, total=n))
+
+            def bar(done: int, total: int) -> None:
+                progress.update(task, completed=done, total=total)
+                lines("corpus", done, total, "batches")
+
+            build_corpus(target, output, cs, progress=bar)
         st = corpus_stats(output)
         err.print(f"wrote {output}: {st['records']} records, {st['prompt_tokens']} prompt + {st['response_tokens']} "
                   f"response tokens, {st['bytes'] / 2**20:.1f} MiB ({(time.perf_counter() - t0) / 60:.1f} min this run)")
