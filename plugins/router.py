@@ -285,10 +285,12 @@ class AdaptiveRouter(RouterBase):
                     if label + "\0forward" in self.known:
                         self.fwd_cost[j], self.fwd_known[j] = self.known[label + "\0forward"], True
                     self.wait[j] = self._cost_wait(j, cfg.probe_every)
-                if self.known.get(label + "\0losing") and cfg.ledger_steps_known:
-                    # the last request ended with it left out: the same verdict needs less of this one's evidence
+                if not self.known.get(label + "\0losing"):
+                    continue
+                # the last request ended with it left out: the same verdict needs less of this one's evidence
+                if cfg.ledger_steps_known:
                     self.judge_after[j] = min(cfg.ledger_steps, cfg.ledger_steps_known)
-                if self.known.get(label + "\0losing") and cfg.probation and self._draft_cost(j) > cfg.free_cost:
+                if cfg.probation and self._draft_cost(j) > cfg.free_cost:
                     self.probation[j] = True  # costly, and it did not pay: it earns its way back by a probe
                     self.idle[j] = self.wait[j] - 1  # probed at the first step: a prompt that suits it finds out now
 
