@@ -17,7 +17,12 @@ Prints, for the tree at ROOT (default: this checkout):
   contrib modules that import ``specframe.bench``;
 - functions over 60 lines in specframe/, plugins/ and contrib/;
 - token-trie builders: top-level functions or classes that build a trie of their own, found by its child
-  index, a ``dict[tuple[int, int], int]`` from (parent node, token) to node.
+  index, a ``dict[tuple[int, int], int]`` from (parent node, token) to node;
+- (issue 27) the floors: modules at the top of specframe/, its sub-packages; owners of the cost curve v(n)
+  (modules defining a function or method named ``v``, ``_v``, ``v_at`` or ``v_fixed``, a ``Cost*`` class or a
+  ``*cost_curve*`` function) and the annotation of ``TargetInfo.cost``; the specframe modules that plugins/ and
+  contrib/ import; identifiers (not strings) that still use a name the glossary replaced (docs/how-it-works.md,
+  "Vocabulary"); class names defined in two specframe modules.
 """
 
 from __future__ import annotations
@@ -231,6 +236,67 @@ def trie_builders(root: Path) -> list[str]:
     return out
 
 
+OLD_NAMES = ("drafted_tokens", "accepted_tokens", "mean_accepted_length", "drafted_by_position",
+             "accepted_by_position")
+V_NAMES = re.compile(r"^(v|_v|v_at|v_fixed)$|cost_curve")
+
+
+def floors(root: Path) -> dict[str, list[str]]:
+    top = sorted(p.name for p in (root / "specframe").glob("*.py") if p.name != "__init__.py")
+    folders = sorted(p.name for p in (root / "specframe").iterdir() if (p / "__init__.py").exists())
+    return {"top_modules": top, "folders": folders}
+
+
+def cost_owners(root: Path) -> tuple[list[str], str]:
+    owners: dict[str, list[str]] = {}
+    annotation = "?"
+    for path in _modules(root, ("specframe", "plugins", "contrib")):
+        rel = path.relative_to(root).as_posix()
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and (
+                    V_NAMES.search(n.name) or (isinstance(n, ast.ClassDef) and n.name.startswith("Cost"))):
+                owners.setdefault(rel, []).append(n.name)
+            if isinstance(n, ast.ClassDef) and n.name == "TargetInfo":
+                for item in n.body:
+                    if isinstance(item, ast.AnnAssign) and ast.unparse(item.target) == "cost":
+                        annotation = ast.unparse(item.annotation)
+    return [f"{m} ({', '.join(sorted(set(v)))})" for m, v in sorted(owners.items())], annotation
+
+
+def plugin_imports(root: Path) -> list[str]:
+    out: set[str] = set()
+    for path in _modules(root, ("plugins", "contrib")):
+        if "tests" in path.relative_to(root).parts:
+            continue
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] == "specframe":
+                out.add(n.module)
+            elif isinstance(n, ast.Import):
+                out.update(a.name for a in n.names if a.name.split(".")[0] == "specframe")
+    return sorted(out)
+
+
+def old_names(root: Path) -> dict[str, int]:
+    """Identifier uses (attributes, names, arguments, keywords; not string keys) of names the glossary replaced."""
+    counts = dict.fromkeys(OLD_NAMES, 0)
+    for path in _modules(root, ("specframe", "plugins", "contrib")):
+        for n in ast.walk(ast.parse(path.read_text())):
+            name = (n.attr if isinstance(n, ast.Attribute) else n.id if isinstance(n, ast.Name)
+                    else n.arg if isinstance(n, (ast.arg, ast.keyword)) else None)
+            if name in counts:
+                counts[name] += 1
+    return {k: v for k, v in counts.items() if v}
+
+
+def same_name_classes(root: Path) -> list[str]:
+    seen: dict[str, list[str]] = {}
+    for path in _modules(root, ("specframe",)):
+        for n in ast.parse(path.read_text()).body:
+            if isinstance(n, ast.ClassDef):
+                seen.setdefault(n.name, []).append(path.relative_to(root).as_posix())
+    return [f"{k} ({', '.join(v)})" for k, v in sorted(seen.items()) if len(v) > 1]
+
+
 def main(argv: list[str]) -> None:
     args = [a for a in argv if not a.startswith("--")]
     root = Path(args[0] if args else Path(__file__).resolve().parents[1]).resolve()
@@ -244,6 +310,12 @@ def main(argv: list[str]) -> None:
         "plugins_importing_bench": on_bench,
         "functions_over_60_lines": long_functions(root),
         "trie_builders": trie_builders(root),
+        **floors(root),
+        "cost_owners": cost_owners(root)[0],
+        "target_info_cost_type": cost_owners(root)[1],
+        "plugin_imports": plugin_imports(root),
+        "glossary_old_names": old_names(root),
+        "same_name_classes": same_name_classes(root),
     }
     if "--json" in argv:
         print(json.dumps(report, indent=1))
@@ -251,9 +323,12 @@ def main(argv: list[str]) -> None:
     print(f"tree: {root}")
     print(f"decode loop (_Request.step): {report['loop_lines']} lines")
     for key in ("metric_writers", "resolution_paths", "resolve_plugins_callers", "plugins_importing_bench",
-                "trie_builders"):
+                "trie_builders", "top_modules", "folders", "cost_owners", "plugin_imports", "same_name_classes"):
         print(f"{key}: {len(report[key])}  {', '.join(report[key])}")
     print(f"import_cycles: {len(cycles)}  " + "; ".join(" <-> ".join(c) for c in cycles))
+    print(f"target_info_cost_type: {report['target_info_cost_type']}")
+    old = report["glossary_old_names"]
+    print(f"glossary_old_names: {sum(old.values())}  " + ", ".join(f"{k} ({v})" for k, v in old.items()))
     fl = report["functions_over_60_lines"]
     print(f"functions_over_60_lines: {len(fl)}  " + ", ".join(f"{n} ({k})" for n, k in fl))
 
