@@ -23,7 +23,7 @@ change the output; under sampling the configured ``draft_cost`` is used. ``alway
 The cost curve ``v(n)`` (target forward time for ``n`` tokens over the time for one) comes from ``cost_curve``
 (a list v(1), v(2), ...), or ``cost_profile`` (a ``specframe bench --profile`` results.json; its
 ``profile.v``), or else this machine's measured profile for the target as it runs (``TargetInfo.cost``, see
-:mod:`specframe.tune`; it follows thread changes under load), or else the linear default
+:mod:`specframe.target.profile`; it follows thread changes under load), or else the linear default
 ``1 + cost_slope * (n - 1)``. Under sampling the measured curve is read at a fixed thread count (``v_fixed``: the
 machine's curve at its most threads), not the one the thread governor follows, so a seed gives the same tokens
 whatever the load. With a steep curve (no native bf16) drafts are trimmed hard, and where no prefix of
@@ -101,7 +101,7 @@ from pydantic import Field, field_validator
 from specframe import hookimpl
 from specframe.combining import ProposerStep, RouterBase, RouterConfig, StepReport
 from specframe.contracts import DraftTree, TargetInfo
-from specframe.costs import v_at
+from specframe.target.cost import v_at
 from specframe.errors import ConfigError
 from specframe.tree import node_depths
 

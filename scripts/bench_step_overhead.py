@@ -20,8 +20,8 @@ import torch
 
 import specframe
 from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig
-from specframe.engine import Engine
-from specframe.target import Target
+from specframe.decode.engine import Engine
+from specframe.target.hf import Target
 from specframe.verifiers import GreedyVerifier
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import specframe
-from specframe.prompts import read_prompts
+from specframe.io.prompts import read_prompts
 
 DEFAULT_QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "specbench" / "question.jsonl"
 

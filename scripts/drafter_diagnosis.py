@@ -43,7 +43,7 @@ BINS = [(0, 256), (256, 512), (512, 1024), (1024, 2048), (2048, 8192)]
 def _prompts(args: argparse.Namespace, target) -> list[dict]:
     if args.questions:
         from specframe.bench.runner import category_group, select_questions
-        from specframe.prompts import read_prompts
+        from specframe.io.prompts import read_prompts
 
         qs = select_questions(read_prompts(args.questions), None, args.limit_per_category)
         return [{"id": q.question_id, "category": category_group(q.category), "ids": target.encode_prompt(q.text)}
@@ -130,7 +130,7 @@ def _load(args: argparse.Namespace):
     hf_logging.disable_progress_bar()
     from specframe.learned.eagle_drafter import EagleDrafter
     from specframe.learned.medusa_heads import MedusaHeads
-    from specframe.loader import load_target
+    from specframe.target.loader import load_target
 
     target = load_target("smollm2-135m-instruct", args.dtype, "cpu", threads=args.threads, prepack=False)
     weights = Path(__file__).resolve().parent.parent / "plugins/weights/smollm2-135m-instruct"

@@ -5,7 +5,7 @@ self-contained transformers model, e.g. the ``assistant_model`` of transformers'
     python scripts/export_draft.py --draft runs/draft --output runs/draft-standalone
 
 The draft shipped for a built-in target needs no export by hand: the model name ``<target>-draft`` (e.g.
-``smollm2-135m-instruct-draft``) exports it into the model cache on first use (:mod:`specframe.models`).
+``smollm2-135m-instruct-draft``) exports it into the model cache on first use (:mod:`specframe.target.models`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from specframe.errors import SpecframeError
 from specframe.learned.small_draft import export_standalone
-from specframe.loader import load_target
+from specframe.target.loader import load_target
 
 
 def main() -> int:

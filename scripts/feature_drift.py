@@ -30,7 +30,7 @@ def main() -> None:
 
     import specframe
     from specframe import DecodeState
-    from specframe.kv_cache import rollback
+    from specframe.target.kv_cache import rollback
     from specframe.replay.trace import read_trace
     from specframe.sampling import SamplingParams
     from specframe.tree import tree_attention_mask, tree_position_ids

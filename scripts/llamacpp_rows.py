@@ -37,9 +37,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--output", default=None, help="write the table as JSON here")
     a = ap.parse_args()
-    from specframe.llamacpp.binding import LlamaContext, LlamaModel, build_info
-    from specframe.machine import fingerprint
-    from specframe.models import resolve_model
+    from specframe.target.llamacpp.binding import LlamaContext, LlamaModel, build_info
+    from specframe.target.machine import fingerprint
+    from specframe.target.models import resolve_model
 
     ks = [int(x) for x in a.ks.split(",")]
     contexts = [int(x) for x in a.contexts.split(",")]

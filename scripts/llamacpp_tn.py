@@ -5,9 +5,9 @@ how a build's kernels batch (docs/llamacpp.md). Compare two builds by putting on
     PYTHONPATH=/tmp/other-build python scripts/llamacpp_tn.py      # e.g. pip install --target /tmp/other-build ...
 """
 import json, sys
-from specframe.llamacpp.binding import LlamaModel, build_info
-from specframe.llamacpp.profile import time_decodes
-from specframe.models import resolve_model
+from specframe.target.llamacpp.binding import LlamaModel, build_info
+from specframe.target.llamacpp.profile import time_decodes
+from specframe.target.models import resolve_model
 
 class T:  # the few members time_decodes reads
     pass
@@ -17,7 +17,7 @@ t.n_ctx, t.vocab_size = 4096, t.llama.n_vocab
 out = {"build": build_info().to_dict(), "t_ms_2_threads": time_decodes(t, 2)}
 print(json.dumps(out))
 import random, time
-from specframe.llamacpp.binding import LlamaContext
+from specframe.target.llamacpp.binding import LlamaContext
 ctx = LlamaContext(t.llama, 4096, 512, 2)
 ids = [random.Random(0).randrange(t.vocab_size) for _ in range(1024)]
 t0 = time.perf_counter()

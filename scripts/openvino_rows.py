@@ -166,8 +166,8 @@ def main() -> int:
     a = ap.parse_args()
     import openvino
 
-    from specframe.machine import fingerprint
-    from specframe.models import resolve_model
+    from specframe.target.machine import fingerprint
+    from specframe.target.models import resolve_model
 
     xml = export_model(resolve_model(a.model).gguf, a.workdir or default_workdir())
     fp = fingerprint()

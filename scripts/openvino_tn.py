@@ -32,7 +32,7 @@ OV_SETTINGS = ("default", "kv-f32", "dynq-off+kv-f32")
 
 class LlamaEngine:
     def __init__(self, gguf: Path, threads: int) -> None:
-        from specframe.llamacpp.binding import LlamaContext, LlamaModel
+        from specframe.target.llamacpp.binding import LlamaContext, LlamaModel
 
         self.model = LlamaModel(gguf)
         self.ctx = LlamaContext(self.model, 2048, 512, threads)
@@ -73,14 +73,14 @@ class TorchEngine:
     def __init__(self, gguf_source, threads: int) -> None:
         import torch
 
-        from specframe.models import load_model, model_directory
+        from specframe.target.models import load_model, model_directory
 
         torch.set_num_threads(threads)
         self.torch = torch
         self.model, _ = load_model(model_directory(gguf_source), torch.bfloat16, "cpu", tokenizer=False)
 
     def prefill(self, ids: list[int]) -> None:
-        from specframe.kv_cache import new_cache
+        from specframe.target.kv_cache import new_cache
 
         self.cache = new_cache(self.model.config)
         with self.torch.inference_mode():
@@ -92,7 +92,7 @@ class TorchEngine:
             self.model(input_ids=self.torch.tensor([ids]), cache=self.cache, use_cache=True)
 
     def cut(self, length: int) -> None:
-        from specframe.kv_cache import rollback
+        from specframe.target.kv_cache import rollback
 
         rollback(self.cache, length)
 
@@ -109,9 +109,9 @@ def main() -> int:
     a = ap.parse_args()
     import openvino
 
-    from specframe.llamacpp.binding import build_info
-    from specframe.machine import fingerprint
-    from specframe.models import resolve_model
+    from specframe.target.llamacpp.binding import build_info
+    from specframe.target.machine import fingerprint
+    from specframe.target.models import resolve_model
 
     source = resolve_model("smollm2-135m-instruct")
     xml = export_model(source.gguf, default_workdir())

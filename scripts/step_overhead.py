@@ -19,8 +19,8 @@ import statistics
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specframe.engine import Engine
-from specframe.target import Target
+from specframe.decode.engine import Engine
+from specframe.target.hf import Target
 from specframe.verifiers import GreedyVerifier
 from specframe_plugins.autoregressive import NoneConfig, NoProposer
 from specframe_plugins.merge import PriorityConfig, PriorityPolicy

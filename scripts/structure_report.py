@@ -4,10 +4,10 @@
 
 Prints, for the tree at ROOT (default: this checkout):
 
-- the decode loop's length: lines of ``_Request.step`` in specframe/engine.py (def line to last line);
+- the decode loop's length: lines of ``_Request.step`` in specframe/decode/engine.py (def line to last line);
 - modules that write request metrics: an assignment or augmented assignment to a field of ``RequestMetrics`` /
   ``ProposerMetrics`` (matched by field name on an object spelled ``metrics``, ``m``, ``own``, ``pm`` or
-  ``*.metrics``), or a call of their ``record*`` methods, outside specframe/metrics.py's own classes;
+  ``*.metrics``), or a call of their ``record*`` methods, outside specframe/decode/metrics.py's own classes;
 - resolution paths: modules outside specframe/config.py that turn config entries into plugin classes themselves
   (calls of ``registry.proposer`` / ``merge_policy`` / ``router`` or of the per-kind ``resolve_*`` helpers, each
   with its own rule for when merge and router count), and the modules that use the one path,
@@ -58,7 +58,7 @@ def _name(root: Path, path: Path) -> str:
 
 
 def loop_lines(root: Path) -> int:
-    tree = ast.parse((root / "specframe/engine.py").read_text())
+    tree = ast.parse((root / "specframe/decode/engine.py").read_text())
     for cls in ast.walk(tree):
         if isinstance(cls, ast.ClassDef) and cls.name == "_Request":
             for fn in cls.body:

@@ -37,7 +37,7 @@ def prompts(path: str, limit: int, model_dir: str) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     from specframe.bench.runner import select_questions
-    from specframe.prompts import read_prompts
+    from specframe.io.prompts import read_prompts
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     chosen = select_questions(read_prompts(path), None, 5)[:limit]

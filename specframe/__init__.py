@@ -56,7 +56,7 @@ def __getattr__(name: str) -> Any:  # heavy imports (transformers) only when use
 
         return getattr(api, name)
     if name == "Engine":
-        from .engine import Engine
+        from .decode.engine import Engine
 
         return Engine
     raise AttributeError(name)

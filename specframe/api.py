@@ -30,10 +30,10 @@ from .config import (
     settings_error,
     validation_line,
 )
-from .drafting import FallbackPolicy
-from .engine import Engine, GenerationResult, proposer_labels
+from .decode.drafting import FallbackPolicy
+from .decode.engine import Engine, GenerationResult, proposer_labels
 from .errors import ConfigError, SpecframeError
-from .isolation import IsolationPolicy, UnbuiltProposer
+from .decode.isolation import IsolationPolicy, UnbuiltProposer
 from .registry import Registry, build_registry
 from .sampling import SamplingParams
 from .sharing import InstancePool
@@ -284,7 +284,7 @@ class Specframe:
 
     def machine_info(self) -> dict[str, Any]:
         """How the target runs here: CPU, ISA flags, usable cores, dtype / threads / prepack and why, the profile."""
-        from .machine import fingerprint
+        from .target.machine import fingerprint
 
         settings = getattr(self.target, "settings", None)
         out: dict[str, Any] = fingerprint()
@@ -317,7 +317,7 @@ def load(
 
     Args:
         config: a :class:`SpecframeConfig`, a YAML path, or None for defaults.
-        target: an already-built :class:`specframe.target.Target` (skips model loading; tests use this).
+        target: an already-built :class:`specframe.target.hf.Target` (skips model loading; tests use this).
         registry: a prebuilt plugin registry (default: entry points).
         progress: a ``rich.progress.Progress`` for the bar of a first machine profile (None: no bar).
         overrides: config fields (``model``, ``dtype``, ``proposers``, ``temperature``, ...).
@@ -335,7 +335,7 @@ def load(
     if cfg.verifier != "auto":
         reg.verifier(cfg.verifier)
     if target is None:
-        from .loader import load_target
+        from .target.loader import load_target
 
         target = load_target(cfg.model, cfg.dtype, cfg.device, log=log, threads=cfg.threads, prepack=cfg.prepack,
                              speculative=any(p["name"] != "none" for p in cfg.proposers), progress=progress,

@@ -107,7 +107,7 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, me
               temperature, top_p, top_k, seed, dtype, threads, prepack, device, engine, stop, no_chat, stream,
               as_json) -> None:
     from .config import resolve_plugins
-    from .models import check_device, resolve_dtype, resolve_model
+    from .target.models import check_device, resolve_dtype, resolve_model
     from .registry import build_registry
 
     # 1. every flag and the config, checked before anything loads
@@ -126,12 +126,12 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, me
     resolve_dtype(cfg.dtype, cfg.device)
     resolve_model(cfg.model)  # unknown name / missing package fails here, before loading
     if cfg.engine == "llama.cpp":
-        from .llamacpp.loader import check_request
+        from .target.llamacpp.loader import check_request
 
         check_request(cfg.dtype, cfg.device, cfg.prepack)
     # 2. load, encode, 3. generate
     sf = load_with_progress(cfg, registry)
-    from .stopping import special_stop_ids
+    from .decode.stopping import special_stop_ids
 
     special_stop_ids(tuple(cfg.stop), sf.target.tokenizer)  # a stop string that cannot match fails before any output
     encoded = [sf.encode(p.text) for p in prompts]
@@ -196,7 +196,7 @@ def _check_flags_apply(cfg, merge, max_nodes, top_p, top_k, threads, prepack, pr
 
 def _select_prompts(prompt, prompts_file, limit, category) -> list:
     """The PROMPT argument, or the prompts of --prompts-file selected by --category and --limit."""
-    from .prompts import Prompt, read_prompts
+    from .io.prompts import Prompt, read_prompts
 
     prompts = read_prompts(prompts_file) if prompts_file is not None else [Prompt(prompt)]
     if category is not None:
@@ -286,18 +286,18 @@ def tune(
 
 def _engine_profile(model: str, device: str, engine: str, refresh: bool, progress: Any) -> tuple[Any, str]:
     """(the machine profile of ``model`` on ``engine``, the model's display name), measured when missing."""
-    from .models import model_directory, resolve_model
+    from .target.models import model_directory, resolve_model
 
     if engine not in ("transformers", "llama.cpp"):
         raise ConfigError(f"--engine must be transformers or llama.cpp, got {engine!r}")
     source = resolve_model(model)
     if engine == "llama.cpp":
-        from .llamacpp.loader import load_llamacpp_target
-        from .llamacpp.profile import get_profile as llama_profile
+        from .target.llamacpp.loader import load_llamacpp_target
+        from .target.llamacpp.profile import get_profile as llama_profile
 
         target = load_llamacpp_target(model, device=device, threads=1, measure=False)
         return llama_profile(target, source.name, progress, refresh=refresh), source.name
-    from .tune import get_profile
+    from .target.profile import get_profile
 
     directory = model_directory(source, lambda s: err.print(s, markup=False))
     return get_profile(directory, source.name, device, progress, refresh=refresh), source.name
@@ -307,9 +307,9 @@ def _tune(model: str, device: str, refresh: bool, as_json: bool, engine: str = "
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from .machine import LoadMonitor, choose_threads, usable_cores
-    from .models import check_device
-    from .tune import NS
+    from .target.machine import LoadMonitor, choose_threads, usable_cores
+    from .target.models import check_device
+    from .target.profile import NS
 
     check_device(device)
     if device != "cpu":

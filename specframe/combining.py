@@ -34,7 +34,7 @@ class ProposerStep:
     accepted: int  # credited: its nodes on the accepted path (a prefix of the path)
     accepted_alone: int  # accepted nodes only it produced
     draft_s: float  # seconds in its propose call
-    fault: bool  # it faulted in this step (see specframe.isolation)
+    fault: bool  # it faulted in this step (see specframe.decode.isolation)
     feedback_s: float = 0.0  # seconds in its on_verified call this step (its feedback work)
 
     @property
@@ -84,7 +84,7 @@ class MergePolicy(Protocol):
     """Decides how several proposers' drafts share the merged tree's node budget.
 
     Construction: ``cls(config, target_info)``; ``max_nodes`` is the merged tree's node budget. The merge itself
-    (dedup, provenance, exactness rules) is :func:`specframe.merge.merge_drafts`; a policy only plans it.
+    (dedup, provenance, exactness rules) is :func:`specframe.decode.merge.merge_drafts`; a policy only plans it.
     """
 
     name: ClassVar[str]

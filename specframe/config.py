@@ -46,7 +46,7 @@ from pydantic import (
 from .combining import MergePolicyConfig, RouterConfig, merge_key
 from .contracts import ProposerConfig
 from .errors import ConfigError, UnknownRouterError
-from .yamlfile import read_yaml
+from .io.yamlfile import read_yaml
 from .sampling import check_max_new_tokens, check_seed, check_temperature, check_top_k, check_top_p
 
 
@@ -106,7 +106,7 @@ def settings_error(exc: ValidationError, names: dict[str, str] | None = None) ->
 
 
 class IsolationConfig(BaseModel):
-    """How a faulty proposer is treated (see :mod:`specframe.isolation`); output never depends on it."""
+    """How a faulty proposer is treated (see :mod:`specframe.decode.isolation`); output never depends on it."""
 
     model_config = ConfigDict(extra="forbid")
 

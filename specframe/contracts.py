@@ -183,19 +183,19 @@ class TargetInfo:
     supports_trees: bool = True  # one tree mask serves every layer (False for sliding-window targets): a
     # tree-drafting proposer should draft chains when False
     cost: Any = field(default=None, compare=False)  # the target's measured cost curve on this machine, or None:
-    # an object with ``v(n) -> float`` = T(n tokens) / T(1 token) (specframe.tune.CostCurve; it follows thread changes)
+    # an object with ``v(n) -> float`` = T(n tokens) / T(1 token) (specframe.target.profile.CostCurve; it follows thread changes)
     engine: str = "transformers"  # what runs the target: "transformers" (``model`` is its torch module) or
     # "llama.cpp" (``model`` is None: no torch weights or hidden states to reuse)
 
 
 @runtime_checkable
 class TargetModel(Protocol):
-    """The target as the engine uses it (:class:`specframe.target.Target` is the transformers adapter; a test or
+    """The target as the engine uses it (:class:`specframe.target.hf.Target` is the transformers adapter; a test or
     replay target may be any object with these members).
 
     Optional: ``forward_features(input_ids, cache, layers, want_hidden, ...)`` -> ``(logits, hidden, features
     [B, n, F, H])`` for proposers that read hidden-state features; ``new_scorer(layers, want_hidden)`` -> the
-    :class:`specframe.scoring.Scorer` of one request, for an engine with its own KV state (llama.cpp; default: the
+    :class:`specframe.decode.scoring.Scorer` of one request, for an engine with its own KV state (llama.cpp; default: the
     transformers KV-cache scorer); ``last_logits(ids)`` -> ``[V]`` float32 logits after ``ids``; ``governor`` and
     ``settings`` (the machine profile's thread governor and chosen settings).
     """

@@ -8,7 +8,7 @@ Two kinds of hooks:
   directly, never a hook.
 - **observation** (``specframe_observe_step``, ``specframe_observe_request``): events for metrics or logging
   plugins. When no installed plugin implements them, the decode loop makes no hook call and builds no event
-  (checked once per request, see :mod:`specframe.observe`).
+  (checked once per request, see :mod:`specframe.decode.observe`).
 
 A plugin is a module or object with functions marked ``@specframe.hookimpl``, found through the package
 entry-point group ``specframe`` (built-in plugins use the same group). An installed plugin with a misspelt hook
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable
 import pluggy
 
 if TYPE_CHECKING:
-    from .observe import RequestEvent, StepEvent
+    from .decode.observe import RequestEvent, StepEvent
 
 PROJECT = "specframe"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -72,7 +72,7 @@ def specframe_register_merge_policies(register: Callable[[type], None]) -> None:
         ``plan(drafts, max_nodes)`` returns ``(proposer index, quota)`` pairs in insertion order, and
         ``start``/``on_step`` receive the proposer labels and each step's
         :class:`specframe.combining.StepReport`. The merge itself, with its exactness rules, is core
-        (:func:`specframe.merge.merge_drafts`): a policy cannot break exactness, only spend the budget well or
+        (:func:`specframe.decode.merge.merge_drafts`): a policy cannot break exactness, only spend the budget well or
         badly.
 
     Dispatch: every implementation is called; return values are ignored.
@@ -104,7 +104,7 @@ def specframe_register_routers(register: Callable[[type], None]) -> None:
 def specframe_observe_step(event: "StepEvent") -> None:
     """Observe one verification step (drafted, accepted and committed counts, per proposer).
 
-    :param event: a frozen :class:`specframe.observe.StepEvent` — ``request_id``, ``step``, ``proposer``,
+    :param event: a frozen :class:`specframe.decode.observe.StepEvent` — ``request_id``, ``step``, ``proposer``,
         ``drafted`` (nodes the target verified), ``accepted``, ``committed`` (token ids), ``faults``,
         ``finished``, ``attribution`` (one :class:`specframe.combining.ProposerStep` per proposer: drafted,
         accepted (credited), wasted nodes, draft time).
@@ -120,7 +120,7 @@ def specframe_observe_step(event: "StepEvent") -> None:
 def specframe_observe_request(event: "RequestEvent") -> None:
     """Observe one finished request.
 
-    :param event: a frozen :class:`specframe.observe.RequestEvent` — ``request_id``, ``proposers``,
+    :param event: a frozen :class:`specframe.decode.observe.RequestEvent` — ``request_id``, ``proposers``,
         ``prompt_tokens``, ``token_ids`` (generated), ``finish_reason``, ``metrics`` (the ``--json`` metrics dict).
 
     Dispatch: every implementation is called as a plain function; return values are ignored; one that raises is

@@ -39,7 +39,7 @@ from .errors import (
     UnknownRouterError,
     UnknownVerifierError,
 )
-from .observe import Observers
+from .decode.observe import Observers
 
 log = logging.getLogger("specframe")
 

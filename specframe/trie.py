@@ -1,7 +1,7 @@
 """A token trie: token sequences merged by shared prefix, nodes numbered in insertion order (pure; no model).
 
 The one place a draft tree is grown node by node from tokens: prompt lookup's branches (``ngram``), retrieved
-continuations (``retrieval``) and several proposers' drafts (:func:`specframe.merge.merge_drafts`) all insert into a
+continuations (``retrieval``) and several proposers' drafts (:func:`specframe.decode.merge.merge_drafts`) all insert into a
 :class:`TokenTrie` and read back ``token`` / ``parent`` lists, which are a :class:`~specframe.contracts.DraftTree`
 in topological order as they stand.
 """

@@ -10,7 +10,7 @@ import torch
 
 from specframe import DraftTree, ProposerBase, ProposerConfig
 from specframe.combining import ProposerStep
-from specframe.target import Target
+from specframe.target.hf import Target
 from specframe_plugins.merge import ConfidenceConfig, ConfidencePolicy, PriorityConfig, PriorityPolicy
 
 from .support import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, hf_greedy

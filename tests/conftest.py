@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from specframe.target import Target
+from specframe.target.hf import Target
 
 from .support import ARCHS, VOCAB, build_model, build_tokenizer
 
@@ -42,12 +42,12 @@ def llama_target(llama_model, tokenizer) -> Target:
 def no_model_load(monkeypatch):
     """Fail the test if anything tries to load a real model (bad input must be refused before that)."""
     import specframe.api
-    import specframe.loader
-    import specframe.models
+    import specframe.target.loader
+    import specframe.target.models
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a model load was attempted")
 
-    monkeypatch.setattr(specframe.loader, "load_target", forbidden)
-    monkeypatch.setattr(specframe.models, "load_model", forbidden)
+    monkeypatch.setattr(specframe.target.loader, "load_target", forbidden)
+    monkeypatch.setattr(specframe.target.models, "load_model", forbidden)
     monkeypatch.setattr(specframe.api, "load", forbidden)

@@ -13,9 +13,9 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from specframe.engine import Engine, GenerationResult
+from specframe.decode.engine import Engine, GenerationResult
 from specframe.sampling import SamplingParams
-from specframe.target import Target
+from specframe.target.hf import Target
 from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.autoregressive import NoneConfig, NoProposer
 

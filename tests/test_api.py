@@ -6,7 +6,7 @@ import pytest
 
 import specframe
 from specframe.errors import ConfigError, UnknownProposerError
-from specframe.target import Target
+from specframe.target.hf import Target
 
 from .support import PROMPT, build_model, build_tokenizer, check_metrics, hf_greedy
 

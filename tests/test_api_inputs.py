@@ -9,7 +9,7 @@ import specframe
 from specframe.cli import app
 from specframe.errors import ConfigError
 from specframe.registry import build_registry
-from specframe.target import Target
+from specframe.target.hf import Target
 
 from .support import build_model, build_tokenizer
 

@@ -16,11 +16,11 @@ from specframe.bench.plots import write_plots
 from specframe.bench.report import aggregate, render_markdown
 from specframe.bench.runner import MULTI_TURN, BenchRunner, category_group, lossless_check, select_questions
 from specframe.cli import app
-from specframe.costs import v_at
+from specframe.target.cost import v_at
 from specframe.errors import ConfigError
-from specframe.prompts import Prompt
+from specframe.io.prompts import Prompt
 from specframe.registry import build_registry
-from specframe.target import Target
+from specframe.target.hf import Target
 
 from .support import build_model, build_tokenizer
 

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from specframe import cli
 from specframe.config import RequestSettings
-from specframe.engine import Engine
-from specframe.target import Target
+from specframe.decode.engine import Engine
+from specframe.target.hf import Target
 from specframe.verifiers import GreedyVerifier
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 

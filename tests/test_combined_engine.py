@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from specframe import ProposerBase, ProposerConfig
-from specframe.engine import Engine
+from specframe.decode.engine import Engine
 from specframe.sampling import SamplingParams, probs_from_logits
-from specframe.target import Target
+from specframe.target.hf import Target
 from specframe.testing.recorder import Recorder
 from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer

@@ -9,7 +9,7 @@ import pytest
 
 from specframe import ProposerBase, ProposerConfig
 from specframe.combining import MergePolicyBase, MergePolicyConfig, RouterBase, RouterConfig
-from specframe.engine import Engine
+from specframe.decode.engine import Engine
 from specframe.sampling import SamplingParams
 from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.merge import PriorityConfig, PriorityPolicy

@@ -7,7 +7,7 @@ import pytest
 
 from specframe import DraftTree
 from specframe.combining import RouterBase, RouterConfig
-from specframe.engine import Engine
+from specframe.decode.engine import Engine
 from specframe.testing.recorder import Recorder
 from specframe.verifiers import GreedyVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer

@@ -114,7 +114,7 @@ def test_bench_strategy_combining_proposers_reports_attribution(envs):
     from specframe.bench.config import BenchConfig
     from specframe.bench.report import aggregate, render_markdown
     from specframe.bench.runner import BenchRunner, environment, lossless_check
-    from specframe.prompts import Prompt
+    from specframe.io.prompts import Prompt
 
     target, _, _ = envs["llama"]
     sf = specframe.load(target=target, registry=build_registry())

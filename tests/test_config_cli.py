@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from specframe import cli
 from specframe.config import SpecframeConfig, load_config
 from specframe.errors import ConfigError, PromptsFileError
-from specframe.prompts import Prompt, read_prompts
+from specframe.io.prompts import Prompt, read_prompts
 
 from .support import PROMPT, build_model, build_tokenizer, hf_greedy
 
@@ -28,8 +28,8 @@ runner = CliRunner()
 def no_model_load(monkeypatch):
     """Fail the test if anything tries to load a model."""
     import specframe.api
-    import specframe.loader
-    import specframe.models
+    import specframe.target.loader
+    import specframe.target.models
 
     calls: list[str] = []
 
@@ -37,8 +37,8 @@ def no_model_load(monkeypatch):
         calls.append(repr(args))
         raise AssertionError("a model load was attempted")
 
-    monkeypatch.setattr(specframe.loader, "load_target", forbidden)
-    monkeypatch.setattr(specframe.models, "load_model", forbidden)
+    monkeypatch.setattr(specframe.target.loader, "load_target", forbidden)
+    monkeypatch.setattr(specframe.target.models, "load_model", forbidden)
     monkeypatch.setattr(specframe.api, "load", forbidden)
     yield calls
     assert calls == []

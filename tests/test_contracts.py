@@ -8,10 +8,10 @@ import torch
 
 from specframe.contracts import DraftTree
 from specframe.errors import ConfigError, DraftError
-from specframe.metrics import RequestMetrics
+from specframe.decode.metrics import RequestMetrics
 from specframe.sampling import SamplingParams
-from specframe.stopping import StopChecker, TextStream
-from specframe.validate import check_draft
+from specframe.decode.stopping import StopChecker, TextStream
+from specframe.decode.validate import check_draft
 
 # --- DraftTree ----------------------------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specframe.errors import ConfigError
-from specframe.target import Target
+from specframe.target.hf import Target
 from specframe.training import broad
 from specframe.training import sources as S
 from specframe.training.corpus import CorpusSettings, build_corpus, corpus_batches, corpus_stats, mix_prompts, read_corpus

@@ -17,10 +17,10 @@ from transformers import PreTrainedTokenizerFast
 
 from specframe import DecodeState
 from specframe.crossvocab import TextBridge, check_lossless, piece_texts, shared_tokens
-from specframe.engine import Engine
+from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
 from specframe.sampling import SamplingParams, probs_from_logits
-from specframe.target import Target
+from specframe.target.hf import Target
 from specframe.testing import Kit
 from specframe.testing.recorder import Recorder
 from specframe.testing.stats import tv_test_fixed

@@ -23,7 +23,7 @@ pytestmark = [
 def tokenizer(name: str):
     from transformers import AutoTokenizer
 
-    from specframe.models import resolve_model, tokenizer_directory
+    from specframe.target.models import resolve_model, tokenizer_directory
 
     return AutoTokenizer.from_pretrained(tokenizer_directory(resolve_model(name).gguf))
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from specframe import atomic as atomic_module
+from specframe.io import atomic as atomic_module
 from specframe import cli
 from specframe.datastore import SEPARATOR, Datastore, DatastoreError, build_datastore, is_datastore
 from specframe.datastore import store as store_module

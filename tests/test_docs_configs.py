@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specframe import models
+from specframe.target import models
 from specframe.bench.command import validate_bench_config
 from specframe.bench.config import load_bench_config
 from specframe.config import load_config, resolve_plugins

@@ -17,12 +17,12 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from specframe import DecodeState, DraftTree, VerifyOutcome
-from specframe.engine import Engine
+from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
-from specframe.kv_cache import cache_length, new_cache
+from specframe.target.kv_cache import cache_length, new_cache
 from specframe.learned.small_draft import build_from_target, is_small_draft, load_small_draft
 from specframe.sampling import SamplingParams, probs_from_logits
-from specframe.target import Target
+from specframe.target.hf import Target
 from specframe.testing import Kit
 from specframe.testing.recorder import Recorder
 from specframe.testing.stats import tv_test_fixed

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from specframe import DecodeState
-from specframe.engine import Engine
+from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
 from specframe.learned.eagle_drafter import EagleDrafter, EagleSpec, init_from_target, new_drafter
 from specframe.sampling import SamplingParams
-from specframe.target import Target
+from specframe.target.hf import Target
 from specframe.testing import Kit
 from specframe.training.eagle import EagleSettings, finish_eagle, train_eagle
 from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier

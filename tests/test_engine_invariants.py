@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from specframe.contracts import DecodeState, DraftTree, ProposerBase, ProposerConfig, VerifyOutcome
-from specframe.engine import Engine
+from specframe.decode.engine import Engine
 from specframe.errors import ConfigError, PromptTooLongError
-from specframe.kv_cache import cache_length, rollback
+from specframe.target.kv_cache import cache_length, rollback
 from specframe.sampling import SamplingParams
-from specframe.target import Target
+from specframe.target.hf import Target
 from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.autoregressive import NoneConfig, NoProposer
 from specframe_plugins.ngram import NgramConfig, NgramProposer
@@ -318,7 +318,7 @@ def test_stop_string_inside_a_block(target, reference, words):
 def test_nothing_after_a_stop_is_counted(model, tokenizer, reference, monkeypatch, stop_kind, combined):
     """A draft block accepted past the stop: only its nodes up to the stop count as accepted — in the request's
     metrics, acceptance by position, each proposer's credit, its on_verified feedback and observer events."""
-    from specframe.observe import Observers
+    from specframe.decode.observe import Observers
     from specframe_plugins.merge import PriorityConfig, PriorityPolicy
 
     j = first_new_token_index(reference, 2)

@@ -16,8 +16,8 @@ from specframe.bench.config import load_bench_config
 from specframe.config import load_config
 from specframe.datastore.sources import read_file as read_source
 from specframe.errors import ConfigError
-from specframe.jsonl import jsonl_lines
-from specframe.prompts import read_prompts
+from specframe.io.jsonl import jsonl_lines
+from specframe.io.prompts import read_prompts
 from specframe.training.common import final_means
 
 TRACE = Path(specframe.__file__).parent / "testing" / "traces" / "smollm2-135m-instruct-fp32-dev"

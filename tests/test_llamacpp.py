@@ -39,7 +39,7 @@ def sf():
 
 @pytest.fixture(scope="module")
 def prompts():
-    from specframe.prompts import read_prompts
+    from specframe.io.prompts import read_prompts
 
     if SPECBENCH.is_file():
         qs = read_prompts(SPECBENCH)
@@ -49,7 +49,7 @@ def prompts():
 
 
 def test_installed_build_is_batch_invariant():
-    from specframe.llamacpp.binding import build_info
+    from specframe.target.llamacpp.binding import build_info
 
     info = build_info()
     assert not info.llamafile and not info.repack, info.system_info
@@ -78,7 +78,7 @@ def test_rows_of_a_batch_equal_one_token_decoding(sf):
 
 
 def _peer_tokens(sf, ids, n):
-    from specframe.llamacpp.peers import run_llamacpp_peer
+    from specframe.target.llamacpp.peers import run_llamacpp_peer
 
     return run_llamacpp_peer(sf.target, "llamacpp-greedy", {}, ids, max_new_tokens=n, temperature=0.0, top_p=1.0,
                              top_k=0, seed=0)["token_ids"]
@@ -110,7 +110,7 @@ def test_tree_keep_leaves_only_the_accepted_path(sf):
     """With trees on (not bit-exact, so opt-in), a verified tree leaves sequence 0 holding exactly the committed
     tokens, and no cell in any other sequence."""
     from specframe.contracts import DraftTree
-    from specframe.llamacpp.target import LlamaCppScorer, LlamaCppTarget, _seq_length
+    from specframe.target.llamacpp.target import LlamaCppScorer, LlamaCppTarget, _seq_length
 
     t = sf.target
     tree_target = LlamaCppTarget(t.gguf, t.tokenizer, name=t.name, threads=t.threads, trees=True, build=t.build)
@@ -170,7 +170,7 @@ def test_cli_bad_input_one_line_exit_2(tmp_path):
 def test_missing_or_old_llama_cpp_python(monkeypatch):
     import sys
 
-    from specframe.llamacpp import binding
+    from specframe.target.llamacpp import binding
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails
     with pytest.raises(ConfigError, match="needs llama-cpp-python"):

@@ -1,5 +1,5 @@
-"""The machine layer: usable cores and others' load (:mod:`specframe.machine`), the measured profile and the
-settings chosen from it (:mod:`specframe.tune`), pre-packed oneDNN weights (:mod:`specframe.packed`), and the
+"""The machine layer: usable cores and others' load (:mod:`specframe.target.machine`), the measured profile and the
+settings chosen from it (:mod:`specframe.target.profile`), pre-packed oneDNN weights (:mod:`specframe.target.packed`), and the
 router's use of the measured cost curve (``TargetInfo.cost``), a lone proposer included.
 
 Nothing here measures the real machine's speed: counters, clocks and profiles are faked so every value is known.
@@ -21,17 +21,17 @@ from torch import nn
 from typer.testing import CliRunner
 
 import specframe
-import specframe.machine as machine
-import specframe.tune as tune
+import specframe.target.machine as machine
+import specframe.target.profile as tune
 from specframe import DraftTree
 from specframe.config import load_config
 from specframe.combining import ProposerStep, StepReport
 from specframe.contracts import TargetInfo
 from specframe.errors import ConfigError
-from specframe.machine import LoadMonitor, LoadSample, cgroup_cpu_quota, choose_threads, usable_cores
-from specframe.packed import PackedLinear, is_packed, pack_linears, packing_available
-from specframe.target import Target
-from specframe.tune import (NS, Candidate, CostCurve, MachineProfile, Measured, Settings, ThreadGovernor,
+from specframe.target.machine import LoadMonitor, LoadSample, cgroup_cpu_quota, choose_threads, usable_cores
+from specframe.target.packed import PackedLinear, is_packed, pack_linears, packing_available
+from specframe.target.hf import Target
+from specframe.target.profile import (NS, Candidate, CostCurve, MachineProfile, Measured, Settings, ThreadGovernor,
                             expected_tokens, fingerprint_key, get_profile, load_profile, measured_threads,
                             profile_path, resolve_settings, time_forwards, token_cost_ms)
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter
@@ -422,7 +422,7 @@ def test_a_provisional_profile_is_measured_again_when_the_machine_is_quiet(tmp_p
 
 def test_resolve_settings_explicit_settings_win(tmp_path, fake_measure, monkeypatch):
     quiet_machine(monkeypatch, 1.0)  # one of 2 cores busy: auto fits 1 thread
-    monkeypatch.setattr("specframe.packed.packing_available", lambda dtype, device: True)  # any CPU: a fake profile
+    monkeypatch.setattr("specframe.target.packed.packing_available", lambda dtype, device: True)  # any CPU: a fake profile
     monkeypatch.setattr(tune, "usable_cores", lambda: (2, "2 test cores"))
     s, prof, others = resolve_settings(tmp_path, "tiny", "cpu")  # dtype auto: the profile is measured
     assert fake_measure.calls == 1 and others == 1.0 and prof is not None
@@ -449,7 +449,7 @@ def test_resolve_settings_explicit_settings_win(tmp_path, fake_measure, monkeypa
 
 
 def test_measure_profile_times_every_candidate_and_restores_threads(tmp_path, monkeypatch, cache, caplog):
-    import specframe.models
+    import specframe.target.models
 
     def load_model(directory, dtype, device, tokenizer=True):
         return build_model("llama").to(dtype), None
@@ -457,7 +457,7 @@ def test_measure_profile_times_every_candidate_and_restores_threads(tmp_path, mo
     cands = [Candidate("float32", 1, False), Candidate("bfloat16", 1, False)]
     if packing_available(torch.float32, "cpu"):
         cands.append(Candidate("float32", 1, True))
-    monkeypatch.setattr(specframe.models, "load_model", load_model)
+    monkeypatch.setattr(specframe.target.models, "load_model", load_model)
     monkeypatch.setattr(tune, "candidates", lambda device, cores: list(cands))
     monkeypatch.setattr(tune, "time_forwards", functools.partial(time_forwards, contexts=(16,), repeats=1))
     quiet_machine(monkeypatch, 0.0)

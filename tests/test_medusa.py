@@ -16,11 +16,11 @@ from pydantic import ValidationError
 from torch import nn
 
 from specframe import DecodeState
-from specframe.engine import Engine
+from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
 from specframe.learned.medusa_heads import MedusaHeads
 from specframe.sampling import SamplingParams
-from specframe.target import Target
+from specframe.target.hf import Target
 from specframe.testing import ConformanceError, Kit, NotApplicable
 from specframe.testing.recorder import Recorder
 from specframe.testing.tiny import last_hidden

@@ -18,7 +18,7 @@ from specframe.learned.eagle_drafter import EagleSpec, init_from_target, new_dra
 from specframe.learned.medusa_heads import MedusaHeads
 from specframe.registry import build_registry
 from specframe.sharing import InstancePool, folder_key, shared
-from specframe.target import Target
+from specframe.target.hf import Target
 
 from .support import PROMPT, VOCAB, build_model, build_tokenizer
 

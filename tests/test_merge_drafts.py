@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specframe import DraftTree
-from specframe.merge import MergedDraft, check_plan, merge_drafts
+from specframe.decode.merge import MergedDraft, check_plan, merge_drafts
 from specframe.sampling import SamplingParams
 from specframe.verifiers import SpeculativeSamplingVerifier
 

@@ -1,4 +1,4 @@
-"""The converted-model cache (:mod:`specframe.models`): entries are keyed by the GGUF's content, so the same weights
+"""The converted-model cache (:mod:`specframe.target.models`): entries are keyed by the GGUF's content, so the same weights
 installed in two venvs share one entry, and different weights at the same path get their own; an entry damaged in
 place is rebuilt; a cache that cannot be written (a file, a full disk) is one error line; a machine profile that
 cannot be saved is a warning."""
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from specframe import models
-from specframe.models import MANIFEST, ModelSource, model_directory
+from specframe.target import models
+from specframe.target.models import MANIFEST, ModelSource, model_directory
 
 
 @pytest.fixture
@@ -227,7 +227,7 @@ def test_a_full_disk_during_conversion_is_one_error_and_leaves_nothing(tmp_path,
 
 
 def test_a_machine_profile_that_cannot_be_saved_warns_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
-    from specframe import tune
+    from specframe.target import profile as tune
 
     cache = tmp_path / "cache-file"
     cache.write_text("x")

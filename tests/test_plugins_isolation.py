@@ -12,9 +12,9 @@ import torch
 
 import specframe
 from specframe import DraftTree, ProposerBase, ProposerConfig, hookimpl
-from specframe.engine import Engine
+from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
-from specframe.isolation import IsolationPolicy
+from specframe.decode.isolation import IsolationPolicy
 from specframe.registry import build_registry
 from specframe.sampling import SamplingParams
 from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier

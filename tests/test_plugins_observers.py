@@ -10,7 +10,7 @@ import pytest
 
 import specframe
 from specframe import DraftTree, ProposerBase, hookimpl
-from specframe.observe import Observers
+from specframe.decode.observe import Observers
 from specframe.registry import build_registry
 
 PROMPT = [3, 7, 3, 7, 3, 7, 3, 7]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specframe.prompts import read_prompts
+from specframe.io.prompts import read_prompts
 
 SPECBENCH = Path(__file__).parents[2] / "shared" / "specbench" / "question.jsonl"
 MAX_NEW = 32

@@ -18,17 +18,17 @@ import torch
 
 import specframe
 from specframe import DraftTree, ProposerBase, hookimpl
-from specframe.atomic import replace_folder
+from specframe.io.atomic import replace_folder
 from specframe.datastore import build_datastore
 from specframe.errors import TraceError
-from specframe.prompts import Prompt
+from specframe.io.prompts import Prompt
 from specframe.registry import build_registry
 from specframe.replay.driver import CostModel, Request, TraceScorer, TraceVerifier
 from specframe.replay.record import record_trace
 from specframe.replay.sweep import Task, run_here
 from specframe.replay.trace import VERSION, check_trace_matches, read_trace, write_trace
-from specframe.target import Target
-from specframe.tune import CostCurve
+from specframe.target.hf import Target
+from specframe.target.profile import CostCurve
 
 from .support import PROMPT, PROMPT_2, VOCAB, WORDS, build_model, build_tokenizer
 
@@ -140,7 +140,7 @@ def test_replay_models_the_forward_time_from_the_cost_curve(envs):
     m = rec["metrics"]
     cost = CostModel(trace.manifest["cost"])
     assert cost.t1_s == pytest.approx(0.011)  # mean T(1) over the two contexts
-    # v(n) is T(n)/T(1) averaged over the contexts (specframe.tune.CostCurve): v(8) = (17/10 + 19/12) / 2
+    # v(n) is T(n)/T(1) averaged over the contexts (specframe.target.profile.CostCurve): v(8) = (17/10 + 19/12) / 2
     assert cost.seconds(1) == pytest.approx(0.011) and cost.seconds(8) == pytest.approx(0.011 * (1.7 + 19 / 12) / 2)
     # every step costs at least T(1); a step over n tokens T(1) v(n) <= T(1) v(max)
     assert m["target_forwards"] * 0.011 <= m["forward_s"] + 1e-9
@@ -222,7 +222,7 @@ def test_recorded_hidden_states_are_what_the_live_engine_hands_medusa(medusa_env
             seen[self.where].append((state.tokens.shape[1], state.hidden.clone()))
             return super().propose(state, budget)
 
-    from specframe.engine import Engine
+    from specframe.decode.engine import Engine
     from specframe.replay.driver import fixed_engine, replay_requests
     from specframe.verifiers import GreedyVerifier
 

@@ -16,7 +16,7 @@ from specframe.replay.record import record_trace
 from specframe.replay.sweep import Task, run_here
 from specframe.replay.driver import Request
 from specframe.replay.trace import read_trace, write_trace
-from specframe.atomic import replace_folder
+from specframe.io.atomic import replace_folder
 from specframe.testing import Kit, replay_proposer, shipped_traces
 from specframe_plugins.ngram import NgramProposer
 

@@ -95,7 +95,7 @@ def _figures(results) -> list:
 
 @pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'specframe[ray]')")
 def test_a_sweep_on_ray_gives_the_figures_of_a_sequential_one(files, monkeypatch):  # noqa: F811
-    from specframe.loader import load_target
+    from specframe.target.loader import load_target
 
     monkeypatch.setenv("SPECFRAME_CACHE", str(files / "cache"))
     trace = read_trace(files / "trace")

@@ -17,11 +17,11 @@ from pydantic import ValidationError
 from specframe import DecodeState
 from specframe.config import load_config, resolve_plugins
 from specframe.datastore import build_datastore
-from specframe.engine import Engine
+from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
 from specframe.registry import build_registry
 from specframe.sampling import SamplingParams
-from specframe.target import Target
+from specframe.target.hf import Target
 from specframe.testing import Kit, NotApplicable
 from specframe.testing.kit import PROMPTS as KIT_PROMPTS
 from specframe.testing.tiny import reference_greedy

@@ -10,10 +10,10 @@ from transformers import PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
 from specframe import cli
-from specframe.engine import Engine
+from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
-from specframe.stopping import special_stop_ids
-from specframe.target import Target
+from specframe.decode.stopping import special_stop_ids
+from specframe.target.hf import Target
 from specframe.verifiers import GreedyVerifier
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 

@@ -7,9 +7,9 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from specframe.engine import Engine
-from specframe.stopping import TextStream, stop_prefix_length
-from specframe.target import Target
+from specframe.decode.engine import Engine
+from specframe.decode.stopping import TextStream, stop_prefix_length
+from specframe.target.hf import Target
 from specframe.verifiers import GreedyVerifier
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 

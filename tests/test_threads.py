@@ -13,7 +13,7 @@ import pytest
 
 import specframe
 from specframe.registry import build_registry
-from specframe.target import Target
+from specframe.target.hf import Target
 
 from .support import PROMPT, PROMPT_2, WORDS, build_model, build_tokenizer
 

@@ -19,11 +19,11 @@ from transformers import PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
 from specframe import cli
-from specframe.engine import Engine
+from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
 from specframe.learned.medusa_heads import MedusaHeads
 from specframe.learned.small_draft import build_from_target, is_small_draft, load_small_draft
-from specframe.target import Target
+from specframe.target.hf import Target
 from specframe.training.common import Checkpoint, cosine_lr, length_batches, token_subset
 from specframe.training.corpus import CorpusSettings, build_corpus, read_corpus
 from specframe.training.draft import DraftSettings, finish_draft, train_draft

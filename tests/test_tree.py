@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from specframe import DraftTree, ProposerBase, ProposerConfig
-from specframe.engine import Engine
-from specframe.kv_cache import cache_length, compact, new_cache
+from specframe.decode.engine import Engine
+from specframe.target.kv_cache import cache_length, compact, new_cache
 from specframe.sampling import SamplingParams
 from specframe.tree import (
     children_of,
@@ -23,7 +23,7 @@ from specframe.tree import (
 from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier
 
 from .support import PROMPT, build_model, build_tokenizer, check_metrics, hf_greedy
-from specframe.target import Target
+from specframe.target.hf import Target
 
 #          root
 #         /    \
@@ -256,7 +256,7 @@ def _config(kind: str):
     ("gemma3", False), ("gpt-oss", False), ("llama4-chunked", False),
 ])
 def test_tree_support_follows_the_attention_transformers_gives_each_layer(kind, trees):
-    from specframe.target import tree_obstacle
+    from specframe.target.hf import tree_obstacle
 
     assert (tree_obstacle(_config(kind)) is None) == trees
 

@@ -61,7 +61,7 @@ def validate_bench_config(cfg: Any, registry: Any) -> None:
             that cannot be found.
     """
     from ..config import SpecframeConfig, resolve_plugins
-    from ..models import check_device, resolve_model
+    from ..target.models import check_device, resolve_model
 
     for s in cfg.strategies:
         if s.proposers is not None:
@@ -78,7 +78,7 @@ def validate_bench_config(cfg: Any, registry: Any) -> None:
     for s in cfg.strategies:
         engine, dtype, _, prepack, _ = machine_request(cfg, s)
         if engine == "llama.cpp":
-            from ..llamacpp.loader import check_request
+            from ..target.llamacpp.loader import check_request
 
             try:
                 check_request(dtype, cfg.device, prepack)
@@ -148,7 +148,7 @@ def _bench_inputs(config, questions, categories, limit_per_category, max_new_tok
         ConfigError: a bad option, an ``--output`` that is a file, no questions, or a category filter that
             matches none.
     """
-    from ..prompts import read_prompts
+    from ..io.prompts import read_prompts
     from .config import ProfileConfig, load_bench_config
     from .runner import select_questions
 
@@ -183,7 +183,7 @@ def _load_strategies(cfg, registry, err) -> tuple[dict[str, Any], dict[str, Any]
     import logging
 
     from ..config import SpecframeConfig
-    from ..loader import load_target
+    from ..target.loader import load_target
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     from transformers.utils import logging as hf_logging
@@ -301,7 +301,7 @@ def _float32_target(cfg: Any) -> Any:
     """A loader of the bench's model in float32 on transformers (the evidence for bf16 divergences), called only when
     one needs explaining."""
     def load() -> Any:
-        from ..loader import load_target
+        from ..target.loader import load_target
 
         return load_target(cfg.model, "float32", cfg.device, threads="auto", prepack=False, measure=False)
 

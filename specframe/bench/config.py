@@ -16,10 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..config import MAX_THREADS, LlamaCppSettings, MaxNewTokens, Seed, Temperature, TopK, TopP, validation_line
 from ..errors import ConfigError
-from ..yamlfile import read_yaml
+from ..io.yamlfile import read_yaml
 
 HF_PEERS = ("hf-greedy", "hf-prompt-lookup", "hf-assisted")
-LLAMACPP_PEERS = ("llamacpp-greedy", "llamacpp-prompt-lookup")  # (specframe.llamacpp.peers.PEERS)
+LLAMACPP_PEERS = ("llamacpp-greedy", "llamacpp-prompt-lookup")  # (specframe.target.llamacpp.peers.PEERS)
 PEERS = HF_PEERS + LLAMACPP_PEERS
 BASELINE = "none"
 Engine = Literal["transformers", "llama.cpp"]

@@ -7,7 +7,7 @@ v(n) = T(n tokens) / T(1 token): the time of one target forward scoring n new to
 
     predicted speedup = τ / (v(n̄) + d / T(1))
 
-over plain decoding, with zero framework overhead (v(n) between measured points: :func:`specframe.costs.v_at`).
+over plain decoding, with zero framework overhead (v(n) between measured points: :func:`specframe.target.cost.v_at`).
 The measured speedup falls short of it by the framework's per-step overhead (bookkeeping, Python) — the report
 shows both.
 """
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from ..costs import v_at
-from ..kv_cache import rollback as _rollback
+from ..target.cost import v_at
+from ..target.kv_cache import rollback as _rollback
 
 
 @torch.inference_mode()
@@ -30,7 +30,7 @@ def measure_cost_curve(target: Any, token_ids: list[int], context: int = 512, ma
     """Time target forwards of n = 1..max_tokens new tokens over a ``context``-position cache.
 
     Args:
-        target: a :class:`specframe.target.Target` (or any target with ``new_cache``, ``forward`` and, for a KV
+        target: a :class:`specframe.target.hf.Target` (or any target with ``new_cache``, ``forward`` and, for a KV
             state of its own, ``rollback(cache, length)``).
         token_ids: real text tokens, cycled to fill the context and the scored block.
 

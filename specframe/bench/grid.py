@@ -27,7 +27,7 @@ from ..combining import merge_key
 
 
 def _label_options(proposers: list[dict[str, Any]]) -> dict[str, int]:
-    from ..engine import proposer_labels
+    from ..decode.engine import proposer_labels
 
     return {label: i for i, label in enumerate(proposer_labels([p["name"] for p in proposers]))}
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import ConfigError
-from ..jsonl import jsonl_lines
+from ..io.jsonl import jsonl_lines
 
 NAME = "records.jsonl"
 VERSION = 1

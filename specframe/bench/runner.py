@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch
 
 from .. import __version__
-from ..prompts import Prompt
+from ..io.prompts import Prompt
 from .config import BASELINE, LLAMACPP_PEERS, BenchConfig, Strategy
 from .peers import run_peer
 
@@ -76,7 +76,7 @@ class BenchRunner:
         self.sf = self.by_strategy.get(BASELINE) or next(iter(self.by_strategy.values()))
         self.monitor = None
         try:
-            from ..machine import LoadMonitor
+            from ..target.machine import LoadMonitor
 
             self.monitor = LoadMonitor()
             self.monitor.sample(settle_s=0.1)
@@ -90,7 +90,7 @@ class BenchRunner:
         if settings is not None and sf.target.device.type == "cpu":
             torch.set_num_threads(settings.threads)  # torch's thread count is global: each strategy sets its own
         if strategy.peer in LLAMACPP_PEERS:
-            from ..llamacpp.peers import run_llamacpp_peer
+            from ..target.llamacpp.peers import run_llamacpp_peer
 
             rec = run_llamacpp_peer(sf.target, strategy.peer, strategy.options, ids, max_new_tokens=max_new_tokens,
                                     temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=seed)

@@ -23,7 +23,7 @@ def default_path(tokenizer: Any, preset: str = DEFAULT_PRESET, root: Path | None
                  info: dict[str, Any] | None = None) -> tuple[Path, Any, dict[str, Any]]:
     """``(folder, source, tokenizer info)`` of the default datastore for ``tokenizer`` (``info``: its
     :func:`~specframe.datastore.sources.tokenizer_info`, if already computed)."""
-    from ..models import cache_root
+    from ..target.models import cache_root
 
     source = read_preset(preset)
     info = info or tokenizer_info(tokenizer)
@@ -53,7 +53,7 @@ def default_datastore(tokenizer: Any, model: str = "", preset: str = DEFAULT_PRE
     log.info("building the default %s datastore into %s", preset, path)
     t0 = time.perf_counter()
     ids = tokenize(tokenizer, source.texts)
-    from ..models import writing_cache
+    from ..target.models import writing_cache
 
     with writing_cache(f"the default {preset} datastore"):
         return build_datastore(

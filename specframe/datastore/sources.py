@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..jsonl import jsonl_lines
+from ..io.jsonl import jsonl_lines
 from .store import DatastoreError
 
 TEXT_SUFFIXES = (".txt",)
@@ -141,11 +141,11 @@ def load_tokenizer(model: str, log: Callable[[str], None] = lambda s: None) -> t
     tokenizer files are read.
 
     Raises:
-        UnknownModelError, ModelNotInstalledError: as :func:`specframe.models.resolve_model`.
+        UnknownModelError, ModelNotInstalledError: as :func:`specframe.target.models.resolve_model`.
     """
     from transformers import AutoTokenizer
 
-    from ..models import model_directory, resolve_model
+    from ..target.models import model_directory, resolve_model
 
     source = resolve_model(model)
     directory = model_directory(source, log)

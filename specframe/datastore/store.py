@@ -30,7 +30,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..atomic import replace_folder
+from ..io.atomic import replace_folder
 from ..errors import SpecframeError
 
 FORMAT = "specframe-datastore"

@@ -22,7 +22,7 @@ with the config's merge policy and router) for every row. What carries over and 
   to accept than with the draft's own q.
 - **Requests, not rows.** vLLM moves requests between rows from one step to the next and does not tell a proposer
   which request a row holds, so each row is matched to a *session* (one request's proposer instances and
-  :class:`~specframe.drafting.Drafting`) by its tokens: a session continues only on a row whose committed tokens
+  :class:`~specframe.decode.drafting.Drafting`) by its tokens: a session continues only on a row whose committed tokens
   extend exactly the tokens it has seen. Two requests can never share state; two rows with identical histories
   have identical proposer state anyway. A session whose row is gone for :data:`EXPIRE_STEPS` steps is closed with a
   ``finished`` step (proposers that learn from finished requests, e.g. ``recall``, still do).
@@ -202,8 +202,8 @@ class _Session:
     """One request's drafting, matched to a row by its tokens."""
 
     def __init__(self, sf: Any, tokens: Any, prompt_len: int, seed: int) -> None:
-        from ..drafting import Drafting
-        from ..recorder import Recorder
+        from ..decode.drafting import Drafting
+        from ..decode.recorder import Recorder
         from ..sampling import SamplingParams
 
         self._cm = sf.engine()
@@ -253,7 +253,7 @@ class _Session:
 
     def close(self) -> None:
         """The request is gone: proposers see a last, finished step; instances go back to the pool."""
-        from ..merge import MergedDraft
+        from ..decode.merge import MergedDraft
 
         try:
             self.pending = self.pending or MergedDraft.single(DraftTree.empty(), len(self.drafting.slots))
@@ -481,8 +481,8 @@ def export_model(model: str, output: Path) -> Path:
     Raises:
         UnknownModelError, ModelNotInstalledError: as for any specframe model name.
     """
-    from ..atomic import replace_folder
-    from ..models import load_model, model_directory, resolve_model
+    from ..io.atomic import replace_folder
+    from ..target.models import load_model, model_directory, resolve_model
 
     net, tokenizer = load_model(model_directory(resolve_model(model)), torch.float32, "cpu")
 

@@ -24,7 +24,7 @@ def _proposer_entry(text: str) -> dict[str, Any]:
     """``--features-for`` value: a proposer name, or a proposer config as a YAML / JSON mapping with a ``name``."""
     if not text.lstrip().startswith("{"):
         return {"name": text}
-    from ..yamlfile import parse_yaml
+    from ..io.yamlfile import parse_yaml
 
     entry = parse_yaml(text, f"--features-for {text!r}")
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
@@ -88,12 +88,12 @@ def record(
 
 def _record(questions, output, model, dtype, max_new_tokens, cats, limit, proposers, features_for, threads, chat,
             profile) -> None:
-    from ..atomic import replace_folder
+    from ..io.atomic import replace_folder
     from ..bench.runner import select_questions
     from ..console import err, load_with_progress, machine_flags
     from ..config import load_config, resolve_plugins
-    from ..models import check_device, resolve_model
-    from ..prompts import read_prompts
+    from ..target.models import check_device, resolve_model
+    from ..io.prompts import read_prompts
     from ..registry import build_registry
     from .record import declared_needs, record_trace
     from .trace import write_trace
@@ -123,7 +123,7 @@ def _record(questions, output, model, dtype, max_new_tokens, cats, limit, propos
 
     _quiet_transformers()
     if profile:  # the machine profile (measured once if missing) gives the cost curve
-        from ..loader import load_target
+        from ..target.loader import load_target
 
         target = load_target(cfg.model, dtype, cfg.device, lambda s: err.print(s, markup=False), threads=cfg.threads,
                              prepack=cfg.prepack, measure=True)
@@ -263,7 +263,7 @@ def _check_against_trace(cfg: Any, trace: Any, config: Path) -> int:
         TraceError: one of those does not hold.
     """
     from ..errors import TraceError
-    from ..models import builtin_names, resolve_model
+    from ..target.models import builtin_names, resolve_model
     from .trace import check_trace_matches
 
     # (a built-in name is its own name: another model is refused even where its package is not installed)
@@ -291,7 +291,7 @@ def _chosen_questions(cfg: Any, trace: Any) -> tuple[dict[int, int], list[Any]]:
         ConfigError: the category filter matches no question of the trace.
     """
     from ..bench.runner import select_questions
-    from ..prompts import Prompt
+    from ..io.prompts import Prompt
 
     prompts = [Prompt("", q.question_id, q.category) for q in trace.questions]
     index = {id(p): i for i, p in enumerate(prompts)}  # select_questions returns the same objects
@@ -323,7 +323,7 @@ def _use_ray(use_ray: bool | None, ray_address: str | None, strategies: list[Any
 def _load(setup: _Setup, err: Any) -> Any:
     """The target (weights only) with the trace's cost curve; every task's proposers built once, so a strategy that
     reads features the trace lacks fails before any replay."""
-    from ..loader import load_target
+    from ..target.loader import load_target
     from .driver import with_trace_cost
     from .sweep import check_task, specframe_for
     from .trace import check_same_target
@@ -342,7 +342,7 @@ def _load(setup: _Setup, err: Any) -> Any:
 def _write(setup: _Setup, results: list[Any], where: str, total: float, traces: Path, output: Path,
            compare: Path | None, err: Any) -> None:
     """results.json, report.md and the plots, swapped in whole; the main table on stdout."""
-    from ..atomic import replace_folder
+    from ..io.atomic import replace_folder
     from ..bench.command import print_table
     from ..bench.plots import write_plots
     from ..bench.report import aggregate, render_markdown, speedup_table

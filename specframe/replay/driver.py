@@ -11,7 +11,7 @@ path left the recording is never reached, so a draft is accepted exactly as far 
 recorded continuation, and the bonus (or recovered) token is the recorded next token.
 
 Time: a replayed forward costs nothing here, so each step reports the *modeled* time of the live forward,
-``T(1) * v(N + 1)`` from the trace's cost curve (:attr:`~specframe.scoring.Scored.seconds`): routers that read the
+``T(1) * v(N + 1)`` from the trace's cost curve (:attr:`~specframe.decode.scoring.Scored.seconds`): routers that read the
 forward's time see what they would see live, and the request's ``forward_s`` is that model. Draft time is measured.
 """
 
@@ -27,7 +27,7 @@ from torch import Tensor
 from ..contracts import DraftTree, TargetInfo, VerifyResult
 from ..errors import TraceError
 from ..sampling import SamplingParams
-from ..scoring import Scored
+from ..decode.scoring import Scored
 from ..tree import greedy_tree, node_depths
 from .trace import Trace, TraceQuestion
 
@@ -54,10 +54,10 @@ class TraceVerifier:
 
 class CostModel:
     """The modeled time of a target forward over ``n`` tokens, ``T(1) * v(n)``, from a trace's cost curve
-    (``manifest["cost"]``: the machine profile's T(n) ms per context, see :class:`specframe.tune.CostCurve`)."""
+    (``manifest["cost"]``: the machine profile's T(n) ms per context, see :class:`specframe.target.profile.CostCurve`)."""
 
     def __init__(self, cost: dict[str, Any] | None) -> None:
-        from ..tune import CostCurve
+        from ..target.profile import CostCurve
 
         self.curve = CostCurve({int(k): v for k, v in (cost or {}).get("t_ms", {}).items()})
         self.t1_s = self.curve.t1_ms() / 1e3 if self.curve else 0.0
@@ -204,7 +204,7 @@ class Request:
 def replay_requests(engine_for: Callable[[], ContextManager[Any]], trace: Trace, requests: Sequence[Request],
                     max_new_tokens: int, advance: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
     """Replay ``requests`` one after another, each on an engine from ``engine_for()`` (a context manager yielding a
-    :class:`~specframe.engine.Engine` whose verifier is a :class:`TraceVerifier`).
+    :class:`~specframe.decode.engine.Engine` whose verifier is a :class:`TraceVerifier`).
 
     Returns one record per request, as ``specframe bench`` writes them (``token_ids``, ``finish_reason``,
     ``metrics``, ``question`` (the trace index), ``question_id``, ``category``, ``seed``, ``repeat``,

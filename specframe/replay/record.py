@@ -19,8 +19,8 @@ from torch import Tensor
 
 from .. import __version__
 from ..contracts import DraftTree
-from ..prompts import Prompt
-from ..scoring import Scored, TargetScorer
+from ..io.prompts import Prompt
+from ..decode.scoring import Scored, TargetScorer
 from .driver import GREEDY
 from .trace import FORMAT, VERSION, Trace, TraceQuestion
 
@@ -155,6 +155,6 @@ def _manifest(sf: Any, questions: list[TraceQuestion], max_new_tokens: int, chat
 
 
 def _ns() -> list[int]:
-    from ..tune import NS
+    from ..target.profile import NS
 
     return list(NS)

@@ -99,7 +99,7 @@ class _Worker:
 
         import torch
 
-        from ..loader import load_target
+        from ..target.loader import load_target
         from ..registry import build_registry
         from .driver import with_trace_cost
 

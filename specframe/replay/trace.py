@@ -100,7 +100,7 @@ def _sha256(path: Path) -> str:
 
 
 def write_trace(trace: Trace, folder: Path) -> None:
-    """Write ``trace`` into the empty folder ``folder`` (the caller swaps it in: :func:`specframe.atomic.replace_folder`).
+    """Write ``trace`` into the empty folder ``folder`` (the caller swaps it in: :func:`specframe.io.atomic.replace_folder`).
 
     The manifest's ``files`` and ``bytes_per_token`` are filled in here.
     """

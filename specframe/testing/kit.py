@@ -15,12 +15,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..contracts import ProposerConfig
-from ..engine import Engine, GenerationResult
+from ..decode.engine import Engine, GenerationResult
 from ..errors import ConfigError, PluginContractError
-from ..isolation import IsolationPolicy
+from ..decode.isolation import IsolationPolicy
 from ..registry import check_proposer_class
 from ..sampling import SamplingParams
-from ..target import Target
+from ..target.hf import Target
 from ..verifiers import GreedyVerifier, SpeculativeSamplingVerifier
 from . import exactness, protocol
 from .recorder import Recorder

@@ -11,7 +11,7 @@ import torch
 
 from ..contracts import DecodeState, DraftTree, VerifyOutcome
 from ..errors import DraftError
-from ..validate import check_draft
+from ..decode.validate import check_draft
 from .report import describe_exc
 
 

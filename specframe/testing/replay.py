@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..engine import Engine
+from ..decode.engine import Engine
 from ..errors import ConfigError
 from ..replay.driver import CostModel, Request, TraceTarget, TraceVerifier, check_needs, fixed_engine, replay_requests
 from ..replay.trace import read_trace
@@ -72,7 +72,7 @@ def replay_proposer(proposer: type, config: dict[str, Any] | None = None, trace:
         TraceError: an unreadable trace, or a proposer that reads hidden states the trace does not hold.
         ConfigError: options the proposer's config rejects, or a proposer that cannot be built without the model.
     """
-    from ..isolation import IsolationPolicy
+    from ..decode.isolation import IsolationPolicy
 
     folder = Path(trace) if trace is not None and Path(trace).exists() else shipped_traces().get(str(trace or DEFAULT_TRACE))
     if folder is None:

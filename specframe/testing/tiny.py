@@ -15,7 +15,7 @@ from typing import Iterator
 import torch
 
 from ..sampling import SamplingParams, probs_from_logits
-from ..target import Target
+from ..target.hf import Target
 
 VOCAB = 16
 

@@ -66,7 +66,7 @@ def _ints(text: str, flag: str) -> list[int]:
 def _train_threads() -> int:
     """Every usable core: training is throughput work that runs for minutes to hours, so the load seen at start
     (which ``threads="auto"`` reacts to) is no guide; run it alone."""
-    from ..machine import usable_cores
+    from ..target.machine import usable_cores
 
     return usable_cores()[0]
 
@@ -76,8 +76,8 @@ def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: i
          max_minutes: float = 0.0, extra: Optional[list[Path]] = None) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from ..loader import load_target
-    from ..models import check_device, resolve_model
+    from ..target.loader import load_target
+    from ..target.models import check_device, resolve_model
     from .common import PieceDone
     from .recipe import RECIPES, run_recipe
 
@@ -145,8 +145,8 @@ def corpus(
     """Build (or finish) a self-distillation corpus: the target's own greedy answers to a broad prompt mix."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from ..loader import load_target
-    from ..models import check_device, resolve_model
+    from ..target.loader import load_target
+    from ..target.models import check_device, resolve_model
     from .corpus import MIXES, CorpusSettings, build_corpus, corpus_stats, mix_prompts
 
     with one_error_line():

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from ..jsonl import jsonl_lines
+from ..io.jsonl import jsonl_lines
 
 T = TypeVar("T")
 

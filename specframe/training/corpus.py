@@ -158,7 +158,7 @@ def build_corpus(target: Any, out: Path, settings: CorpusSettings,
     """Generate (or finish generating) the corpus in ``out``.
 
     Args:
-        target: a loaded :class:`specframe.target.Target` (its model generates greedily, batched, left-padded).
+        target: a loaded :class:`specframe.target.hf.Target` (its model generates greedily, batched, left-padded).
         out: corpus folder; created if missing.
         settings: what to build; must equal the settings of an existing folder.
         progress: optional callable ``(done_batches, total_batches)`` over both stages.

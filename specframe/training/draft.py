@@ -85,7 +85,7 @@ def train_draft(
     """Train and save a draft into ``out``; resumes from ``out/ckpt.pt`` when present.
 
     Args:
-        target: a loaded :class:`specframe.target.Target` (any dtype; the draft trains in float32).
+        target: a loaded :class:`specframe.target.hf.Target` (any dtype; the draft trains in float32).
         records: corpus records (:func:`specframe.training.corpus.read_corpus`).
         out: output folder (the draft folder itself).
         s: settings; a checkpoint made with other settings is refused (ConfigError).

@@ -152,7 +152,7 @@ def train_eagle(target: Any, records: list[dict], out: Path, s: EagleSettings,
     """Train and save an EAGLE drafter into ``out``; resumes from ``out/ckpt.pt`` when present.
 
     Args:
-        target: a loaded :class:`specframe.target.Target` (its model stays frozen, in its own dtype).
+        target: a loaded :class:`specframe.target.hf.Target` (its model stays frozen, in its own dtype).
         records: the corpus records to train on (:func:`specframe.training.corpus.read_corpus`; ``max_records``
             and ``skip_records`` are applied by :func:`specframe.training.recipe.run_recipe`, not here).
         out: output folder (the drafter folder itself).

@@ -133,7 +133,7 @@ def train_medusa(
     """Train heads and save them into ``out``; resumes from ``out/ckpt.pt`` when present.
 
     Args:
-        target: a loaded :class:`specframe.target.Target` (its dtype is the one the hidden states are taken in).
+        target: a loaded :class:`specframe.target.hf.Target` (its dtype is the one the hidden states are taken in).
         records: corpus records.
         out: output folder.
         s: settings; a checkpoint made with other settings is refused (ConfigError).

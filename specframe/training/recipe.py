@@ -154,7 +154,7 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
 
 def _machine(target: Any) -> str:
     """Where training ran, for the model card: the CPU's threads or the GPU's name, and torch's version."""
-    from ..machine import fingerprint
+    from ..target.machine import fingerprint
 
     dev = getattr(target, "device", torch.device("cpu"))
     if dev.type == "cuda":

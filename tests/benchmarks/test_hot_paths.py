@@ -13,7 +13,7 @@ import random
 import torch
 from transformers import LlamaConfig
 
-from specframe.kv_cache import new_cache, rollback
+from specframe.target.kv_cache import new_cache, rollback
 from specframe.verify import greedy_chain, sampling_chain
 from specframe_plugins.ngram import NgramIndex
 

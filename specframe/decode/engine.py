@@ -1,19 +1,19 @@
 """The decode loop: propose -> one target forward -> verify -> commit + KV rollback -> feedback -> record.
 
 The engine receives a ready target, proposer(s), a verifier and, to combine several proposers, a merge policy
-and optionally a router (checked once into a :class:`~specframe.lineup.Lineup`); it never names a proposer and
-never calls a pluggy hook (observers arrive as a plain :class:`~specframe.observe.Observers` object, or None when
+and optionally a router (checked once into a :class:`~specframe.decode.lineup.Lineup`); it never names a proposer and
+never calls a pluggy hook (observers arrive as a plain :class:`~specframe.decode.observe.Observers` object, or None when
 no plugin observes, and then no event is built). Each request's step (:meth:`_Request.step`) is six calls:
 
-1. drafting (:mod:`specframe.drafting`: routing, each proposer's draft, merging) returns the merged draft;
-2. the scorer (:mod:`specframe.scoring`: the live target, or a recorded trace for replay) runs one forward over
+1. drafting (:mod:`specframe.decode.drafting`: routing, each proposer's draft, merging) returns the merged draft;
+2. the scorer (:mod:`specframe.decode.scoring`: the live target, or a recorded trace for replay) runs one forward over
    the newest committed token + the draft's nodes;
 3. the verifier accepts a path and draws the recovered or bonus token;
 4. the stop checks commit tokens, and the scorer keeps the accepted path's KV entries;
 5. drafting gives each proposer, the merge policy and the router their feedback (attribution);
-6. the recorder (:mod:`specframe.recorder`) writes the step's metrics and observer event.
+6. the recorder (:mod:`specframe.decode.recorder`) writes the step's metrics and observer event.
 
-A faulty proposer is isolated (:mod:`specframe.isolation`): output never depends on it.
+A faulty proposer is isolated (:mod:`specframe.decode.isolation`): output never depends on it.
 
 KV invariant between steps: the cache holds every committed token except the newest one, which is fed first in
 the next verification forward (so row 0 of the logits is the target's distribution for the next position and
@@ -29,17 +29,17 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .combining import MergePolicy, Router
-from .contracts import DecodeState, DraftTree, Proposer, TargetModel, Verifier, VerifyResult
+from ..combining import MergePolicy, Router
+from ..contracts import DecodeState, DraftTree, Proposer, TargetModel, Verifier, VerifyResult
 from .drafting import Drafting
-from .errors import ConfigError, PromptTooLongError
+from ..errors import ConfigError, PromptTooLongError
 from .isolation import REFUSED, IsolationPolicy
 from .lineup import Lineup, proposer_labels
 from .merge import MergedDraft
 from .metrics import RequestMetrics
 from .observe import Observers
 from .recorder import Recorder
-from .sampling import SamplingParams
+from ..sampling import SamplingParams
 from .scoring import Scored, ScorerFactory, TargetScorer
 from .stopping import StopChecker, TextStream, special_stop_ids, without_incomplete_character
 
@@ -75,7 +75,7 @@ class Engine:
     """Speculative decoding over one target with a shared KV cache.
 
     Args:
-        target: the target (:class:`~specframe.contracts.TargetModel`; :class:`specframe.target.Target` for a
+        target: the target (:class:`~specframe.contracts.TargetModel`; :class:`specframe.target.hf.Target` for a
             transformers model).
         proposers: the active proposers, one or more; several are combined into one verification tree per step
             (see docs/combining.md). Their order is the provenance order (bit ``j`` = ``proposers[j]``).
@@ -143,14 +143,14 @@ class Engine:
 
         ``observer`` receives one event per step (None: no events; see :meth:`Registry.observers`).
         ``between_steps`` is called after every step (e.g. the thread governor's cheap, rate-limited load check); it
-        cannot change the output. ``scorer`` makes the request's scorer (:mod:`specframe.scoring`; None: the live
+        cannot change the output. ``scorer`` makes the request's scorer (:mod:`specframe.decode.scoring`; None: the live
         target with a fresh KV cache; replay passes one backed by a recorded trace).
 
         ``max_new_tokens`` beyond the room the prompt leaves in the context is cut to that room (no buffer is sized
         by what was asked), so a huge budget means "until EOS or the context is full".
 
         A stop string that is one of the tokenizer's special tokens is matched by its token id (see
-        :func:`~specframe.stopping.special_stop_ids`).
+        :func:`~specframe.decode.stopping.special_stop_ids`).
 
         Raises:
             ConfigError: ``max_new_tokens < 1``, an empty prompt, or a stop string holding a special token and other

@@ -14,7 +14,7 @@ Choosing (:meth:`MachineProfile.choose`): a candidate's cost per committed token
 accepted with a reference probability ``a`` (:data:`REF_ACCEPT`; Leviathan et al. 2022, eq. 1, with gamma = n - 1);
 n = 1 is plain decoding, so a machine where verification never pays is judged by T(1). For plain decoding
 (only ``none`` configured) the cost is T(1). Explicit settings always win; ``auto`` threads never exceed the
-cores free of other processes' load (:mod:`specframe.machine`).
+cores free of other processes' load (:mod:`specframe.target.machine`).
 
 The cost curve v(n) of the chosen candidate is what the router uses to decide how many draft nodes pay
 (:class:`CostCurve`).
@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from .costs import interpolate
+from .cost import interpolate
 from .machine import LoadMonitor, choose_threads, fingerprint, fingerprint_key, usable_cores
 
 log = logging.getLogger("specframe")
@@ -436,7 +436,7 @@ def resolve_settings(directory: Path, model_name: str, device: str, dtype: str =
     Raises:
         ConfigError: ``prepack`` asked for where oneDNN pre-packing is not available.
     """
-    from .errors import ConfigError
+    from ..errors import ConfigError
     from .machine import LoadMonitor
     from .packed import packing_available
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .combining import ProposerStep
+from ..combining import ProposerStep
 
 
 @dataclass
@@ -31,7 +31,7 @@ class ProposerMetrics:
     accepted_alone: int = 0  # accepted nodes only this proposer produced
     wasted_nodes: int = 0  # drafted nodes of this proposer that were not accepted (drafted - accepted)
     draft_s: float = 0.0  # seconds in its propose calls
-    faults: int = 0  # its faults (see specframe.isolation)
+    faults: int = 0  # its faults (see specframe.decode.isolation)
     disabled: bool = False  # too many faults: not called for the rest of the request
     drafted_by_position: list[int] = field(default_factory=list)  # [L] drafted nodes at depth i+1
     accepted_by_position: list[int] = field(default_factory=list)  # [L] credited accepted nodes at depth i+1
@@ -67,7 +67,7 @@ class RequestMetrics:
     drafted_tokens: int = 0  # drafted nodes: those of the verified (merged) tree, each once
     accepted_tokens: int = 0  # accepted nodes
     proposer_faults: int = 0  # calls where a proposer raised, broke the draft contract or ran over time
-    proposer_fault_kinds: dict[str, int] = field(default_factory=dict)  # kind -> n (specframe.isolation:
+    proposer_fault_kinds: dict[str, int] = field(default_factory=dict)  # kind -> n (specframe.decode.isolation:
     # "raised" | "malformed" | "timeout" | "refused" | "build")
     proposer_disabled: bool = False  # too many faults: the rest of the request decoded from the target alone
     wall_s: float = 0.0

@@ -1,5 +1,5 @@
-"""Loading a target to run: the model (:mod:`specframe.models`), the settings this machine's profile chooses
-(:mod:`specframe.tune`: dtype, threads, weight layout) and the target adapter (:class:`specframe.target.Target`)."""
+"""Loading a target to run: the model (:mod:`specframe.target.models`), the settings this machine's profile chooses
+(:mod:`specframe.target.profile`: dtype, threads, weight layout) and the target adapter (:class:`specframe.target.hf.Target`)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
                 log: Callable[[str], None] = lambda s: None, threads: int | str = "auto", prepack: bool | str = "auto",
                 speculative: bool = True, progress=None, measure: bool | None = None, engine: str = "transformers",
                 engine_options: dict | None = None):
-    """Resolve, convert (once) and load a target. Returns a :class:`specframe.target.Target`, or for ``engine``
-    ``llama.cpp`` a :class:`specframe.llamacpp.target.LlamaCppTarget` (``engine_options``: the config's ``llamacpp``
-    settings; :func:`specframe.llamacpp.loader.load_llamacpp_target`).
+    """Resolve, convert (once) and load a target. Returns a :class:`specframe.target.hf.Target`, or for ``engine``
+    ``llama.cpp`` a :class:`specframe.target.llamacpp.target.LlamaCppTarget` (``engine_options``: the config's ``llamacpp``
+    settings; :func:`specframe.target.llamacpp.loader.load_llamacpp_target`).
 
     ``dtype``, ``threads`` and ``prepack`` set to ``auto`` are chosen from this machine's measured profile
-    (:mod:`specframe.tune`; measured once when ``dtype`` is auto, with a bar on ``progress``); the chosen settings
+    (:mod:`specframe.target.profile`; measured once when ``dtype`` is auto, with a bar on ``progress``); the chosen settings
     and reasons are ``target.settings``, the live cost curve v(n) is ``target.info.cost``, and
     ``target.governor`` keeps the thread count within the free cores during a run. A cache entry that fails to
     load is rebuilt once.
@@ -31,13 +31,13 @@ def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
         return load_llamacpp_target(name_or_path, dtype, device, log, threads, prepack, speculative, progress, measure,
                                     engine_options)
     if engine != "transformers":
-        from .errors import ConfigError
+        from ..errors import ConfigError
 
         raise ConfigError(f"engine must be transformers or llama.cpp, got {engine!r}")
     from .models import check_device, convert_gguf, load_model, model_directory, resolve_dtype, resolve_model
     from .packed import pack_linears
-    from .target import Target
-    from .tune import Candidate, CostCurve, ThreadGovernor, load_independent, resolve_settings
+    from .hf import Target
+    from .profile import Candidate, CostCurve, ThreadGovernor, load_independent, resolve_settings
 
     check_device(device)
     if dtype not in ("auto", "bfloat16", "float32"):

@@ -85,7 +85,7 @@ def special_stop_ids(stop_strings: tuple[str, ...], tokenizer: object) -> tuple[
         ConfigError: a stop string holding a special token together with other text (``"<|im_end|>\\n"``), which
             neither way can match.
     """
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     if tokenizer is None or not stop_strings:
         return stop_strings, frozenset()

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 MIN_VERSION = (0, 3, 36)  # the low-level API used here (llama_memory_*, flash_attn_type, use_extra_bufts)
 # The build specframe installs (scripts/install_llamacpp.sh): portable AVX2 code, and neither of the two kernel

@@ -1,7 +1,7 @@
 """Checks that a draft honours the :class:`~specframe.contracts.DraftTree` contract before the target sees it.
 
 The engine calls :func:`check_draft` on every draft (a failure turns the step into a target-only step, see
-:mod:`specframe.isolation`); the conformance kit (:mod:`specframe.testing`) calls it too, so a plugin author sees
+:mod:`specframe.decode.isolation`); the conformance kit (:mod:`specframe.testing`) calls it too, so a plugin author sees
 the same message in their tests.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from .contracts import DraftTree
-from .errors import DraftError
+from ..contracts import DraftTree
+from ..errors import DraftError
 
 
 def _prob_tolerance(dtype: torch.dtype) -> float:

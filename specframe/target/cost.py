@@ -1,6 +1,6 @@
 """The target's verification cost curve v(n) = T(n tokens) / T(1 token), read at any n.
 
-Measured by :mod:`specframe.tune` (the machine profile) and :mod:`specframe.bench.costmodel` (a bench's profile);
+Measured by :mod:`specframe.target.profile` (the machine profile) and :mod:`specframe.bench.costmodel` (a bench's profile);
 read by routers that size node budgets against it. Pure functions, no model.
 """
 

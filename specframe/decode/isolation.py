@@ -1,7 +1,7 @@
 """Fault isolation: a faulty proposer costs speed, never correctness.
 
 A proposer *faults* when ``start``/``propose``/``on_verified`` raises, when ``propose`` returns a draft that breaks
-the :class:`~specframe.contracts.DraftTree` contract (see :func:`specframe.validate.check_draft`), or when one
+the :class:`~specframe.contracts.DraftTree` contract (see :func:`specframe.decode.validate.check_draft`), or when one
 ``propose`` call takes longer than the policy's time limit. Its draft is then left out of the step (a
 target-only step when it drafts alone; combined, the other proposers' drafts are still verified), so the committed
 tokens are exactly those of plain decoding. Per request and proposer, a :class:`FaultGuard` counts faults in the
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from .errors import ConfigError, DraftError, ProposerTimeoutError
+from ..errors import ConfigError, DraftError, ProposerTimeoutError
 from .recorder import Recorder
 
 log = logging.getLogger("specframe")
@@ -84,7 +84,7 @@ class FaultGuard:
         label: its label in the request (metrics key: the name, or ``name#2`` for a second instance).
         plugin: where it comes from, e.g. ``"specframe-recall 0.1.0"`` ("" when unknown).
         policy: the isolation policy.
-        recorder: the request's :class:`~specframe.recorder.Recorder`, which counts every fault in the metrics.
+        recorder: the request's :class:`~specframe.decode.recorder.Recorder`, which counts every fault in the metrics.
 
     With several proposers combined, each has its own guard: one proposer's faults never disable another.
     """

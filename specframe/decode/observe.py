@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .combining import ProposerStep
+from ..combining import ProposerStep
 
 log = logging.getLogger("specframe")
 
@@ -31,7 +31,7 @@ class StepEvent:
     drafted: int  # draft nodes the target verified (after truncation to the node budget; 0 on a fault)
     accepted: int  # of those, accepted
     committed: tuple[int, ...]  # tokens committed: accepted + the recovered/bonus token, cut at a stop
-    faults: int  # proposer faults in this step (see specframe.isolation); 0 normally
+    faults: int  # proposer faults in this step (see specframe.decode.isolation); 0 normally
     finished: bool  # a stop condition ended the request in this step
     attribution: tuple[ProposerStep, ...] = ()  # per proposer: drafted, accepted (credited), wasted, draft time
 

@@ -1,7 +1,7 @@
 """The one writer of a request's metrics and observer events.
 
 The decode loop, drafting and fault isolation report what happened to a :class:`Recorder`; only it writes
-:class:`~specframe.metrics.RequestMetrics` (request counters, per-proposer attribution, fault counts, timings)
+:class:`~specframe.decode.metrics.RequestMetrics` (request counters, per-proposer attribution, fault counts, timings)
 and builds the observer's step events. Faults are counted per step as they happen, so each step event carries
 that step's own faults.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .combining import StepReport
+from ..combining import StepReport
 from .metrics import ProposerMetrics, RequestMetrics
 from .observe import Observers
 
@@ -36,7 +36,7 @@ class Recorder:
 
     # --- faults ----------------------------------------------------------------------------------------------
     def fault(self, label: str | None, kind: str, disabled: bool = False) -> None:
-        """One fault of ``kind`` (:mod:`specframe.isolation`'s fault kinds; ``label``: the proposer's, None: the
+        """One fault of ``kind`` (:mod:`specframe.decode.isolation`'s fault kinds; ``label``: the proposer's, None: the
         request's, e.g. ``refused``); ``disabled``: that proposer is off for the rest of the request."""
         m = self.metrics
         m.proposer_faults += 1

@@ -8,8 +8,8 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from .contracts import TargetInfo
-from .errors import ConfigError
+from ..contracts import TargetInfo
+from ..errors import ConfigError
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -125,8 +125,8 @@ class Target(TextSide):
             supports_trees=self.supports_trees,
             engine=self.engine,
         )
-        self.settings: Any = None  # specframe.tune.Settings when loaded by load_target (dtype/threads and why)
-        self.governor: Any = None  # specframe.tune.ThreadGovernor: threads within the free cores during a run
+        self.settings: Any = None  # specframe.target.profile.Settings when loaded by load_target (dtype/threads and why)
+        self.governor: Any = None  # specframe.target.profile.ThreadGovernor: threads within the free cores during a run
 
     def attach_machine(self, settings: Any, governor: Any) -> None:
         """Record how this target runs on this machine and expose the live cost curve as ``info.cost``."""
@@ -137,7 +137,7 @@ class Target(TextSide):
 
     # --- model --------------------------------------------------------------------------------------------
     def new_cache(self) -> Any:
-        """An empty KV cache for one request (see :mod:`specframe.kv_cache` for rollback)."""
+        """An empty KV cache for one request (see :mod:`specframe.target.kv_cache` for rollback)."""
         from .kv_cache import new_cache
 
         return new_cache(self.model.config)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import PromptsFileError
+from ..errors import PromptsFileError
 from .jsonl import jsonl_lines
 
 
@@ -20,7 +20,7 @@ class Prompt:
 
 
 def read_prompts(path: str | Path) -> list[Prompt]:
-    """Parse a Spec-Bench-style JSONL file (JSON Lines: records end at ``"\\n"`` only, see :mod:`specframe.jsonl`).
+    """Parse a Spec-Bench-style JSONL file (JSON Lines: records end at ``"\\n"`` only, see :mod:`specframe.io.jsonl`).
 
     Raises:
         PromptsFileError: missing file, empty file, bad JSON or a line without a non-empty ``turns`` list of

@@ -45,7 +45,7 @@ def run_llamacpp_peer(target: Any, peer: str, options: dict[str, Any], prompt_id
     Raises:
         ValueError: an unknown peer, or sampling (these peers decode greedily: their samplers differ from specframe's).
     """
-    from ..sampling import is_greedy_temperature
+    from ...sampling import is_greedy_temperature
 
     if peer not in PEERS:
         raise ValueError(f"unknown peer {peer!r}")

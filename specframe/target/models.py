@@ -37,7 +37,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from .errors import CacheError, ConfigError, ModelNotInstalledError, UnknownModelError
+from ..errors import CacheError, ConfigError, ModelNotInstalledError, UnknownModelError
 
 MANIFEST = "specframe-entry.json"
 ENTRY_VERSION = 3  # 3: each file's CRC-32 in the manifest; 2: keyed by the GGUF's content (1 was keyed by its path)
@@ -332,7 +332,7 @@ def _export_draft(source: ModelSource, log: Callable[[str], None]) -> Path:
 
 
 def _export_into(source: ModelSource, target: object, tokenizer: object, entry: Path) -> None:
-    from .learned.small_draft import export_standalone
+    from ..learned.small_draft import export_standalone
 
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))

@@ -1,6 +1,6 @@
 """The machine profile of a llama.cpp target: T(n) per thread count, measured where it runs.
 
-The same :class:`specframe.tune.MachineProfile` as the transformers engine's (its candidates are ``gguf/<t>t``: the
+The same :class:`specframe.target.profile.MachineProfile` as the transformers engine's (its candidates are ``gguf/<t>t``: the
 GGUF's own tensor types at ``t`` threads), cached per machine fingerprint, model, engine and llama.cpp build under
 ``$SPECFRAME_CACHE/machine/``. The router reads v(n) = T(n) / T(1) from it, so speculation on llama.cpp pays only
 where this machine's llama.cpp kernels batch well.
@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from ..machine import LoadMonitor, fingerprint, fingerprint_key, usable_cores
-from ..tune import CONTEXTS, NS, REPEATS, Candidate, MachineProfile, Measured, load_profile, profile_path
+from ..profile import CONTEXTS, NS, REPEATS, Candidate, MachineProfile, Measured, load_profile, profile_path
 from .binding import LlamaContext
 
 log = logging.getLogger("specframe")
@@ -81,7 +81,7 @@ def measure(target: Any, model_name: str, progress: Any = None) -> MachineProfil
 
 def get_profile(target: Any, model_name: str, progress: Any = None, refresh: bool = False) -> MachineProfile:
     """The cached profile of this machine, model and build, measured (and cached) when missing or taken under load
-    (as :func:`specframe.tune.get_profile`)."""
+    (as :func:`specframe.target.profile.get_profile`)."""
     key = profile_key(model_name, target)
     prof = None if refresh else load_profile(key)
     if prof is not None and (prof.others_load <= 0.3 or LoadMonitor().sample().others > 0.3):

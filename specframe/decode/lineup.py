@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from .contracts import Capabilities, Proposer, Verifier
-from .combining import MergePolicy, Router
-from .errors import ConfigError
+from ..contracts import Capabilities, Proposer, Verifier
+from ..combining import MergePolicy, Router
+from ..errors import ConfigError
 from .isolation import IsolationPolicy
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 log = logging.getLogger("specframe")
 
@@ -71,9 +71,9 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
                          log_line: Callable[[str], None] = lambda s: None, threads: int | str = "auto",
                          prepack: bool | str = "auto", speculative: bool = True, progress: Any = None,
                          measure: bool | None = None, options: dict[str, Any] | None = None):
-    """Resolve a GGUF and load it on llama.cpp. Returns a :class:`~specframe.llamacpp.target.LlamaCppTarget`.
+    """Resolve a GGUF and load it on llama.cpp. Returns a :class:`~specframe.target.llamacpp.target.LlamaCppTarget`.
 
-    ``threads: auto`` is chosen from this machine's llama.cpp profile (:mod:`specframe.llamacpp.profile`, measured once
+    ``threads: auto`` is chosen from this machine's llama.cpp profile (:mod:`specframe.target.llamacpp.profile`, measured once
     per build, with a bar on ``progress``) within the cores other processes leave free; the live cost curve is
     ``target.info.cost``. ``options``: ``n_ctx`` (KV cells), ``trees`` (verify token trees: not bit-exact),
     ``inexact`` (run where llama.cpp's k-token batches round differently from one-token decoding: a build with
@@ -86,7 +86,7 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
     """
     from ..machine import LoadMonitor, choose_threads, usable_cores
     from ..models import resolve_model
-    from ..tune import Candidate, CostCurve, Settings, ThreadGovernor, load_independent, measured_threads
+    from ..profile import Candidate, CostCurve, Settings, ThreadGovernor, load_independent, measured_threads
     from .binding import EXACT_CMAKE_ARGS, build_info
     from .profile import DTYPE, get_profile
     from .target import LlamaCppTarget

@@ -7,7 +7,7 @@ and a whole SmolLM2-135M forward at a 512-token context 45 ms vs 34 ms (T(1)), f
 kernel is the same oneDNN matmul, so each layer's result is the one oneDNN gives for that input: speculative
 decoding with packed weights is exact against plain decoding with packed weights (the exactness reference, as
 for any change of kernels). Whether it pays depends on the machine (in float32 it was slower there), so
-``prepack: auto`` lets the machine profile decide (:mod:`specframe.tune`).
+``prepack: auto`` lets the machine profile decide (:mod:`specframe.target.profile`).
 
 The original ``weight`` (and ``bias``) stay on each module, so code that reads ``lm_head.weight`` (tied
 embeddings, heads that reuse the target's LM head) is unaffected; the packed copy costs one more copy of the

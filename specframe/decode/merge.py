@@ -32,9 +32,9 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .contracts import DraftTree
-from .tree import node_depths
-from .trie import TokenTrie
+from ..contracts import DraftTree
+from ..tree import node_depths
+from ..trie import TokenTrie
 
 
 @dataclass(frozen=True, slots=True)

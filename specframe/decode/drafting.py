@@ -4,13 +4,13 @@ With one proposer its draft is verified as it is (the identity merge). With seve
 :class:`~specframe.combining.Router` picks which proposers run this step and their node budgets, each proposer
 drafts with its own budget, in the configured order (after each, the router's ``revise`` may skip the proposers
 still to run or trim the drafts made so far: a cascade), a :class:`~specframe.combining.MergePolicy` plans how
-their drafts share the merged tree's node budget, and :func:`specframe.merge.merge_drafts` builds the one tree the target verifies. Afterwards
+their drafts share the merged tree's node budget, and :func:`specframe.decode.merge.merge_drafts` builds the one tree the target verifies. Afterwards
 each proposer gets a :class:`~specframe.contracts.VerifyOutcome` about its own draft, and its attribution
 (:class:`~specframe.combining.ProposerStep`) goes to the policy, the router and, in the step's
-:class:`~specframe.combining.StepReport`, the request's :class:`~specframe.recorder.Recorder` (metrics, observers).
+:class:`~specframe.combining.StepReport`, the request's :class:`~specframe.decode.recorder.Recorder` (metrics, observers).
 
 Everything here works through the contracts: no proposer, policy or router is named. Faults are isolated per
-proposer (:class:`~specframe.isolation.FaultGuard`): a faulty proposer's draft is left out of the step, the
+proposer (:class:`~specframe.decode.isolation.FaultGuard`): a faulty proposer's draft is left out of the step, the
 others keep drafting. A merge policy or router that raises or returns a malformed plan or answer is replaced for
 the rest of the request by the plain fallback (proposers in order, every proposer with the step's node budget),
 with one warning; none of this can change the output, only the speed.
@@ -22,9 +22,9 @@ import logging
 import time
 from typing import Any, Sequence
 
-from .combining import MergePolicyBase, ProposerStep, StepReport
-from .contracts import DecodeState, DraftTree, TargetModel, VerifyOutcome
-from .errors import ProposerTimeoutError
+from ..combining import MergePolicyBase, ProposerStep, StepReport
+from ..contracts import DecodeState, DraftTree, TargetModel, VerifyOutcome
+from ..errors import ProposerTimeoutError
 from .isolation import FaultGuard
 from .lineup import Lineup
 from .merge import MergedDraft, check_plan, merge_drafts

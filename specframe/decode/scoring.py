@@ -18,9 +18,9 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import Tensor
 
-from .contracts import DraftTree, TargetModel
-from .kv_cache import cache_length, compact, restore, rollback
-from .tree import tree_attention_mask, tree_position_ids
+from ..contracts import DraftTree, TargetModel
+from ..target.kv_cache import cache_length, compact, restore, rollback
+from ..tree import tree_attention_mask, tree_position_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +62,7 @@ class TargetScorer:
     """The live scorer: target forwards over the request's KV cache.
 
     Args:
-        target: a :class:`specframe.target.Target` (``forward``, ``forward_features`` when ``layers``, ``new_cache``,
+        target: a :class:`specframe.target.hf.Target` (``forward``, ``forward_features`` when ``layers``, ``new_cache``,
             ``device``, ``dtype``).
         layers: transformers ``hidden_states`` indices to return as features (empty: none).
         want_hidden: also return the last layer's hidden states.

@@ -1,6 +1,6 @@
 """The llama.cpp target: a GGUF run by llama.cpp's CPU kernels behind the engine's target and scorer contracts.
 
-:class:`LlamaCppTarget` is what :class:`specframe.target.Target` is for transformers: the tokenizer side (a
+:class:`LlamaCppTarget` is what :class:`specframe.target.hf.Target` is for transformers: the tokenizer side (a
 transformers tokenizer read from the GGUF, so prompts encode exactly as on the transformers engine) and the model
 side (llama.cpp contexts). :class:`LlamaCppScorer` is one request's KV cache: a llama.cpp context whose sequence 0
 holds every committed token but the newest (the engine's KV invariant); each step decodes ``[newest] + draft`` in one
@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..contracts import DraftTree, TargetInfo
-from ..errors import ConfigError
-from ..scoring import Scored
-from ..target import TextSide
+from ...contracts import DraftTree, TargetInfo
+from ...errors import ConfigError
+from ...decode.scoring import Scored
+from ..hf import TextSide
 from .binding import BuildInfo, LlamaContext, LlamaModel, build_info
 
 ENGINE = "llama.cpp"
@@ -74,7 +74,7 @@ class LlamaCppTarget(TextSide):
             vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids, max_context=self.max_context,
             device=self.device, dtype=self.dtype, name=self.name, tokenizer=tokenizer, model=None,
             supports_trees=self.supports_trees, engine=ENGINE)
-        self.settings: Any = None  # specframe.tune.Settings (threads and why) when loaded by load_target
+        self.settings: Any = None  # specframe.target.profile.Settings (threads and why) when loaded by load_target
         self.governor: Any = None
         self.row_check: dict[str, Any] | None = None  # the load-time batch-invariance check (loader)
         self._idle: list[LlamaContext] = []  # contexts of finished requests, reused by later ones
@@ -110,7 +110,7 @@ class LlamaCppTarget(TextSide):
         ctx.close()
 
     def new_scorer(self, layers: tuple[int, ...], want_hidden: bool) -> "LlamaCppScorer":
-        """The scorer of one request (:class:`specframe.scoring.Scorer`).
+        """The scorer of one request (:class:`specframe.decode.scoring.Scorer`).
 
         Raises:
             ConfigError: hidden states or features were asked for (llama.cpp's API does not give them here).
@@ -176,7 +176,7 @@ def _eos_ids(tokenizer: Any, llama: LlamaModel) -> frozenset[int]:
 
 
 class LlamaCppScorer:
-    """One request's verification forwards on llama.cpp (:class:`specframe.scoring.Scorer`).
+    """One request's verification forwards on llama.cpp (:class:`specframe.decode.scoring.Scorer`).
 
     Sequence 0 of the context holds the committed tokens but the newest; ``score`` decodes ``[newest] + draft`` at
     the next positions with a logits row per token; ``keep`` removes the cells past the accepted path.
