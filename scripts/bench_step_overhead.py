@@ -22,7 +22,7 @@ import specframe
 from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig
 from specframe.decode.engine import Engine
 from specframe.target.hf import Target
-from specframe.verifiers import GreedyVerifier
+from specframe.verify import GreedyVerifier
 
 
 class NoProposer(ProposerBase):  # the built-in `none`, inlined so that any checkout can run this script

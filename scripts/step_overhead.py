@@ -21,7 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specframe.decode.engine import Engine
 from specframe.target.hf import Target
-from specframe.verifiers import GreedyVerifier
+from specframe.verify import GreedyVerifier
 from specframe_plugins.autoregressive import NoneConfig, NoProposer
 from specframe_plugins.merge import PriorityConfig, PriorityPolicy
 from specframe_plugins.ngram import NgramConfig, NgramProposer

@@ -26,7 +26,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import pluggy
 
-from . import __version__, hookspecs, verifiers
+from . import __version__, hookspecs, verify
 from .combining import MergePolicyConfig, RouterConfig
 from .contracts import ProposerConfig
 from .errors import (
@@ -382,8 +382,8 @@ def build_registry(*, entry_points: bool = True, extra_plugins: tuple[object, ..
     """
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    plugins = [PluginInfo("specframe.verifiers", "specframe", __version__, verifiers.__name__)]
-    _register(pm, verifiers, plugins[0].name, plugins[0].describe())
+    plugins = [PluginInfo("specframe.verifiers", "specframe", __version__, verify.__name__)]
+    _register(pm, verify, plugins[0].name, plugins[0].describe())
     if entry_points:
         _load_entry_points(pm, plugins)
     installed = {info.name for info in plugins}

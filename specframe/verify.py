@@ -1,6 +1,7 @@
-"""Acceptance rules as pure, batched functions (no model, no engine).
+"""Acceptance: the rules as pure functions (chains batched, token trees per node) and the built-in verifiers
+``greedy`` and ``speculative-sampling`` that apply them. No model, no engine.
 
-Names map to Leviathan et al. 2022, "Fast Inference from Transformers via Speculative Decoding", Algorithm 1:
+**Chains** (``greedy_chain``, ``sampling_chain``, batched). Names map to Leviathan et al. 2022, "Fast Inference from Transformers via Speculative Decoding", Algorithm 1:
 ``target_probs`` is their p (the target model), ``draft_probs`` their q (the approximation model).
 
 - accepted: draft token ``x_i`` kept with probability ``min(1, p_i(x_i) / q_i(x_i))``;
@@ -10,12 +11,29 @@ Names map to Leviathan et al. 2022, "Fast Inference from Transformers via Specul
 
 Deterministic proposals are one-hot q: acceptance probability ``p_i(x_i)`` and residual
 ``p_i`` with ``x_i`` removed.
+
+**Trees** (``greedy_tree``, ``sampling_tree``; the forward's layout is in :mod:`specframe.tree`). Sampling over
+a tree follows SpecInfer (Miao et al. 2024, "SpecInfer", Algorithm 2, multi-step speculative sampling): at a node, children are tried in order; child ``c`` with token ``x`` drawn from ``q_c`` is accepted
+with probability ``min(1, p(x) / q_c(x))``; after a rejection the target distribution is replaced by the
+residual ``norm(max(0, p − q_c))`` before the next sibling is tried; if every child is rejected the recovered
+token is drawn from the current residual. When a path reaches a leaf, the bonus token is drawn from the target
+distribution after it. Deterministic nodes use one-hot ``q``, so a second sibling with the token of an already
+rejected one is rejected with certainty (its residual mass is zero).
+
+The verifiers are registered through the same hook as any plugin's verifiers (see :mod:`specframe.registry`).
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor
+
+from .contracts import DraftTree, VerifyResult
+from .hookspecs import hookimpl
+from .sampling import SamplingParams, probs_from_logits
+from .tree import children_of
 
 # Below this residual mass the residual is "all zero up to rounding": p == q at that position, so a rejection
 # had probability ~0; we draw from p itself instead of dividing by ~0 (which would give NaN).
@@ -88,3 +106,120 @@ def sampling_chain(
     residual = torch.where(degenerate, p_sel, residual)
     next_token = torch.multinomial(residual, 1, generator=generator).squeeze(1)
     return num_accepted, next_token
+
+
+def greedy_tree(target_argmax: list[int], tokens: list[int], parent: list[int]) -> tuple[list[int], int]:
+    """Longest path whose every node equals the target's argmax at its parent.
+
+    Args:
+        target_argmax: ``N + 1`` ids; entry 0 after the newest token, entry ``i + 1`` after node ``i``.
+        tokens: ``N`` node tokens; parent: ``N`` parent indices.
+
+    Returns:
+        ``(path, next_token)``: accepted node indices root-first and the target's argmax after the path.
+    """
+    kids = children_of(parent)
+    path: list[int] = []
+    row = 0
+    while True:
+        want = target_argmax[row]
+        nxt = next((c for c in kids[row] if tokens[c] == want), None)
+        if nxt is None:
+            return path, want
+        path.append(nxt)
+        row = nxt + 1
+
+
+def sampling_tree(
+    target_probs: Tensor, draft_probs: Tensor | None, tokens: list[int], parent: list[int], generator: torch.Generator
+) -> tuple[list[int], int]:
+    """Multi-draft recursive rejection sampling over a token tree (see the module docstring).
+
+    Args:
+        target_probs: ``[N + 1, V]`` float32 warped target distributions (row 0: after the newest token).
+        draft_probs: ``[N, V]`` float32, ``q`` each node's token was drawn from; None = one-hot for all.
+        tokens, parent: ``N`` node tokens and parent indices.
+        generator: randomness.
+
+    Returns:
+        ``(path, next_token)``; the emitted tokens are distributed as sampling the target one token at a time.
+    """
+    kids = children_of(parent)
+    path: list[int] = []
+    row = 0
+    while True:
+        p = target_probs[row]
+        accepted = None
+        for c in kids[row]:
+            x = tokens[c]
+            if draft_probs is None:
+                q = torch.zeros_like(p)
+                q[x] = 1.0
+            else:
+                q = draft_probs[c]
+            u = float(torch.rand((), generator=generator, device=p.device))
+            if u * float(q[x]) < float(p[x]):
+                accepted = c
+                break
+            residual = (p - q).clamp_min(0.0)
+            mass = float(residual.sum())
+            p = p if mass <= RESIDUAL_EPS else residual / mass
+        if accepted is None:
+            return path, int(torch.multinomial(p, 1, generator=generator))
+        path.append(accepted)
+        row = accepted + 1
+
+
+def _result(num_accepted: Tensor, next_token: Tensor) -> VerifyResult:
+    accepted = tuple(tuple(range(a)) for a in num_accepted.tolist())
+    return VerifyResult(accepted_nodes=accepted, next_token=tuple(next_token.tolist()))
+
+
+def _greedy(draft: DraftTree, target_logits: Tensor) -> VerifyResult:
+    if draft.is_chain():
+        return _result(*greedy_chain(target_logits, draft.token_ids.to(target_logits.device)))
+    argmax = target_logits.argmax(-1).tolist()
+    rows = [greedy_tree(argmax[b], draft.token_ids[b].tolist(), draft.parent[b].tolist()) for b in range(len(argmax))]
+    return VerifyResult(tuple(tuple(path) for path, _ in rows), tuple(tok for _, tok in rows))
+
+
+class GreedyVerifier:
+    """Accept a draft node iff its token is the target's argmax: output is token-identical to greedy decoding."""
+
+    name: ClassVar[str] = "greedy"
+    supports_trees: ClassVar[bool] = True
+
+    def verify(
+        self, draft: DraftTree, target_logits: Tensor, sampling: SamplingParams, generator: torch.Generator
+    ) -> VerifyResult:
+        return _greedy(draft, target_logits)
+
+
+class SpeculativeSamplingVerifier:
+    """Leviathan et al. 2022 rejection sampling; the target distribution is preserved exactly."""
+
+    name: ClassVar[str] = "speculative-sampling"
+    supports_trees: ClassVar[bool] = True
+
+    def verify(
+        self, draft: DraftTree, target_logits: Tensor, sampling: SamplingParams, generator: torch.Generator
+    ) -> VerifyResult:
+        device = target_logits.device
+        if sampling.is_greedy:  # the temperature -> 0 limit; warping by 1/0 would give NaN probabilities
+            return _greedy(draft, target_logits)
+        target_probs = probs_from_logits(target_logits, sampling)
+        draft_probs = None if draft.draft_probs is None else draft.draft_probs.to(device, torch.float32)
+        if draft.is_chain():
+            return _result(*sampling_chain(target_probs, draft_probs, draft.token_ids.to(device), generator))
+        rows = [
+            sampling_tree(target_probs[b], None if draft_probs is None else draft_probs[b],
+                          draft.token_ids[b].tolist(), draft.parent[b].tolist(), generator)
+            for b in range(target_probs.shape[0])
+        ]
+        return VerifyResult(tuple(tuple(path) for path, _ in rows), tuple(tok for _, tok in rows))
+
+
+@hookimpl
+def specframe_register_verifiers(register) -> None:
+    register(GreedyVerifier)
+    register(SpeculativeSamplingVerifier)

@@ -13,8 +13,8 @@ from specframe import ProposerBase, ProposerConfig
 from specframe.decode.engine import Engine
 from specframe.sampling import SamplingParams, probs_from_logits
 from specframe.target.hf import Target
-from specframe.testing.recorder import Recorder
-from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.testing.calls import CallLog
+from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter
@@ -38,9 +38,9 @@ def test_combined_greedy_equals_plain_greedy(envs, arch, policy, routed):
     target, refs, folder = envs[arch]
     for i, prompt in enumerate((PROMPT, PROMPT_2)):
         proposers = [
-            Recorder(NgramProposer(NgramConfig(k=4), target.info), VOCAB),
-            Recorder(ScriptedTree(target.info, refs[i]), VOCAB),
-            Recorder(DraftModelProposer(DraftModelConfig(model=str(folder), k=3, min_confidence=0.0), target.info),
+            CallLog(NgramProposer(NgramConfig(k=4), target.info), VOCAB),
+            CallLog(ScriptedTree(target.info, refs[i]), VOCAB),
+            CallLog(DraftModelProposer(DraftModelConfig(model=str(folder), k=3, min_confidence=0.0), target.info),
                      VOCAB),
         ]
         router = AdaptiveRouter(AdaptiveConfig()) if routed else None
@@ -107,8 +107,8 @@ def test_sliding_window_target_verifies_one_chain_the_policy_picks(envs):
 
 def test_each_proposer_hears_about_its_own_draft(envs):
     target, refs, _ = envs["llama"]
-    a = Recorder(ScriptedChain(target.info, refs[0], k=4, name="a"), VOCAB)  # always right
-    b = Recorder(ScriptedChain(target.info, refs[0], k=3, correct=1, name="b"), VOCAB)  # right once, then wrong
+    a = CallLog(ScriptedChain(target.info, refs[0], k=4, name="a"), VOCAB)  # always right
+    b = CallLog(ScriptedChain(target.info, refs[0], k=3, correct=1, name="b"), VOCAB)  # right once, then wrong
     res = Engine(target, [a, b], GreedyVerifier(), merge=policy_of("priority")).generate(PROMPT, max_new_tokens=21)
     assert res.token_ids == refs[0][:21]
     for rec, want in ((a, lambda d: tuple(range(d.num_nodes))), (b, lambda d: (0,) if d.num_nodes else ())):
@@ -126,8 +126,8 @@ def test_each_proposer_hears_about_its_own_draft(envs):
 
 def test_a_truncated_draft_hears_about_the_part_that_was_verified(envs):
     target, refs, _ = envs["llama"]
-    a = Recorder(ScriptedChain(target.info, refs[0], k=3, correct=0, name="a"), VOCAB)
-    b = Recorder(ScriptedChain(target.info, refs[0], k=5, name="b"), VOCAB)
+    a = CallLog(ScriptedChain(target.info, refs[0], k=3, correct=0, name="a"), VOCAB)
+    b = CallLog(ScriptedChain(target.info, refs[0], k=5, name="b"), VOCAB)
     res = Engine(target, [a, b], GreedyVerifier(), merge=policy_of("priority", max_nodes=5)).generate(
         PROMPT, max_new_tokens=13)
     assert res.token_ids == refs[0][:13]

@@ -11,7 +11,7 @@ from specframe import ProposerBase, ProposerConfig
 from specframe.combining import MergePolicyBase, MergePolicyConfig, RouterBase, RouterConfig
 from specframe.decode.engine import Engine
 from specframe.sampling import SamplingParams
-from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.merge import PriorityConfig, PriorityPolicy
 
 from .combining_helpers import N_NEW, ScriptedChain, combining_envs, policy_of

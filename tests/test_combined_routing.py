@@ -8,8 +8,8 @@ import pytest
 from specframe import DraftTree
 from specframe.combining import RouterBase, RouterConfig
 from specframe.decode.engine import Engine
-from specframe.testing.recorder import Recorder
-from specframe.verifiers import GreedyVerifier
+from specframe.testing.calls import CallLog
+from specframe.verify import GreedyVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter
@@ -127,8 +127,8 @@ def test_revise_trims_drafts_and_greedy_output_is_unchanged(envs, keep_b):
             verified.append(draft.token_ids[0].tolist())
             return super().verify(draft, target_logits, sampling, generator)
 
-    a = Recorder(ScriptedChain(target.info, refs[0], k=4, name="a"), VOCAB)  # always right
-    b = Recorder(ScriptedChain(target.info, refs[0], k=4, correct=0, name="b"), VOCAB)  # always wrong
+    a = CallLog(ScriptedChain(target.info, refs[0], k=4, name="a"), VOCAB)  # always right
+    b = CallLog(ScriptedChain(target.info, refs[0], k=4, correct=0, name="b"), VOCAB)  # always wrong
     router = Trim(RouterConfig(name="trim"), [2, keep_b])
     res = Engine(target, [a, b], Spy(), merge=policy_of("priority"), router=router).generate(
         PROMPT, max_new_tokens=N_NEW)
@@ -166,7 +166,7 @@ class EveryNth(ScriptedChain):
 def test_adaptive_cascade_runs_the_costly_proposer_only_when_the_cheap_one_drafted_little(envs):
     target, refs, _ = envs["llama"]
     cheap = EveryNth(target.info, refs[0], k=8, name="cheap", every=3)
-    costly = Recorder(ScriptedChain(target.info, refs[0], k=1, name="costly"), VOCAB)
+    costly = CallLog(ScriptedChain(target.info, refs[0], k=1, name="costly"), VOCAB)
     router = AdaptiveRouter(AdaptiveConfig(draft_cost={"costly": 0.3}, measure="never", explore=0.0,
                                            probe_every=1000))
     res = Engine(target, [cheap, costly], GreedyVerifier(), merge=policy_of("priority", 16), router=router).generate(

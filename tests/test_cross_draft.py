@@ -22,10 +22,10 @@ from specframe.errors import ConfigError
 from specframe.sampling import SamplingParams, probs_from_logits
 from specframe.target.hf import Target
 from specframe.testing import Kit
-from specframe.testing.recorder import Recorder
+from specframe.testing.calls import CallLog
 from specframe.testing.stats import tv_test_fixed
 from specframe.testing.tiny import first_two_tokens
-from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
 
 from .support import (
     PROMPT,
@@ -165,7 +165,7 @@ def test_a_lossy_draft_tokenizer_is_found():
 
 @pytest.mark.parametrize("mapping", ["text", "shared"])
 def test_greedy_equals_plain_greedy(pair, mapping):
-    rec = Recorder(proposer(pair, mapping=mapping, k=4), pair["target"].vocab_size)
+    rec = CallLog(proposer(pair, mapping=mapping, k=4), pair["target"].vocab_size)
     engine = Engine(pair["target"], [rec], GreedyVerifier())
     drafted = 0
     for i, prompt in enumerate((PROMPT, PROMPT_2)):

@@ -24,10 +24,10 @@ from specframe.learned.small_draft import build_from_target, is_small_draft, loa
 from specframe.sampling import SamplingParams, probs_from_logits
 from specframe.target.hf import Target
 from specframe.testing import Kit
-from specframe.testing.recorder import Recorder
+from specframe.testing.calls import CallLog
 from specframe.testing.stats import tv_test_fixed
 from specframe.testing.tiny import first_two_tokens
-from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer, check_vocabularies
 
 from .support import ARCHS, PROMPT, PROMPT_2, VOCAB, WORDS, build_model, build_tokenizer, check_metrics, hf_greedy
@@ -112,7 +112,7 @@ def env(request, envs) -> Env:
     return envs[request.param]
 
 
-def drafted(rec: Recorder) -> list[tuple[int, DraftTree]]:
+def drafted(rec: CallLog) -> list[tuple[int, DraftTree]]:
     """(number of committed tokens, draft) of every propose call."""
     return [(len(c.tokens), c.draft) for c in rec.calls if c.method == "propose"]
 
@@ -136,7 +136,7 @@ def fresh_draft_logits(proposer: DraftModelProposer, tokens: list[int]) -> torch
     ("small", {"min_confidence": 0.0, "k": 3, "schedule": "constant"}),
 ])
 def test_greedy_equals_plain_greedy(env, draft, options):
-    rec = Recorder(env.proposer(draft, **options), env.target.vocab_size)
+    rec = CallLog(env.proposer(draft, **options), env.target.vocab_size)
     engine = env.engine(rec)
     for i, prompt in enumerate((PROMPT, PROMPT_2)):
         res = engine.generate(prompt, max_new_tokens=N_NEW)
@@ -184,7 +184,7 @@ def test_padded_draft_vocabulary(envs, tmp_path, arch, tokenizer):
     folder = save_hf(big, tmp_path / "padded", tok)
     with torch.inference_mode():  # the premise: over all 80 rows, the draft's argmax is a padding id
         assert int(big(input_ids=torch.tensor([PROMPT])).logits[0, -1].argmax()) >= VOCAB
-    rec = Recorder(env.proposer(folder, min_confidence=0.0, k=5, max_k=8), env.target.vocab_size)
+    rec = CallLog(env.proposer(folder, min_confidence=0.0, k=5, max_k=8), env.target.vocab_size)
     assert rec.inner.draft.vocab == 80
     res = env.engine(rec).generate(PROMPT, max_new_tokens=N_NEW)
     assert res.token_ids == env.refs[0]
@@ -206,7 +206,7 @@ def test_smaller_draft_vocabulary_drafts_only_what_it_can_embed(envs, tmp_path):
     ref = env.refs[0]
     assert max(PROMPT) < 44 and 44 in ref[:10]  # the context gets a token the draft lacks after a few steps
     folder = save_hf(build_model("llama", seed=1, vocab_size=44), tmp_path / "v44")  # no tokenizer saved
-    rec = Recorder(env.proposer(folder, min_confidence=0.0, k=3), env.target.vocab_size)
+    rec = CallLog(env.proposer(folder, min_confidence=0.0, k=3), env.target.vocab_size)
     res = env.engine(rec).generate(PROMPT, max_new_tokens=N_NEW)
     assert res.token_ids == ref
     check_metrics(res)
@@ -256,7 +256,7 @@ def test_context_beyond_the_drafts_limit_turns_speculation_off(envs, tmp_path):
     folder = save_hf(build_model("qwen2", seed=1, max_position_embeddings=limit), tmp_path / "short",
                      build_tokenizer())
     assert env.target.max_context == 256
-    rec = Recorder(env.proposer(folder, min_confidence=0.0, k=3, max_k=3), env.target.vocab_size)
+    rec = CallLog(env.proposer(folder, min_confidence=0.0, k=3, max_k=3), env.target.vocab_size)
     engine = env.engine(rec)
     res = engine.generate(PROMPT, max_new_tokens=N_NEW)
     assert res.token_ids == env.refs[0]
@@ -506,7 +506,7 @@ def test_heuristic_schedule_rule(envs):
 
 def test_draft_lengths_follow_the_schedule_in_generation(envs):
     env = envs["llama"]
-    rec = Recorder(env.proposer("other", min_confidence=0.0, k=2, max_k=6), env.target.vocab_size)
+    rec = CallLog(env.proposer("other", min_confidence=0.0, k=2, max_k=6), env.target.vocab_size)
     res = env.engine(rec).generate(PROMPT_2, max_new_tokens=N_NEW)
     assert res.token_ids == env.refs[1]
     check_metrics(res)
@@ -526,13 +526,13 @@ def test_draft_lengths_follow_the_schedule_in_generation(envs):
     assert rec.inner.k == k
     assert shrank  # random drafts get rejected
     # the target as draft: full acceptance grows k by 2 up to max_k
-    rec = Recorder(env.proposer("self", min_confidence=0.0, k=1, max_k=6), env.target.vocab_size)
+    rec = CallLog(env.proposer("self", min_confidence=0.0, k=1, max_k=6), env.target.vocab_size)
     env.engine(rec).generate(PROMPT, max_new_tokens=N_NEW)
     assert [d.num_nodes for _, d in drafted(rec)][:5] == [1, 3, 5, 6, 6]
 
 
 def test_min_confidence_one_drafts_a_single_token(env):
-    rec = Recorder(env.proposer("self", min_confidence=1.0, k=5, max_k=8), env.target.vocab_size)
+    rec = CallLog(env.proposer("self", min_confidence=1.0, k=5, max_k=8), env.target.vocab_size)
     res = env.engine(rec).generate(PROMPT, max_new_tokens=N_NEW)
     assert res.token_ids == env.refs[0]
     check_metrics(res)

@@ -20,7 +20,7 @@ from specframe.sampling import SamplingParams
 from specframe.target.hf import Target
 from specframe.testing import Kit
 from specframe.training.eagle import EagleSettings, finish_eagle, train_eagle
-from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.eagle import EagleConfig, EagleProposer
 from specframe_plugins.merge import PriorityConfig, PriorityPolicy
 from specframe_plugins.ngram import NgramConfig, NgramProposer

@@ -18,7 +18,7 @@ from specframe.errors import ConfigError, PromptTooLongError
 from specframe.target.kv_cache import cache_length, rollback
 from specframe.sampling import SamplingParams
 from specframe.target.hf import Target
-from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.autoregressive import NoneConfig, NoProposer
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 

@@ -22,10 +22,10 @@ from specframe.learned.medusa_heads import MedusaHeads
 from specframe.sampling import SamplingParams
 from specframe.target.hf import Target
 from specframe.testing import ConformanceError, Kit, NotApplicable
-from specframe.testing.recorder import Recorder
+from specframe.testing.calls import CallLog
 from specframe.testing.tiny import last_hidden
 from specframe.tree import node_depths
-from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.medusa import MedusaConfig, MedusaProposer, grow_tree
 
 from .support import ARCHS, PROMPT, PROMPT_2, build_model, build_tokenizer, check_metrics, hf_greedy
@@ -172,7 +172,7 @@ def test_grow_tree_takes_the_best_paths_in_topological_order(seed):
                                                      ("zero", 4, 8)])
 def test_greedy_trees_equal_plain_greedy(targets, references, heads_dirs, arch, heads, top_k, max_nodes):
     target = targets[arch]
-    rec = Recorder(medusa(target, heads_dirs[heads], top_k=top_k, max_nodes=max_nodes), target.vocab_size)
+    rec = CallLog(medusa(target, heads_dirs[heads], top_k=top_k, max_nodes=max_nodes), target.vocab_size)
     engine = Engine(target, [rec], GreedyVerifier())
     num_heads = rec.inner.num_heads
     for i, prompt in enumerate((PROMPT, PROMPT_2)):
@@ -206,7 +206,7 @@ def test_zero_init_heads_get_repeats_accepted(targets, references, heads_dirs):
 def test_sliding_window_target_gets_chains_without_faults(targets, references, heads_dirs):
     target = targets["qwen2-sliding"]
     assert target.info.supports_trees is False
-    rec = Recorder(medusa(target, heads_dirs["random"], top_k=4, max_nodes=16), target.vocab_size)
+    rec = CallLog(medusa(target, heads_dirs["random"], top_k=4, max_nodes=16), target.vocab_size)
     engine = Engine(target, [rec], GreedyVerifier())
     for i, prompt in enumerate((PROMPT, PROMPT_2)):
         res = engine.generate(prompt, max_new_tokens=N_NEW)
@@ -256,7 +256,7 @@ def test_hidden_state_follows_the_accepted_path(targets, references, heads_dirs,
 def test_one_token_prompt_has_no_hidden_state_at_first(targets, heads_dirs):
     target = targets["llama"]
     prompt = [PROMPT[0]]
-    rec = Recorder(medusa(target, heads_dirs["random"], top_k=3, max_nodes=8), target.vocab_size)
+    rec = CallLog(medusa(target, heads_dirs["random"], top_k=3, max_nodes=8), target.vocab_size)
     res = Engine(target, [rec], GreedyVerifier()).generate(prompt, max_new_tokens=20)
     assert res.token_ids == hf_greedy(target.model, prompt, 20)
     check_metrics(res)
@@ -369,7 +369,7 @@ def test_top_k_above_the_vocabulary(specframe_tiny_target, tmp_path):
                                       SamplingParams(temperature=0.8, top_k=10, top_p=0.9)])
 def test_sampling_is_seeded_fault_free_and_drafts_are_deterministic(targets, heads_dirs, sampling):
     target = targets["qwen2"]
-    rec = Recorder(medusa(target, heads_dirs["random"], top_k=3, max_nodes=12), target.vocab_size)
+    rec = CallLog(medusa(target, heads_dirs["random"], top_k=3, max_nodes=12), target.vocab_size)
     engine = Engine(target, [rec], SpeculativeSamplingVerifier())
     runs = [engine.generate(PROMPT, max_new_tokens=24, sampling=sampling, seed=s) for s in (3, 3, 4)]
     assert runs[0].token_ids == runs[1].token_ids
@@ -546,7 +546,7 @@ def test_subset_heads_keep_greedy_output_unchanged(targets, references, tmp_path
     target = targets[arch]
     token_map = list(range(0, target.vocab_size, 2))  # half the vocabulary
     random_heads(4, 1, seed=0, token_map=torch.tensor(token_map)).save(tmp_path, NAME)
-    rec = Recorder(medusa(target, tmp_path, top_k=3, max_nodes=8), target.vocab_size)
+    rec = CallLog(medusa(target, tmp_path, top_k=3, max_nodes=8), target.vocab_size)
     engine = Engine(target, [rec], GreedyVerifier())
     for i, prompt in enumerate((PROMPT, PROMPT_2)):
         res = engine.generate(prompt, max_new_tokens=N_NEW)
@@ -568,7 +568,7 @@ def test_zero_subset_heads_get_repeats_accepted(targets, references, tmp_path):
     token_map = sorted({ref[0], 1, 2, 3, 4, 5})
     assert token_map.index(ref[0]) != ref[0]  # a subset index is not the token id
     MedusaHeads(HIDDEN, 4, 1, torch.tensor(token_map)).save(tmp_path, NAME)
-    rec = Recorder(medusa(target, tmp_path, top_k=2, max_nodes=8), target.vocab_size)
+    rec = CallLog(medusa(target, tmp_path, top_k=2, max_nodes=8), target.vocab_size)
     res = Engine(target, [rec], GreedyVerifier()).generate(PROMPT_2, max_new_tokens=N_NEW)
     assert res.token_ids == ref
     check_metrics(res)

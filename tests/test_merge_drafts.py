@@ -12,7 +12,7 @@ import torch
 from specframe import DraftTree
 from specframe.decode.merge import MergedDraft, check_plan, merge_drafts
 from specframe.sampling import SamplingParams
-from specframe.verifiers import SpeculativeSamplingVerifier
+from specframe.verify import SpeculativeSamplingVerifier
 
 from .combining_helpers import chain, tree
 from .support import VOCAB

@@ -17,7 +17,7 @@ from specframe.errors import ConfigError
 from specframe.decode.isolation import IsolationPolicy
 from specframe.registry import build_registry
 from specframe.sampling import SamplingParams
-from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 N_NEW = 20

@@ -16,7 +16,7 @@ from specframe.registry import build_registry
 PROMPT = [3, 7, 3, 7, 3, 7, 3, 7]
 
 
-class Recorder:
+class EventLog:
     def __init__(self) -> None:
         self.steps, self.requests = [], []
 
@@ -42,7 +42,7 @@ def load(target, *plugins, proposer: str = "ngram"):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_step_events_add_up_to_the_request(specframe_tiny_target, temperature):
-    rec = Recorder()
+    rec = EventLog()
     sf = load(specframe_tiny_target, rec)
     # (seed 1: with ngram's drafts through the repeat, seed 0's sampled run happens to accept none)
     result = sf.generate_result(PROMPT, max_new_tokens=24, temperature=temperature, seed=1)
@@ -62,7 +62,7 @@ def test_step_events_add_up_to_the_request(specframe_tiny_target, temperature):
 
 
 def test_request_ids_count_requests(specframe_tiny_target):
-    rec = Recorder()
+    rec = EventLog()
     sf = load(specframe_tiny_target, rec)
     for _ in range(3):
         sf.generate_result(PROMPT, max_new_tokens=4)
@@ -83,7 +83,7 @@ def test_step_events_report_faults(specframe_tiny_target):
         def specframe_register_proposers(self, register):
             register(Once)
 
-    rec = Recorder()
+    rec = EventLog()
     load(specframe_tiny_target, rec, Plugin(), proposer="once").generate_result(PROMPT, max_new_tokens=5)
     assert [e.faults for e in rec.steps] == [1, 0, 0, 0, 0]
 
@@ -104,7 +104,7 @@ class _Counting:
 
 @pytest.mark.parametrize("observed", [False, True])
 def test_no_observer_means_no_pluggy_call_and_no_event(specframe_tiny_target, monkeypatch, observed):
-    sf = load(specframe_tiny_target, *([Recorder()] if observed else []))
+    sf = load(specframe_tiny_target, *([EventLog()] if observed else []))
     assert (sf.registry.observers() is None) is not observed
     calls = []
     hooks = sf.registry.plugin_manager.hook
@@ -120,7 +120,7 @@ def test_no_observer_means_no_pluggy_call_and_no_event(specframe_tiny_target, mo
 
 def test_a_raising_observer_changes_nothing_and_warns_once(specframe_tiny_target, caplog):
     plain = load(specframe_tiny_target).generate_result(PROMPT, max_new_tokens=16)
-    rec = Recorder()
+    rec = EventLog()
     sf = load(specframe_tiny_target, Raising(), rec)
     caplog.set_level(logging.WARNING, logger="specframe")
     result = sf.generate_result(PROMPT, max_new_tokens=16)

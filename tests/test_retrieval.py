@@ -26,7 +26,7 @@ from specframe.testing import Kit, NotApplicable
 from specframe.testing.kit import PROMPTS as KIT_PROMPTS
 from specframe.testing.tiny import reference_greedy
 from specframe.tree import node_depths
-from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.retrieval import (
     RetrievalConfig,
     RetrievalProposer,

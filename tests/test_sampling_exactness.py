@@ -19,7 +19,7 @@ from specframe.contracts import DraftTree, ProposerBase, ProposerConfig
 from specframe.decode.engine import Engine
 from specframe.sampling import SamplingParams, probs_from_logits
 from specframe.target.hf import Target
-from specframe.verifiers import SpeculativeSamplingVerifier
+from specframe.verify import SpeculativeSamplingVerifier
 from specframe.verify import sampling_chain
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 

@@ -31,7 +31,7 @@ from specframe.training.medusa import MedusaSettings, collect, finish_medusa, tr
 from specframe.training.prompts import build_prompts, passages
 from specframe.training.eagle import EagleSettings
 from specframe.training.recipe import EVAL_SEED, RECIPES, run_recipe
-from specframe.verifiers import GreedyVerifier
+from specframe.verify import GreedyVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.medusa import MedusaConfig, MedusaProposer
 

@@ -12,7 +12,7 @@ import torch
 
 from specframe.contracts import DraftTree
 from specframe.sampling import SamplingParams, probs_from_logits
-from specframe.verifiers import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.verify import RESIDUAL_EPS, greedy_chain, sampling_chain
 
 V = 6

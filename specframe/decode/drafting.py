@@ -7,7 +7,7 @@ still to run or trim the drafts made so far: a cascade), a :class:`~specframe.co
 their drafts share the merged tree's node budget, and :func:`specframe.decode.merge.merge_drafts` builds the one tree the target verifies. Afterwards
 each proposer gets a :class:`~specframe.contracts.VerifyOutcome` about its own draft, and its attribution
 (:class:`~specframe.combining.ProposerStep`) goes to the policy, the router and, in the step's
-:class:`~specframe.combining.StepReport`, the request's :class:`~specframe.decode.recorder.Recorder` (metrics, observers).
+:class:`~specframe.combining.StepReport`, the request's :class:`~specframe.decode.metrics.MetricsWriter` (metrics, observers).
 
 Everything here works through the contracts: no proposer, policy or router is named. Faults are isolated per
 proposer (:class:`~specframe.decode.isolation.FaultGuard`): a faulty proposer's draft is left out of the step, the
@@ -28,7 +28,7 @@ from ..errors import ProposerTimeoutError
 from .isolation import FaultGuard
 from .lineup import Lineup
 from .merge import MergedDraft, check_plan, merge_drafts
-from .recorder import Recorder
+from .metrics import MetricsWriter
 from .validate import check_draft
 
 log = logging.getLogger("specframe")
@@ -58,7 +58,7 @@ class Drafting:
     Args:
         lineup: the engine's plugins (proposers in provenance order, merge policy, router, isolation policy).
         target: what the target is (``vocab_size``; ``supports_trees``: one tree mask serves all its layers).
-        recorder: the request's recorder (faults, skipped proposers).
+        writer: the request's metrics writer (faults, skipped proposers).
         greedy: the request decodes greedily (greedy: every duplicate node is merged; sampling: only
             deterministic ones).
 
@@ -68,13 +68,13 @@ class Drafting:
     chain is kept).
     """
 
-    def __init__(self, lineup: Lineup, target: TargetModel, recorder: Recorder, greedy: bool) -> None:
-        self.recorder, self.isolation, self.greedy = recorder, lineup.isolation, greedy
+    def __init__(self, lineup: Lineup, target: TargetModel, writer: MetricsWriter, greedy: bool) -> None:
+        self.writer, self.isolation, self.greedy = writer, lineup.isolation, greedy
         self.vocab_size = int(target.vocab_size)
         self.merged_trees_ok = lineup.verifies_trees and bool(getattr(target, "supports_trees", False))
         self.slots: list[_Slot] = []
         for p, label, caps in zip(lineup.proposers, lineup.labels, lineup.capabilities):
-            guard = FaultGuard(p.name, label, lineup.origins.get(label, ""), lineup.isolation, recorder)
+            guard = FaultGuard(p.name, label, lineup.origins.get(label, ""), lineup.isolation, writer)
             if getattr(p, "build_error", None) is not None:  # an UnbuiltProposer: left out of the whole request
                 guard.unbuilt()
             self.slots.append(_Slot(p, label, guard, caps.produces_trees, caps.produces_trees and self.merged_trees_ok))
@@ -110,7 +110,7 @@ class Drafting:
             if s.guard.disabled:
                 continue
             if b <= 0:
-                self.recorder.skipped(s.label)
+                self.writer.skipped(s.label)
                 continue
             s.asked, s.budget = True, min(budget, b)
             s.draft = self._propose_one(s, state, s.budget)
@@ -156,7 +156,7 @@ class Drafting:
     def feedback(self, merged: MergedDraft, path: Sequence[int], committed: Sequence[int], finished: bool,
                  forward_s: float) -> StepReport:
         """Attribution, then each enabled proposer's ``on_verified`` about its own draft, then the policy's and
-        router's feedback. Returns the step's report (for the recorder and observers)."""
+        router's feedback. Returns the step's report (for the metrics writer and observers)."""
         depths = merged.depths()
         single = len(self.slots) == 1  # the identity merge: the merged tree is the draft
         steps = []

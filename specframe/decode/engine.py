@@ -11,7 +11,7 @@ no plugin observes, and then no event is built). Each request's step (:meth:`_Re
 3. the verifier accepts a path and draws the recovered or bonus token;
 4. the stop checks commit tokens, and the scorer keeps the accepted path's KV entries;
 5. drafting gives each proposer, the merge policy and the router their feedback (attribution);
-6. the recorder (:mod:`specframe.decode.recorder`) writes the step's metrics and observer event.
+6. the metrics writer (:mod:`specframe.decode.metrics`) writes the step's metrics and observer event.
 
 A faulty proposer is isolated (:mod:`specframe.decode.isolation`): output never depends on it.
 
@@ -38,7 +38,7 @@ from .lineup import Lineup, proposer_labels
 from .merge import MergedDraft
 from .metrics import RequestMetrics
 from .observe import Observers
-from .recorder import Recorder
+from .metrics import MetricsWriter
 from ..sampling import SamplingParams
 from .scoring import Scored, ScorerFactory, TargetScorer
 from .stopping import StopChecker, TextStream, special_stop_ids, without_incomplete_character
@@ -206,9 +206,9 @@ class _Request:
         )
         rewrites = bool(getattr(target.tokenizer, "clean_up_tokenization_spaces", False))  # decode edits earlier text
         self.stream = TextStream(target.decode, on_text, stop_strings, rewrites) if on_text else None
-        self.recorder = Recorder(engine.labels, len(prompt_ids), observer)
+        self.writer = MetricsWriter(engine.labels, len(prompt_ids), observer)
         self.seed = seed
-        self.drafting = Drafting(engine.lineup, target, self.recorder, sampling.is_greedy)
+        self.drafting = Drafting(engine.lineup, target, self.writer, sampling.is_greedy)
         self.scorer = scorer(target, engine.feature_layers, engine.wants_hidden)
         self.prompt_ids = prompt_ids
         self.features: torch.Tensor | None = None  # [1, buf length, F, H], filled as positions are processed
@@ -227,7 +227,7 @@ class _Request:
             ids = self.buf[:, : self.length - 1]
             self.state.hidden, feats = self.scorer.prefill(ids)
             self._store_features(feats, 0, list(range(ids.shape[1])))
-        self.recorder.prefill(time.perf_counter() - t_start)
+        self.writer.prefill(time.perf_counter() - t_start)
         self.drafting.start(self.state, self.seed)
         while self.stops.finish_reason is None:
             self.step()
@@ -241,11 +241,11 @@ class _Request:
             text = text[: self.stops.stop_text_at]
         if self.stream:
             self.stream.update(generated, final=True, final_text=text)
-        metrics = self.recorder.finish(time.perf_counter() - t_start)
+        metrics = self.writer.finish(time.perf_counter() - t_start)
         return GenerationResult(list(generated), text, self.stops.finish_reason, metrics, list(self.prompt_ids))
 
     def step(self) -> None:
-        """One verification step (the six calls of the module docstring); times go to the recorder."""
+        """One verification step (the six calls of the module docstring); times go to the metrics writer."""
         t0 = time.perf_counter()
         # 1. propose: the merged draft (each step also commits one target token, so it may hold remaining - 1)
         merged = self.drafting.propose(self.state, self.stops.max_new_tokens - len(self.stops.generated) - 1)
@@ -265,7 +265,7 @@ class _Request:
             self.stream.update(self.stops.generated)
         # 6. record: metrics and the observers' step event
         t3 = time.perf_counter()
-        self.recorder.step(report, merged.depths(), committed, finished, t1 - t0, t3 - t2)
+        self.writer.step(report, merged.depths(), committed, finished, t1 - t0, t3 - t2)
 
     def _score(self, merged: MergedDraft) -> tuple[MergedDraft, Scored]:
         """Score the newest committed token + ``merged``'s draft. A draft the target's forward cannot take (a shape or
@@ -307,7 +307,7 @@ class _Request:
         self.scorer.undo()
         was_tree = not merged.tree.is_chain()
         self.drafting.restrict(chains_only=was_tree)
-        self.recorder.fault(None, REFUSED)
+        self.writer.fault(None, REFUSED)
         log.warning(
             "the target's forward raised %s on a %s draft of %d nodes from %s: %s; this step goes on without it and "
             "the rest of the request %s, output is unaffected", type(exc).__name__, "tree" if was_tree else "chain",

@@ -5,7 +5,7 @@ the :class:`~specframe.contracts.DraftTree` contract (see :func:`specframe.decod
 ``propose`` call takes longer than the policy's time limit. Its draft is then left out of the step (a
 target-only step when it drafts alone; combined, the other proposers' drafts are still verified), so the committed
 tokens are exactly those of plain decoding. Per request and proposer, a :class:`FaultGuard` counts faults in the
-request's metrics through the request's recorder (and the proposer's own attribution), logs **one** warning naming the plugin, and after
+request's metrics through the request's metrics writer (and the proposer's own attribution), logs **one** warning naming the plugin, and after
 ``max_faults`` faults disables that proposer — and only it — for the rest of the request (no more calls into it).
 
 The time limit is checked after ``propose`` returns (a Python call cannot be interrupted safely); the late
@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 
 from ..errors import ConfigError, DraftError, ProposerTimeoutError
-from .recorder import Recorder
+from .metrics import MetricsWriter
 
 log = logging.getLogger("specframe")
 
@@ -84,15 +84,15 @@ class FaultGuard:
         label: its label in the request (metrics key: the name, or ``name#2`` for a second instance).
         plugin: where it comes from, e.g. ``"specframe-recall 0.1.0"`` ("" when unknown).
         policy: the isolation policy.
-        recorder: the request's :class:`~specframe.decode.recorder.Recorder`, which counts every fault in the metrics.
+        writer: the request's :class:`~specframe.decode.metrics.MetricsWriter`, which counts every fault in the metrics.
 
     With several proposers combined, each has its own guard: one proposer's faults never disable another.
     """
 
-    __slots__ = ("name", "label", "plugin", "policy", "recorder", "faults", "disabled")
+    __slots__ = ("name", "label", "plugin", "policy", "writer", "faults", "disabled")
 
-    def __init__(self, name: str, label: str, plugin: str, policy: IsolationPolicy, recorder: Recorder) -> None:
-        self.name, self.label, self.plugin, self.policy, self.recorder = name, label, plugin, policy, recorder
+    def __init__(self, name: str, label: str, plugin: str, policy: IsolationPolicy, writer: MetricsWriter) -> None:
+        self.name, self.label, self.plugin, self.policy, self.writer = name, label, plugin, policy, writer
         self.faults = 0
         self.disabled = False
 
@@ -100,7 +100,7 @@ class FaultGuard:
         """The proposer could not be built (:class:`UnbuiltProposer`): one ``build`` fault, disabled from the start,
         no warning (given once when it was built)."""
         self.faults, self.disabled = self.faults + 1, True
-        self.recorder.fault(self.label, BUILD, disabled=True)
+        self.writer.fault(self.label, BUILD, disabled=True)
 
     def fault(self, where: str, exc: BaseException) -> None:
         """Record a fault in ``where`` (``start`` | ``propose`` | ``on_verified``); warn on the first one."""
@@ -108,7 +108,7 @@ class FaultGuard:
         self.faults += 1
         if self.faults >= self.policy.max_faults:
             self.disabled = True
-        self.recorder.fault(self.label, kind, disabled=self.disabled)
+        self.writer.fault(self.label, kind, disabled=self.disabled)
         if self.faults == 1:
             what = {MALFORMED: "broke the draft contract", TIMEOUT: "ran over its time limit"}.get(
                 kind, f"raised {type(exc).__name__}"

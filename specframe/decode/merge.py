@@ -60,7 +60,7 @@ class MergedDraft:
     def depths(self) -> list[int]:
         """``[N]`` each merged node's depth (1 = a child of the newest committed token), computed once."""
         depths = self._depths
-        if depths is None:  # (once: attribution and the recorder both read it)
+        if depths is None:  # (once: attribution and the metrics writer both read it)
             depths = node_depths(self.tree.parent.tolist()[0]) if self.tree.num_nodes else []
             object.__setattr__(self, "_depths", depths)
         return depths

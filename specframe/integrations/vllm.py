@@ -203,14 +203,14 @@ class _Session:
 
     def __init__(self, sf: Any, tokens: Any, prompt_len: int, seed: int) -> None:
         from ..decode.drafting import Drafting
-        from ..decode.recorder import Recorder
+        from ..decode.metrics import MetricsWriter
         from ..sampling import SamplingParams
 
         self._cm = sf.engine()
         engine = self._cm.__enter__()
-        self.recorder = Recorder(engine.labels, prompt_len)
-        self.metrics = self.recorder.metrics
-        self.drafting = Drafting(engine.lineup, engine.target, self.recorder, greedy=True)
+        self.writer = MetricsWriter(engine.labels, prompt_len)
+        self.metrics = self.writer.metrics
+        self.drafting = Drafting(engine.lineup, engine.target, self.writer, greedy=True)
         self.drafting.restrict(chains_only=True)  # vLLM verifies one chain per request
         generator = torch.Generator()
         generator.manual_seed(seed)
@@ -248,7 +248,7 @@ class _Session:
         accepted = _accepted(chain, sampled)
         path = list(range(accepted))
         report = self.drafting.feedback(merged, path, sampled, finished, forward_s)
-        self.recorder.step(report, merged.depths(), sampled, finished, self.propose_s, 0.0)
+        self.writer.step(report, merged.depths(), sampled, finished, self.propose_s, 0.0)
         self.pending = None
 
     def close(self) -> None:

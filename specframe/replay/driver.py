@@ -28,7 +28,8 @@ from ..contracts import DraftTree, TargetInfo, VerifyResult
 from ..errors import TraceError
 from ..sampling import SamplingParams
 from ..decode.scoring import Scored
-from ..tree import greedy_tree, node_depths
+from ..tree import node_depths
+from ..verify import greedy_tree
 from .trace import Trace, TraceQuestion
 
 GREEDY = SamplingParams()

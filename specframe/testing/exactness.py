@@ -90,7 +90,7 @@ def check_draft_probs_match_samples(kit: "Kit") -> None:
             try:
                 rec.start(state)
                 draft = rec.propose(state, DRAFT_DEPTH)
-            except Exception:  # noqa: BLE001 - recorded by the Recorder, reported just below
+            except Exception:  # noqa: BLE001 - logged by the CallLog, reported just below
                 pass
             kit.fail_on_problems(rec, f"proposal {seed} from kit prompt {ids(prompt)}")
             if draft.draft_probs is None:

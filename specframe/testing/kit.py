@@ -21,9 +21,9 @@ from ..decode.isolation import IsolationPolicy
 from ..registry import check_proposer_class
 from ..sampling import SamplingParams
 from ..target.hf import Target
-from ..verifiers import GreedyVerifier, SpeculativeSamplingVerifier
+from ..verify import GreedyVerifier, SpeculativeSamplingVerifier
 from . import exactness, protocol
-from .recorder import Recorder
+from .calls import CallLog
 from .report import ConformanceError, NotApplicable, describe_exc
 from .tiny import reference_greedy, single_thread, tiny_target, weights_checksum
 
@@ -83,8 +83,8 @@ class Kit:
                 f"(at {'.'.join(map(str, exc.errors()[0]['loc']))}); pass valid options to the kit"
             ) from None
 
-    def make(self) -> Recorder:
-        """A fresh instance of the proposer, wrapped in a :class:`Recorder`."""
+    def make(self) -> CallLog:
+        """A fresh instance of the proposer, wrapped in a :class:`CallLog`."""
         config = self.config
         try:
             instance = self.cls(config, self.target.info)
@@ -94,10 +94,10 @@ class Kit:
                 "accept its config and a specframe.TargetInfo (the kit's target has no tokenizer, V = "
                 f"{self.target.vocab_size})"
             ) from None
-        return Recorder(instance, self.target.vocab_size)
+        return CallLog(instance, self.target.vocab_size)
 
     def generate(
-        self, rec: Recorder, prompt: tuple[int, ...], sampling: SamplingParams = GREEDY, seed: int = 0,
+        self, rec: CallLog, prompt: tuple[int, ...], sampling: SamplingParams = GREEDY, seed: int = 0,
         max_new_tokens: int = NEW_TOKENS,
     ) -> GenerationResult:
         verifier = GreedyVerifier() if sampling.is_greedy else SpeculativeSamplingVerifier()
@@ -108,8 +108,8 @@ class Kit:
         with single_thread():
             return engine.generate(list(prompt), max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
 
-    def fail_on_problems(self, rec: Recorder, during: str) -> None:
-        """Raise the first problem the recorder noted (a fault the engine silently isolated)."""
+    def fail_on_problems(self, rec: CallLog, during: str) -> None:
+        """Raise the first problem the call log noted (a fault the engine silently isolated)."""
         if rec.problems:
             more = f" (and {len(rec.problems) - 1} more problem(s))" if len(rec.problems) > 1 else ""
             raise ConformanceError(f"during {during}: {rec.problems[0]}{more}")
@@ -127,7 +127,7 @@ class Kit:
             return [reference_greedy(self.target, list(p), NEW_TOKENS) for p in PROMPTS]
 
     @cached_property
-    def greedy_battery(self) -> tuple[Recorder, list[GenerationResult]]:
+    def greedy_battery(self) -> tuple[CallLog, list[GenerationResult]]:
         """All :data:`PROMPTS` at greedy, one proposer instance across them (as in serving)."""
         _ = self.references
         rec = self.make()

@@ -14,7 +14,7 @@ from .tiny import committed_features, last_hidden, single_thread, weights_checks
 
 if TYPE_CHECKING:
     from .kit import Kit
-    from .recorder import Recorder
+    from .calls import CallLog
 
 ROLLBACK_BUDGET = 8
 ROLLBACK_ROUNDS = 6  # simulated steps per prompt
@@ -113,7 +113,7 @@ def check_determinism(kit: "Kit") -> None:
         raise ConformanceError(f"two runs with the same seeds generated different tokens: {out_a} vs {out_b}")
 
 
-def _seeded_run(kit: "Kit", global_seed: int) -> tuple["Recorder", list[list[int]]]:
+def _seeded_run(kit: "Kit", global_seed: int) -> tuple["CallLog", list[list[int]]]:
     torch_state, py_state = torch.get_rng_state(), random.getstate()
     try:
         torch.manual_seed(global_seed)
@@ -176,7 +176,7 @@ def check_rollback_after_partial_acceptance(kit: "Kit") -> None:
         raise NotApplicable(f"{kit.cls.__name__} drafted nothing on the kit's prompts: no partial acceptance to test")
 
 
-def _warmed(kit: "Kit") -> "Recorder":
+def _warmed(kit: "Kit") -> "CallLog":
     """A fresh instance that has served the kit's first prompt (so learning proposers have something to draft)."""
     rec = kit.make()
     kit.generate(rec, kit.prompts[0])
@@ -197,11 +197,11 @@ def _state(kit: "Kit", tokens: list[int], prompt_len: int, gen: torch.Generator)
                        committed_features(kit.target, tokens, layers), layers)
 
 
-def _guarded(kit: "Kit", rec: "Recorder", method: str, *args):
+def _guarded(kit: "Kit", rec: "CallLog", method: str, *args):
     with single_thread(), torch.inference_mode():
         try:
             out = getattr(rec, method)(*args)
-        except Exception:  # noqa: BLE001 - recorded by the Recorder
+        except Exception:  # noqa: BLE001 - logged by the CallLog
             out = None
     kit.fail_on_problems(rec, "the rollback check")
     return out

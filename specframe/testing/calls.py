@@ -1,6 +1,6 @@
-"""A transparent proxy around the proposer under test: it forwards every call, records what went in and out,
+"""A transparent proxy around the proposer under test (a call log): it forwards every call, logs what went in and out,
 and notes contract problems in the author's terms. Exceptions are re-raised, so the engine isolates them as it
-would in production; the kit then fails with the recorded problem."""
+would in production; the kit then fails with the logged problem."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def draft_problem(draft: Any, proposer: Any, vocab_size: int) -> str | None:
     return None
 
 
-class Recorder:
+class CallLog:
     """Wraps ``inner`` (a proposer instance) with the same name and capability flags."""
 
     def __init__(self, inner: Any, vocab_size: int) -> None:
