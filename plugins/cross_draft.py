@@ -37,18 +37,23 @@ from pydantic import Field
 from torch import Tensor
 
 from specframe import (
+    ConfigError,
     DecodeState,
     DraftTree,
     ProposerBase,
     ProposerConfig,
+    SpecframeError,
     TargetInfo,
+    TextBridge,
+    cache_length,
+    check_lossless,
     hookimpl,
+    new_cache,
+    probs_from_logits,
+    rollback,
+    shared,
+    shared_tokens,
 )
-from specframe.crossvocab import TextBridge, check_lossless, shared_tokens
-from specframe.errors import ConfigError, SpecframeError
-from specframe.target.kv_cache import cache_length, new_cache, rollback
-from specframe.sampling import probs_from_logits
-from specframe.sharing import shared
 
 log = logging.getLogger("specframe")
 
@@ -101,7 +106,7 @@ class _LlamaRunner:
     instance; a rollback drops the cells past ``n`` (``seq_rm``)."""
 
     def __init__(self, model: Any, n_ctx: int) -> None:
-        from specframe.target.llamacpp.binding import LlamaContext
+        from specframe import LlamaContext
 
         self.ctx = LlamaContext(model, n_ctx=n_ctx, n_batch=512, threads=max(1, torch.get_num_threads()))
         self.length = 0
@@ -135,7 +140,7 @@ class _Draft:
     shared-token map; read-only once built. ``runner()`` makes one request's KV state."""
 
     def __init__(self, spec: str, target: TargetInfo, window: int, engine: str) -> None:
-        from specframe.target.models import (
+        from specframe import (
             load_model,
             model_directory,
             resolve_model,
@@ -155,7 +160,7 @@ class _Draft:
         if engine == "llama.cpp":
             from transformers import AutoTokenizer
 
-            from specframe.target.llamacpp.binding import LlamaModel
+            from specframe import LlamaModel
 
             self.llama = LlamaModel(source.gguf)
             self.model = None
@@ -199,7 +204,7 @@ class _Draft:
 
 def _llama_cpp_loads() -> bool:
     try:
-        from specframe.target.llamacpp.binding import import_llama_cpp
+        from specframe import import_llama_cpp
 
         import_llama_cpp()
         return True
@@ -209,7 +214,7 @@ def _llama_cpp_loads() -> bool:
 
 def _same_gguf(source: Any, target: TargetInfo) -> bool:
     """The draft's GGUF holds the same bytes as the GGUF the target was loaded from (its name resolved again)."""
-    from specframe.target.models import file_sha256, resolve_model
+    from specframe import file_sha256, resolve_model
 
     try:
         own = resolve_model(target.name).gguf

@@ -36,12 +36,24 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, VerifyOutcome, hookimpl
-from specframe.errors import ConfigError
-from specframe.target.kv_cache import cache_length, new_cache, rollback
-from specframe.learned.small_draft import is_small_draft, load_small_draft
-from specframe.sampling import probs_from_logits
-from specframe.sharing import folder_key, shared
+from specframe import (
+    ConfigError,
+    DecodeState,
+    DraftTree,
+    ProposerBase,
+    ProposerConfig,
+    TargetInfo,
+    VerifyOutcome,
+    cache_length,
+    folder_key,
+    hookimpl,
+    is_small_draft,
+    load_small_draft,
+    new_cache,
+    probs_from_logits,
+    rollback,
+    shared,
+)
 
 from .weights import shipped, weights_folder
 
@@ -137,7 +149,7 @@ def standalone_draft(folder: Path, target: TargetInfo) -> Path:
         ConfigError: the draft is not the one shipped for a built-in target (a trained one needs the target's
             embeddings: use engine transformers, or export it with scripts/export_draft.py and set ``model:``).
     """
-    from specframe.target.models import DRAFT_SUFFIX, model_directory, resolve_model
+    from specframe import DRAFT_SUFFIX, model_directory, resolve_model
 
     own = shipped(target.name, "draft-model")
     if own is None or own.resolve() != Path(folder).resolve():

@@ -37,11 +37,20 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, hookimpl
-from specframe.errors import ConfigError
-from specframe.learned.eagle_drafter import EagleDrafter, KVBuffer
-from specframe.sampling import probs_from_logits
-from specframe.sharing import folder_key, shared
+from specframe import (
+    ConfigError,
+    DecodeState,
+    DraftTree,
+    EagleDrafter,
+    KVBuffer,
+    ProposerBase,
+    ProposerConfig,
+    TargetInfo,
+    folder_key,
+    hookimpl,
+    probs_from_logits,
+    shared,
+)
 
 from .weights import weights_folder
 

@@ -26,10 +26,18 @@ from typing import Any, Literal, Optional
 import torch
 from pydantic import Field
 
-from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, hookimpl
-from specframe.errors import ConfigError
-from specframe.learned.medusa_heads import MedusaHeads
-from specframe.sharing import folder_key, shared
+from specframe import (
+    ConfigError,
+    DecodeState,
+    DraftTree,
+    MedusaHeads,
+    ProposerBase,
+    ProposerConfig,
+    TargetInfo,
+    folder_key,
+    hookimpl,
+    shared,
+)
 
 from .weights import weights_folder
 

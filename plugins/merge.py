@@ -21,8 +21,7 @@ from typing import Literal, Sequence
 
 from pydantic import Field
 
-from specframe import DraftTree, hookimpl
-from specframe.combining import MergePolicyBase, MergePolicyConfig, StepReport
+from specframe import DraftTree, MergePolicyBase, MergePolicyConfig, StepReport, hookimpl
 
 
 class PriorityConfig(MergePolicyConfig):

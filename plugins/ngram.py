@@ -27,8 +27,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, hookimpl
-from specframe.trie import TokenTrie
+from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, TokenTrie, hookimpl
 
 
 class NgramConfig(ProposerConfig):

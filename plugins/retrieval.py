@@ -29,10 +29,19 @@ from typing import Literal, Optional, Sequence
 
 from pydantic import Field, model_validator
 
-from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, hookimpl
-from specframe.datastore import Datastore, DatastoreError, Retrieval
-from specframe.errors import ConfigError
-from specframe.trie import TokenTrie
+from specframe import (
+    ConfigError,
+    Datastore,
+    DatastoreError,
+    DecodeState,
+    DraftTree,
+    ProposerBase,
+    ProposerConfig,
+    Retrieval,
+    TargetInfo,
+    TokenTrie,
+    hookimpl,
+)
 
 
 class RetrievalConfig(ProposerConfig):
@@ -109,7 +118,7 @@ def open_datastore(config: RetrievalConfig, target: TargetInfo) -> Datastore:
         ConfigError: the datastore cannot be opened, its ids do not fit the target's vocabulary, or it was built
             with another tokenizer; no datastore is set and the target has no tokenizer.
     """
-    from specframe.datastore.sources import tokenizer_info
+    from specframe import tokenizer_info
 
     info = tokenizer_info(target.tokenizer) if target.tokenizer is not None else None
     try:
@@ -121,7 +130,7 @@ def open_datastore(config: RetrievalConfig, target: TargetInfo) -> Datastore:
                 "build one with `specframe datastore build` and set `datastore: DIR`"
             )
         else:
-            from specframe.datastore.default import default_datastore
+            from specframe import default_datastore
 
             ds = default_datastore(target.tokenizer, model=target.name, info=info)
     except DatastoreError as exc:

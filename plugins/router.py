@@ -98,12 +98,18 @@ from typing import Literal, Optional, Sequence
 
 from pydantic import Field, field_validator
 
-from specframe import hookimpl
-from specframe.combining import ProposerStep, RouterBase, RouterConfig, StepReport
-from specframe.contracts import DraftTree, TargetInfo
-from specframe.target.cost import v_at
-from specframe.errors import ConfigError
-from specframe.tree import node_depths
+from specframe import (
+    ConfigError,
+    CostCurve,
+    DraftTree,
+    ProposerStep,
+    RouterBase,
+    RouterConfig,
+    StepReport,
+    TargetInfo,
+    hookimpl,
+    node_depths,
+)
 
 log = logging.getLogger("specframe")
 
@@ -195,8 +201,9 @@ def read_profile(path: Path) -> list[float]:
     return curve
 
 
-def load_cost_curve(config: AdaptiveConfig) -> list[float] | None:
-    """v(1..n) normalised to v(1) = 1, from ``cost_curve`` or ``cost_profile``; None for the linear default.
+def load_cost_curve(config: AdaptiveConfig) -> CostCurve | None:
+    """The router's own curve v(n), from ``cost_curve`` or ``cost_profile`` (normalised to v(1) = 1); None when
+    neither is set (then the target's measured curve, else the linear default).
 
     Raises:
         ConfigError: as :func:`read_profile`.
@@ -207,9 +214,7 @@ def load_cost_curve(config: AdaptiveConfig) -> list[float] | None:
             curve = read_profile(Path(config.cost_profile).expanduser())
         except ConfigError as exc:
             raise ConfigError(f"router adaptive: cost_profile {exc}") from None
-    if not curve:
-        return None
-    return [x / curve[0] for x in curve]
+    return CostCurve.from_v(curve) if curve else None
 
 
 _KNOWN_COSTS: dict[tuple, dict[str, float]] = {}  # (target, router settings, lineup) -> label -> draft seconds
@@ -225,19 +230,19 @@ class AdaptiveRouter(RouterBase):
     def __init__(self, config: AdaptiveConfig, target: TargetInfo | None = None) -> None:
         super().__init__(config, target)
         self.curve = load_cost_curve(config)
+        self.linear = CostCurve.linear(config.cost_slope)
         self.warned_labels = False  # draft_cost labels matching no proposer: said once per router
         self.known: dict[str, float] = {}  # this lineup's measured costs (see start)
 
-    def v(self, n: float) -> float:
-        if self.curve is not None:
-            return v_at(self.curve, n)
-        measured = getattr(self.target, "cost", None)  # this machine's profile for the target as it runs now
-        if measured:
-            fixed = getattr(measured, "v_fixed", None)
-            # under sampling, decisions must not follow the thread governor: which drafts a step verifies decides
-            # how many random draws it makes, so a seed would give other tokens under another load
-            return fixed(n) if fixed is not None and not getattr(self, "greedy", True) else measured.v(n)
-        return 1.0 + self.config.cost_slope * (n - 1)
+    def verify_cost(self, n: float) -> float:
+        """The verification cost v(n) this router plans with: its configured curve, else the target's measured one,
+        else the linear guess ``cost_slope`` (all :class:`specframe.CostCurve`)."""
+        curve = self.curve or getattr(self.target, "cost", None) or self.linear
+        # under sampling, decisions must not follow the thread governor: which drafts a step verifies decides how
+        # many random draws it makes, so a seed would give other tokens under another load
+        if not getattr(self, "greedy", True) and hasattr(curve, "v_fixed"):
+            return curve.v_fixed(n)
+        return curve.v(n)
 
     def start(self, proposers: Sequence[str], seed: int, greedy: bool = True) -> None:
         super().start(proposers, seed, greedy)
@@ -333,8 +338,8 @@ class AdaptiveRouter(RouterBase):
         """The node budget of a probe: the largest ``n <= budget`` whose nodes add at most ``probe_cost`` one-token
         forwards to the step's forward (``v(1 + n) - v(1)``), at least 1. A probe asks whether a proposer pays again;
         a whole draft verified where the cost curve is steep costs several forwards, a node or two answers it."""
-        base, n = self.v(1), 1
-        while n < budget and self.v(2 + n) - base <= self.config.probe_cost:
+        base, n = self.verify_cost(1), 1
+        while n < budget and self.verify_cost(2 + n) - base <= self.config.probe_cost:
             n += 1
         return n
 
@@ -385,7 +390,7 @@ class AdaptiveRouter(RouterBase):
                 options.append((levels, self.reach[j], self._draft_cost(j)))
         depth, nodes = [0] * p, [0] * p
         total_nodes, extra_cost = 0, 0.0
-        best_ratio = 1.0 / (self.v(1) + fixed)
+        best_ratio = 1.0 / (self.verify_cost(1) + fixed)
         while True:
             best = None
             for j, (levels, reach, cost) in enumerate(options):
@@ -408,7 +413,7 @@ class AdaptiveRouter(RouterBase):
                     n_all = total_nodes - nodes[j] + n_j
                     if ((drafts is None or drafts[j] is None) and n_j > budget) or n_all > max_nodes:
                         break
-                    ratio = (e_rest + gain) / (self.v(1 + n_all) + fixed + add)
+                    ratio = (e_rest + gain) / (self.verify_cost(1 + n_all) + fixed + add)
                     if ratio > best_ratio * (1 + 1e-9) and (best is None or ratio > best[0]):
                         best = (ratio, j, d + 1, n_j, add)
             if best is None:
@@ -435,7 +440,7 @@ class AdaptiveRouter(RouterBase):
                         miss *= 1.0 - reach[d]
                 e += 1.0 - miss
             extra = sum(options[i][2] for i in range(len(options)) if dep[i] and (drafts[i] is None))
-            return e / (self.v(1 + sum(nod)) + fixed + extra)
+            return e / (self.verify_cost(1 + sum(nod)) + fixed + extra)
 
         for j, draft in enumerate(drafts):
             if draft is None or not options[j][0] or nodes[j] >= options[j][0][-1]:
@@ -490,9 +495,9 @@ class AdaptiveRouter(RouterBase):
         forward's measured excess over the curve (``forward_s / t1 - v(1 + verified)``: a tree's attention mask, a
         long context, a profile taken under other conditions). Never below 0."""
         n = report.verified
-        added = self.v(1 + n) - self.v(1 + max(n - s.drafted, 0))
+        added = self.verify_cost(1 + n) - self.verify_cost(1 + max(n - s.drafted, 0))
         if self.timed and self.t1_plain and self.t1 and n > 0 and report.forward_s > 0:
-            added += (report.forward_s / self.t1 - self.v(1 + n)) * min(s.drafted, n) / n
+            added += (report.forward_s / self.t1 - self.verify_cost(1 + n)) * min(s.drafted, n) / n
         return max(0.0, added)
 
     def _draft_cost(self, j: int) -> float:
@@ -506,7 +511,7 @@ class AdaptiveRouter(RouterBase):
         if self.timed and report.forward_s > 0 and (report.verified == 0 or not self.t1_plain):
             # t1 from one-token forwards once there are any: read through the curve, a tree forward that costs
             # more than the curve says would raise t1 and hide that excess from what its proposer is charged
-            t1 = report.forward_s / self.v(report.verified + 1)
+            t1 = report.forward_s / self.verify_cost(report.verified + 1)
             first_plain = report.verified == 0 and not self.t1_plain
             self.t1 = t1 if self.t1 is None or first_plain else a * self.t1 + (1 - a) * t1
             self.t1_plain = self.t1_plain or report.verified == 0

@@ -19,8 +19,9 @@ Prints, for the tree at ROOT (default: this checkout):
 - token-trie builders: top-level functions or classes that build a trie of their own, found by its child
   index, a ``dict[tuple[int, int], int]`` from (parent node, token) to node;
 - (issue 27) the floors: modules at the top of specframe/, its sub-packages; owners of the cost curve v(n)
-  (modules defining a function or method named ``v``, ``_v``, ``v_at`` or ``v_fixed``, a ``Cost*`` class or a
-  ``*cost_curve*`` function) and the annotation of ``TargetInfo.cost``; the specframe modules that plugins/ and
+  (modules defining a function or method that computes it: ``v``, ``_v``, ``v_at``, ``v_fixed``, ``interpolate``,
+  ``seconds`` (a forward's modeled time), ``predicted_speedup`` or ``measure_cost_curve``) and the annotation of
+  ``TargetInfo.cost``; the specframe modules that plugins/ and
   contrib/ import; identifiers (not strings) that still use a name the glossary replaced (docs/how-it-works.md,
   "Vocabulary"); class names defined in two specframe modules.
 """
@@ -58,7 +59,8 @@ def _name(root: Path, path: Path) -> str:
 
 
 def loop_lines(root: Path) -> int:
-    tree = ast.parse((root / "specframe/decode/engine.py").read_text())
+    engine = root / "specframe/decode/engine.py"
+    tree = ast.parse((engine if engine.exists() else root / "specframe/engine.py").read_text())
     for cls in ast.walk(tree):
         if isinstance(cls, ast.ClassDef) and cls.name == "_Request":
             for fn in cls.body:
@@ -238,7 +240,7 @@ def trie_builders(root: Path) -> list[str]:
 
 OLD_NAMES = ("drafted_tokens", "accepted_tokens", "mean_accepted_length", "drafted_by_position",
              "accepted_by_position")
-V_NAMES = re.compile(r"^(v|_v|v_at|v_fixed)$|cost_curve")
+V_NAMES = re.compile(r"^(v|_v|v_at|v_fixed|interpolate|seconds|predicted_speedup|measure_cost_curve)$")
 
 
 def floors(root: Path) -> dict[str, list[str]]:
@@ -253,8 +255,7 @@ def cost_owners(root: Path) -> tuple[list[str], str]:
     for path in _modules(root, ("specframe", "plugins", "contrib")):
         rel = path.relative_to(root).as_posix()
         for n in ast.walk(ast.parse(path.read_text())):
-            if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and (
-                    V_NAMES.search(n.name) or (isinstance(n, ast.ClassDef) and n.name.startswith("Cost"))):
+            if isinstance(n, ast.FunctionDef) and V_NAMES.search(n.name):
                 owners.setdefault(rel, []).append(n.name)
             if isinstance(n, ast.ClassDef) and n.name == "TargetInfo":
                 for item in n.body:

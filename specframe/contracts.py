@@ -14,13 +14,16 @@ Every structure carries a batch dimension B; the engine runs B = 1 for now.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Sequence, runtime_checkable
 
 import torch
 from pydantic import BaseModel, ConfigDict
 from torch import Tensor
 
 from .sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from .target.cost import CostCurve
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,8 +185,8 @@ class TargetInfo:
     model: Any = field(default=None, compare=False)  # the target model, for heads that reuse its LM head
     supports_trees: bool = True  # one tree mask serves every layer (False for sliding-window targets): a
     # tree-drafting proposer should draft chains when False
-    cost: Any = field(default=None, compare=False)  # the target's measured cost curve on this machine, or None:
-    # an object with ``v(n) -> float`` = T(n tokens) / T(1 token) (specframe.target.profile.CostCurve; it follows thread changes)
+    cost: CostCurve | None = field(default=None, compare=False)  # the target's measured cost curve v(n) =
+    # T(n tokens) / T(1 token) on this machine (it follows thread changes), or None when nothing was measured
     engine: str = "transformers"  # what runs the target: "transformers" (``model`` is its torch module) or
     # "llama.cpp" (``model`` is None: no torch weights or hidden states to reuse)
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 import specframe
 from specframe.bench.config import BenchConfig, load_bench_config
-from specframe.bench.costmodel import measure_cost_curve, predicted_speedup
+from specframe.target.cost import measure as measure_cost_curve, predicted_speedup
 from specframe.bench.plots import write_plots
 from specframe.bench.report import aggregate, render_markdown
 from specframe.bench.runner import MULTI_TURN, BenchRunner, category_group, lossless_check, select_questions

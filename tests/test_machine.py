@@ -31,9 +31,10 @@ from specframe.errors import ConfigError
 from specframe.target.machine import LoadMonitor, LoadSample, cgroup_cpu_quota, choose_threads, usable_cores
 from specframe.target.packed import PackedLinear, is_packed, pack_linears, packing_available
 from specframe.target.hf import Target
-from specframe.target.profile import (NS, Candidate, CostCurve, MachineProfile, Measured, Settings, ThreadGovernor,
-                            expected_tokens, fingerprint_key, get_profile, load_profile, measured_threads,
-                            profile_path, resolve_settings, time_forwards, token_cost_ms)
+from specframe.target.cost import NS, CostCurve, expected_tokens, token_cost_ms
+from specframe.target.profile import (Candidate, MachineProfile, Measured, Settings, ThreadGovernor,
+                            fingerprint_key, get_profile, load_profile, measured_threads,
+                            profile_path, resolve_settings, time_forwards)
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter
 
 from .support import PROMPT, build_model, build_tokenizer
@@ -607,16 +608,6 @@ def test_speculative_decoding_on_a_packed_model_equals_plain_decoding():
 # --- the router and the measured cost curve --------------------------------------------------------------------------
 
 
-class LinearCost:
-    """A stand-in for CostCurve: v(n) = 1 + slope * (n - 1)."""
-
-    def __init__(self, slope: float) -> None:
-        self.slope = slope
-
-    def v(self, n: float) -> float:
-        return 1.0 + self.slope * (n - 1)
-
-
 def info(cost) -> TargetInfo:
     return TargetInfo(64, frozenset(), 256, torch.device("cpu"), torch.float32, cost=cost)
 
@@ -628,24 +619,24 @@ def lone_router(cost, **cfg) -> AdaptiveRouter:
 
 
 def test_router_takes_v_from_the_targets_measured_cost():
-    assert lone_router(LinearCost(0.5)).v(5) == pytest.approx(3.0)
+    assert lone_router(CostCurve.linear(0.5)).verify_cost(5) == pytest.approx(3.0)
     curve = CostCurve({128: [10.0, 12.0, 14.0, 20.0, 40.0, 80.0]})
-    assert lone_router(curve).v(3) == pytest.approx(1.3)
+    assert lone_router(curve).verify_cost(3) == pytest.approx(1.3)
     curve.set({128: [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]})  # the governor changed threads: v follows
-    assert lone_router(curve).v(2) == pytest.approx(2.0)
-    assert lone_router(CostCurve()).v(11) == pytest.approx(1.3)  # nothing measured: the linear default
-    assert lone_router(None).v(11) == pytest.approx(1.3)
-    assert lone_router(LinearCost(0.5), cost_curve=[1.0, 1.0, 1.0]).v(3) == 1.0  # configured curve wins
+    assert lone_router(curve).verify_cost(2) == pytest.approx(2.0)
+    assert lone_router(CostCurve()).verify_cost(11) == pytest.approx(1.3)  # nothing measured: the linear default
+    assert lone_router(None).verify_cost(11) == pytest.approx(1.3)
+    assert lone_router(CostCurve.linear(0.5), cost_curve=[1.0, 1.0, 1.0]).verify_cost(3) == 1.0  # configured curve wins
 
 
 def test_a_steep_measured_curve_trims_a_lone_draft_more_than_a_flat_one():
     draft = DraftTree.chain(list(range(1, 9)))
-    flat, steep = lone_router(LinearCost(0.0)), lone_router(LinearCost(0.5))
+    flat, steep = lone_router(CostCurve.linear(0.0)), lone_router(CostCurve.linear(0.5))
     assert flat.route(16, 1 << 16, [True]) == [16] and steep.route(16, 1 << 16, [True]) == [16]  # free: drafts fully
     assert flat.revise(16, 1 << 16, [True], [draft], [16]) == [8]
     # at the prior (0.6 ** d): E/C is 1.6 / 1.5 at depth 1, 1.96 / 2.0 at depth 2
     assert steep.revise(16, 1 << 16, [True], [draft], [16]) == [1]
-    assert lone_router(LinearCost(2.0)).revise(16, 1 << 16, [True], [draft], [16]) == [0]  # nothing pays
+    assert lone_router(CostCurve.linear(2.0)).revise(16, 1 << 16, [True], [draft], [16]) == [0]  # nothing pays
 
 
 def starved_step(proposed: int, drafted: int) -> StepReport:
@@ -662,15 +653,15 @@ def test_under_sampling_the_router_reads_a_curve_that_does_not_follow_the_load()
     sampling = AdaptiveRouter(AdaptiveConfig(measure="never", explore=0.0), info(curve))
     sampling.start(["ngram"], seed=0, greedy=False)
     greedy = lone_router(curve)
-    before = (sampling.v(8), greedy.v(8))
+    before = (sampling.verify_cost(8), greedy.verify_cost(8))
     curve.set(busy)  # what the governor does when a neighbour takes a core
-    assert sampling.v(8) == before[0] == pytest.approx(14.0 / 10.0)
-    assert greedy.v(8) == pytest.approx(8.0) != before[1]
+    assert sampling.verify_cost(8) == before[0] == pytest.approx(14.0 / 10.0)
+    assert greedy.verify_cost(8) == pytest.approx(8.0) != before[1]
     assert CostCurve(busy, fixed=quiet).v_fixed(8) == pytest.approx(1.4)
 
 
 def test_a_lone_draft_trimmed_to_nothing_is_probed_whole_every_probe_every_steps():
-    router = lone_router(LinearCost(2.0), probe_every=4, probe_backoff=1.0,  # a fixed period (backoff: test_routers)
+    router = lone_router(CostCurve.linear(2.0), probe_every=4, probe_backoff=1.0,  # a fixed period (backoff: test_routers)
                          probe_share=1.0)  # (no floor from the probe's cost: its one node costs 2 forwards here)
     draft = DraftTree.chain(list(range(1, 9)))
     kept = []
@@ -683,7 +674,7 @@ def test_a_lone_draft_trimmed_to_nothing_is_probed_whole_every_probe_every_steps
     # trimmed to nothing 3 steps in a row, then probed once: as much of it as adds at most probe_cost forwards (on this
     # steep curve, v(2) - v(1) = 2: one node; a flat curve keeps it whole); the counter restarts after the probe
     assert kept == [(False, 0)] * 3 + [(True, 1)] + [(False, 0)] * 3 + [(True, 1)] + [(False, 0)]
-    flat = lone_router(LinearCost(0.0), probe_every=4, probe_backoff=1.0)
+    flat = lone_router(CostCurve.linear(0.0), probe_every=4, probe_backoff=1.0)
     assert flat.probe_nodes(16) == 16
     # a step with no draft at all (no n-gram match) neither counts nor resets
     router.start(["ngram"], seed=0, greedy=True)
@@ -710,10 +701,10 @@ def test_a_lone_proposer_is_routed_only_with_a_measured_cost_or_an_explicit_rout
 
     whole = run(None)  # no cost curve, no router: drafts verified whole
     assert whole > 0
-    assert run(LinearCost(0.0)) == whole  # a flat measured curve keeps them whole
-    steep = run(LinearCost(2.0))  # nothing pays: only the probes are verified
+    assert run(CostCurve.linear(0.0)) == whole  # a flat measured curve keeps them whole
+    steep = run(CostCurve.linear(2.0))  # nothing pays: only the probes are verified
     assert steep < whole
-    assert run(LinearCost(2.0), router="none") == whole  # `router: none` turns it off
+    assert run(CostCurve.linear(2.0), router="none") == whole  # `router: none` turns it off
 
 
 def test_a_seed_gives_the_same_sampled_tokens_whatever_curve_the_load_switched_to():

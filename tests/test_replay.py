@@ -23,12 +23,12 @@ from specframe.datastore import build_datastore
 from specframe.errors import TraceError
 from specframe.io.prompts import Prompt
 from specframe.registry import build_registry
-from specframe.replay.driver import CostModel, Request, TraceScorer, TraceVerifier
+from specframe.replay.driver import Request, TraceScorer, TraceVerifier
+from specframe.target.cost import CostCurve
 from specframe.replay.record import record_trace
 from specframe.replay.sweep import Task, run_here
 from specframe.replay.trace import VERSION, check_trace_matches, read_trace, write_trace
 from specframe.target.hf import Target
-from specframe.target.profile import CostCurve
 
 from .support import PROMPT, PROMPT_2, VOCAB, WORDS, build_model, build_tokenizer
 
@@ -138,9 +138,9 @@ def test_replay_models_the_forward_time_from_the_cost_curve(envs):
     sf, trace, ds = envs["llama"]
     (rec,) = replay(sf, trace, "ngram", {"proposers": [{"name": "ngram"}], "router": "none"})[:1]
     m = rec["metrics"]
-    cost = CostModel(trace.manifest["cost"])
-    assert cost.t1_s == pytest.approx(0.011)  # mean T(1) over the two contexts
-    # v(n) is T(n)/T(1) averaged over the contexts (specframe.target.profile.CostCurve): v(8) = (17/10 + 19/12) / 2
+    cost = CostCurve.from_manifest(trace.manifest["cost"])
+    assert cost.t1_ms() == pytest.approx(11.0)  # mean T(1) over the two contexts
+    # v(n) is T(n)/T(1) averaged over the contexts (specframe.target.cost.CostCurve): v(8) = (17/10 + 19/12) / 2
     assert cost.seconds(1) == pytest.approx(0.011) and cost.seconds(8) == pytest.approx(0.011 * (1.7 + 19 / 12) / 2)
     # every step costs at least T(1); a step over n tokens T(1) v(n) <= T(1) v(max)
     assert m["target_forwards"] * 0.011 <= m["forward_s"] + 1e-9
@@ -151,7 +151,7 @@ def test_replay_models_the_forward_time_from_the_cost_curve(envs):
 def test_trace_scorer_answers_each_row_with_the_recorded_next_token(envs):
     _, trace, _ = envs["llama"]
     q = trace.questions[0]
-    scorer = TraceScorer(q, (), False, 2, CostModel(None))
+    scorer = TraceScorer(q, (), False, 2, CostCurve.from_manifest(None))
     g = q.generated
     # a tree: node 0 = g[0] (right), node 1 = wrong sibling, node 2 = child of node 0 = g[1] (right), node 3 under 2 wrong
     wrong = (g[0] + 1) % VOCAB

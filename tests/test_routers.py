@@ -73,14 +73,15 @@ def test_router_draft_costs_timings_only_under_greedy():
     router.start(["fast", "slow"], seed=0, greedy=True)
     assert router.timed
     router.on_step(StepReport((step("fast", 2, 2, draft_s=0.5), step("slow", 0, 0, asked=False)), 2, 2, forward_s=0.1))
-    assert router.t1 == pytest.approx(0.1 / router.v(3)) and router._draft_cost(0) == pytest.approx(0.5 / router.t1)
+    assert router.t1 == pytest.approx(0.1 / router.verify_cost(3)) and router._draft_cost(0) == pytest.approx(0.5 / router.t1)
 
 
 def test_router_cost_curve_from_a_bench_profile(tmp_path):
     results = tmp_path / "results.json"
     results.write_text(json.dumps({"profile": {"v": [2.0, 2.0, 2.0, 8.0]}}))
     router = AdaptiveRouter(AdaptiveConfig(cost_profile=str(results)))
-    assert router.curve == [1.0, 1.0, 1.0, 4.0] and router.v(3) == 1.0 and router.v(4) == 4.0
+    assert [router.curve.v(n) for n in (1, 2, 3, 4)] == [1.0, 1.0, 1.0, 4.0]
+    assert router.verify_cost(3) == 1.0 and router.verify_cost(4) == 4.0
     # with 3 verified tokens free and a 4th costing 4x, one proposer gets at most 2 nodes
     router.start(["a"], seed=0, greedy=True)
     assert router.allocate(16, 24, [True])[1] == [2]
@@ -88,8 +89,9 @@ def test_router_cost_curve_from_a_bench_profile(tmp_path):
     router.on_step(StepReport((step("a", 1, 1, draft_s=1e-6),), 1, 1, forward_s=0.1))
     assert router.route(16, 24, [True]) == [16]  # measured free to draft: drafts fully ...
     assert router.revise(16, 24, [True], [chain(list(range(8)))], [16]) == [2]  # ... and keeps what pays
-    assert AdaptiveRouter(AdaptiveConfig()).v(11) == pytest.approx(1.3)  # the linear default
-    assert load_cost_curve(AdaptiveConfig(cost_curve=[1.0, 1.5])) == [1.0, 1.5]
+    assert AdaptiveRouter(AdaptiveConfig()).verify_cost(11) == pytest.approx(1.3)  # the linear default
+    curve = load_cost_curve(AdaptiveConfig(cost_curve=[2.0, 3.0]))  # normalised to v(1) = 1
+    assert [curve.v(1), curve.v(2)] == [1.0, 1.5]
     (tmp_path / "bad.json").write_text("{}")
     # a bad profile fails when the config is validated (at load), not mid-request
     with pytest.raises(ValidationError, match="no profile.v"):

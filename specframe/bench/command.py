@@ -222,7 +222,7 @@ def _run_strategies(cfg, chosen, by_strategy, assistants, err, journal=None) -> 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from .config import BASELINE
-    from .costmodel import measure_cost_curve
+    from ..target.cost import measure as measure_cost
     from .runner import BenchRunner
 
     sf = by_strategy[BASELINE]
@@ -236,7 +236,7 @@ def _run_strategies(cfg, chosen, by_strategy, assistants, err, journal=None) -> 
         if cfg.profile:
             t = progress.add_task("profile v(n)", total=prof_steps)
             ids = sf.encode(chosen[0].text, cfg.chat)
-            prof = measure_cost_curve(sf.target, ids, cfg.profile.context, cfg.profile.max_tokens,
+            prof = measure_cost(sf.target, ids, cfg.profile.context, cfg.profile.max_tokens,
                                       cfg.profile.repeats, progress=lambda: progress.advance(t))
         task = progress.add_task("bench", total=runs + warm)
         runner = BenchRunner(by_strategy, cfg, assistants)

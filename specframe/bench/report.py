@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .config import BASELINE
-from .costmodel import predicted_speedup
+from ..target.cost import predicted_speedup
 from .runner import MULTI_TURN
 
 COLUMN_ORDER = [MULTI_TURN, "translation", "summarization", "qa", "math_reasoning", "rag"]

@@ -347,7 +347,7 @@ def _write(setup: _Setup, results: list[Any], where: str, total: float, traces: 
     from ..bench.plots import write_plots
     from ..bench.report import aggregate, render_markdown, speedup_table
     from ..bench.runner import category_group, environment
-    from .driver import CostModel
+    from ..target.cost import CostCurve
     from .report import compare as compare_live, forward_only_speedups, replay_sections
 
     cfg, trace = setup.cfg, setup.trace
@@ -369,7 +369,7 @@ def _write(setup: _Setup, results: list[Any], where: str, total: float, traces: 
                       "recorded_with": "+".join(p["name"] for p in m["recorded_with"]), "machine": m.get("machine")},
             "max_new_tokens": setup.max_new_tokens, "run": where, "total_s": total, "seconds": seconds,
             "requests": {res.name: len(res.records) for res in results},
-            "cost": CostModel(m.get("cost")).profile(),
+            "cost": CostCurve.from_manifest(m.get("cost")).profile(),
             "skipped_peers": [s.name for s in cfg.strategies if s.peer is not None],
             "compare": compare_live(summary, seconds, setup.live, compare) if setup.live is not None else None,
         },

@@ -27,6 +27,7 @@ from torch import Tensor
 from ..contracts import DraftTree, TargetInfo, VerifyResult
 from ..errors import TraceError
 from ..sampling import SamplingParams
+from ..target.cost import CostCurve
 from ..decode.scoring import Scored
 from ..tree import node_depths
 from ..verify import greedy_tree
@@ -53,31 +54,6 @@ class TraceVerifier:
         return VerifyResult(tuple(tuple(path) for path, _ in rows), tuple(tok for _, tok in rows))
 
 
-class CostModel:
-    """The modeled time of a target forward over ``n`` tokens, ``T(1) * v(n)``, from a trace's cost curve
-    (``manifest["cost"]``: the machine profile's T(n) ms per context, see :class:`specframe.target.profile.CostCurve`)."""
-
-    def __init__(self, cost: dict[str, Any] | None) -> None:
-        from ..target.profile import CostCurve
-
-        self.curve = CostCurve({int(k): v for k, v in (cost or {}).get("t_ms", {}).items()})
-        self.t1_s = self.curve.t1_ms() / 1e3 if self.curve else 0.0
-
-    def __bool__(self) -> bool:
-        return bool(self.curve)
-
-    def seconds(self, n: int) -> float:
-        """Seconds of a forward over ``n`` new tokens (0.0 without a curve)."""
-        return self.t1_s * self.curve.v(n) if self.curve else 0.0
-
-    def profile(self, max_tokens: int = 32) -> dict[str, Any] | None:
-        """The curve in ``specframe bench``'s profile shape (``t_ms``, ``v`` for n = 1..max_tokens), or None."""
-        if not self.curve:
-            return None
-        v = [self.curve.v(n) for n in range(1, max_tokens + 1)]
-        return {"t_ms": [1e3 * self.t1_s * x for x in v], "v": v, "contexts": sorted(self.curve.t_ms)}
-
-
 class TraceScorer:
     """One request's verification forwards answered from its recorded trace (see the module docstring).
 
@@ -86,13 +62,13 @@ class TraceScorer:
         layers: feature layers the engine asks for (each must be recorded for every position).
         want_hidden: the engine asks for the last hidden state (``hidden_layer`` must be recorded).
         hidden_layer: the transformers ``hidden_states`` index of the last layer.
-        cost: the trace's cost model (the modeled seconds of each forward).
+        cost: the trace's cost curve (the modeled seconds of each forward: :meth:`CostCurve.seconds`).
 
     Raises (at :meth:`prefill`): TraceError when the replayed prompt differs from the recorded one.
     """
 
     def __init__(self, question: TraceQuestion, layers: tuple[int, ...], want_hidden: bool, hidden_layer: int,
-                 cost: CostModel) -> None:
+                 cost: CostCurve) -> None:
         self.q, self.layers, self.cost = question, layers, cost
         self.hidden_layer = hidden_layer if want_hidden else None
         tokens = question.tokens
@@ -172,9 +148,9 @@ class TraceTarget:
         self.vocab_size, self.max_context = int(t["vocab_size"]), int(t["max_context"])
         self.eos_token_ids = frozenset(t["eos_token_ids"])
         self.supports_trees = bool(t["supports_trees"])
-        cost = CostModel(trace.manifest.get("cost"))
+        cost = CostCurve.from_manifest(trace.manifest.get("cost"))
         self.info = TargetInfo(self.vocab_size, self.eos_token_ids, self.max_context, self.device, self.dtype,
-                               self.name, tokenizer, None, self.supports_trees, cost.curve if cost else None)
+                               self.name, tokenizer, None, self.supports_trees, cost if cost else None)
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
@@ -188,8 +164,8 @@ class TraceTarget:
 def with_trace_cost(target: Any, trace: Trace) -> Any:
     """The loaded ``target`` with the trace's cost curve as ``info.cost`` (what routers read), so a replay decides as
     the recording machine's live run would; returns ``target``."""
-    cost = CostModel(trace.manifest.get("cost"))
-    target.info = replace(target.info, cost=cost.curve if cost else None)
+    cost = CostCurve.from_manifest(trace.manifest.get("cost"))
+    target.info = replace(target.info, cost=cost if cost else None)
     return target
 
 
@@ -221,7 +197,7 @@ def replay_requests(engine_for: Callable[[], ContextManager[Any]], trace: Trace,
         raise TraceError(f"max_new_tokens {max_new_tokens} is more than the trace at {trace.path} holds "
                          f"({trace.max_new_tokens}): replay with max_new_tokens <= {trace.max_new_tokens}, or record "
                          f"a trace of at least {max_new_tokens} tokens")
-    cost = CostModel(trace.manifest.get("cost"))
+    cost = CostCurve.from_manifest(trace.manifest.get("cost"))
     hidden_layer = int(trace.manifest["target"]["num_hidden_layers"])
     out = []
     for r in requests:

@@ -145,16 +145,10 @@ def _manifest(sf: Any, questions: list[TraceQuestion], max_new_tokens: int, chat
                    "max_context": target.max_context, "supports_trees": bool(target.supports_trees),
                    "hidden_size": int(text.hidden_size), "num_hidden_layers": int(text.num_hidden_layers)},
         "machine": sf.machine_info() if settings is not None else None,
-        "cost": {"ns": _ns(), "t_ms": {str(c): v for c, v in cost.t_ms.items()},
+        "cost": {"ns": list(cost.ns), "t_ms": {str(c): v for c, v in cost.t_ms.items()},
                  "source": "machine profile (specframe tune) of the settings the target ran with"} if cost else None,
         "features": {"layers": {str(k): v for k, v in layers.items()}, "dtype": str(target.dtype).removeprefix("torch."),
                      "for": [e if isinstance(e, str) else e["name"] for e in features_for]} if layers else None,
         "questions": [{"question_id": q.question_id, "category": q.category, "prompt_tokens": len(q.prompt),
                        "new_tokens": len(q.generated), "finish_reason": q.finish_reason} for q in questions],
     }
-
-
-def _ns() -> list[int]:
-    from ..target.profile import NS
-
-    return list(NS)

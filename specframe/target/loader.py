@@ -7,6 +7,8 @@ from typing import Callable
 
 import torch
 
+from .cost import CostCurve
+
 
 def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
                 log: Callable[[str], None] = lambda s: None, threads: int | str = "auto", prepack: bool | str = "auto",
@@ -37,7 +39,7 @@ def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
     from .models import check_device, convert_gguf, load_model, model_directory, resolve_dtype, resolve_model
     from .packed import pack_linears
     from .hf import Target
-    from .profile import Candidate, CostCurve, ThreadGovernor, load_independent, resolve_settings
+    from .profile import Candidate, ThreadGovernor, load_independent, resolve_settings
 
     check_device(device)
     if dtype not in ("auto", "bfloat16", "float32"):

@@ -17,7 +17,7 @@ n = 1 is plain decoding, so a machine where verification never pays is judged by
 cores free of other processes' load (:mod:`specframe.target.machine`).
 
 The cost curve v(n) of the chosen candidate is what the router uses to decide how many draft nodes pay
-(:class:`CostCurve`).
+(:class:`specframe.target.cost.CostCurve`; :data:`~specframe.target.cost.NS` are the measured token counts).
 """
 
 from __future__ import annotations
@@ -33,17 +33,15 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from .cost import interpolate
+from .cost import NS, REF_ACCEPT, CostCurve, token_cost_ms
 from .machine import LoadMonitor, choose_threads, fingerprint, fingerprint_key, usable_cores
 
 log = logging.getLogger("specframe")
 
 PROFILE_VERSION = 1
-NS = (1, 2, 4, 8, 16, 32)  # tokens per forward measured
 CONTEXTS = (128, 512)  # KV-cache lengths measured
 REPEATS = 3  # timed repeats per point (median), after one warm-up
 BUDGET_S = 90.0  # stop measuring further candidates after this long (those measured so far are kept)
-REF_ACCEPT = 0.6  # reference per-token acceptance for judging candidates (between lookup and learned drafters)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -83,44 +81,6 @@ class Settings:
         return asdict(self)
 
 
-class CostCurve:
-    """v(n) = T(n) / T(1) of the target as it runs now (mutable: the thread count may change during a run).
-
-    ``v(n)`` for any n >= 1 (float) by linear interpolation over :data:`NS`, averaged over the measured contexts;
-    linear extrapolation past the last point. ``v_fixed(n)``: the same for ``fixed``, a curve that never follows the
-    thread count (the machine's own, e.g. at its most threads), for decisions that must not depend on the load — a
-    router under sampling, where its decisions pick how many random draws a step makes (docs/machine.md, "What a
-    seed pins down").
-    """
-
-    def __init__(self, t_ms: dict[int, list[float]] | None = None,
-                 fixed: dict[int, list[float]] | None = None) -> None:
-        self.t_ms: dict[int, list[float]] = {}
-        self.set(t_ms or {})
-        self.fixed = {int(c): list(v) for c, v in (fixed if fixed is not None else self.t_ms).items()}
-
-    def set(self, t_ms: dict[int, list[float]]) -> None:
-        self.t_ms = {int(c): list(v) for c, v in t_ms.items()}
-
-    def __bool__(self) -> bool:
-        return bool(self.t_ms)
-
-    def t1_ms(self) -> float:
-        return sum(v[0] for v in self.t_ms.values()) / len(self.t_ms)
-
-    def v(self, n: float) -> float:
-        return _v(self.t_ms, n)
-
-    def v_fixed(self, n: float) -> float:
-        return _v(self.fixed, n)
-
-
-def _v(t_ms: dict[int, list[float]], n: float) -> float:
-    if not t_ms:
-        return 1.0
-    return sum(interpolate(NS, [t / row[0] for t in row], n) for row in t_ms.values()) / len(t_ms)
-
-
 def load_independent(profile: "MachineProfile | None", candidate: Candidate) -> dict[int, list[float]] | None:
     """The measured T(n) of ``candidate``'s dtype and layout at the most threads measured: the same curve whatever
     the load was when the target was loaded (see :class:`CostCurve`), or None."""
@@ -129,19 +89,6 @@ def load_independent(profile: "MachineProfile | None", candidate: Candidate) -> 
     same = [m for m in profile.measured if m.candidate.dtype == candidate.dtype
             and m.candidate.prepack == candidate.prepack]
     return max(same, key=lambda m: m.candidate.threads).t_ms if same else None
-
-
-def expected_tokens(n: int, accept: float = REF_ACCEPT) -> float:
-    """Tokens a forward over n tokens commits when each of its n - 1 draft nodes is accepted with ``accept``."""
-    return (1 - accept ** n) / (1 - accept)
-
-
-def token_cost_ms(t_ms: dict[int, list[float]], speculative: bool) -> float:
-    """ms per committed token: T(1) for plain decoding, else ``min_n T(n) / E(n)``; mean over contexts."""
-    per_ctx = []
-    for row in t_ms.values():
-        per_ctx.append(row[0] if not speculative else min(t / expected_tokens(n) for n, t in zip(NS, row)))
-    return sum(per_ctx) / len(per_ctx)
 
 
 class MachineProfile:
@@ -210,7 +157,7 @@ class MachineProfile:
                           int(threads) if threads != "auto" else max(1, max_threads or 1),
                           prepack is True)
             return c, None, "not measured on this machine: as given"
-        cost = {id(m): token_cost_ms(m.t_ms, speculative) for m in pool}
+        cost = {id(m): token_cost_ms(m.t_ms, speculative, REF_ACCEPT) for m in pool}
         best = min(pool, key=lambda m: cost[id(m)])
         what = "ms per token at the reference acceptance" if speculative else "ms per token, plain decoding"
         ranked = sorted(pool, key=lambda m: cost[id(m)])[:3]

@@ -23,7 +23,8 @@ from typing import Any
 
 from ..decode.engine import Engine
 from ..errors import ConfigError
-from ..replay.driver import CostModel, Request, TraceTarget, TraceVerifier, check_needs, fixed_engine, replay_requests
+from ..target.cost import CostCurve
+from ..replay.driver import Request, TraceTarget, TraceVerifier, check_needs, fixed_engine, replay_requests
 from ..replay.trace import read_trace
 
 TRACES = Path(__file__).resolve().parent / "traces"
@@ -90,10 +91,10 @@ def replay_proposer(proposer: type, config: dict[str, Any] | None = None, trace:
     check_needs(t, engine.feature_layers, engine.wants_hidden, proposer.name)
     max_new = t.max_new_tokens if max_new_tokens is None else max_new_tokens
     records = replay_requests(lambda: fixed_engine(engine), t, [Request(i) for i in range(len(t.questions))], max_new)
-    return _summary(records, CostModel(t.manifest.get("cost")), folder.name)
+    return _summary(records, CostCurve.from_manifest(t.manifest.get("cost")), folder.name)
 
 
-def _summary(records: list[dict[str, Any]], cost: CostModel, name: str) -> ReplayResult:
+def _summary(records: list[dict[str, Any]], cost: CostCurve, name: str) -> ReplayResult:
     def total(key: str, rs: list[dict[str, Any]] = records) -> float:
         return sum(r["metrics"][key] for r in rs)
 
@@ -107,7 +108,7 @@ def _summary(records: list[dict[str, Any]], cost: CostModel, name: str) -> Repla
     return ReplayResult(
         tau=total("new_tokens") / steps,
         alpha=total("accepted_tokens") / (total("drafted_tokens") or 1),
-        predicted_speedup=total("new_tokens") * cost.t1_s / wall if cost and wall else None,
+        predicted_speedup=total("new_tokens") * cost.t1_ms() / 1e3 / wall if cost and wall else None,
         tau_by_category={c: total("new_tokens", rs) / (total("target_forwards", rs) or 1) for c, rs in cats.items()},
         draft_ms_per_step=1e3 * total("propose_s") / steps,
         requests=len(records),

@@ -7,6 +7,7 @@ import logging
 from typing import Any, Callable
 
 from ...errors import ConfigError
+from ..cost import CostCurve
 
 log = logging.getLogger("specframe")
 
@@ -86,7 +87,7 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
     """
     from ..machine import LoadMonitor, choose_threads, usable_cores
     from ..models import resolve_model
-    from ..profile import Candidate, CostCurve, Settings, ThreadGovernor, load_independent, measured_threads
+    from ..profile import Candidate, Settings, ThreadGovernor, load_independent, measured_threads
     from .binding import EXACT_CMAKE_ARGS, build_info
     from .profile import DTYPE, get_profile
     from .target import LlamaCppTarget
