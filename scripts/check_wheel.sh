@@ -2,10 +2,13 @@
 # Build the wheel from this repository, install it into a fresh venv (torch pinned, as scripts/setup.sh does) and
 # run the CLI from outside the source tree: --version, --help, plugins, a short generate and a tiny bench.
 # A fresh SPECFRAME_CACHE is used, so nothing an earlier run left behind (a converted model, an exported
-# draft) is needed. Usage: bash scripts/check_wheel.sh   (PYTHON=python3.11 to choose the interpreter)
+# draft) is needed. The wheel must carry the shipped weights, configs and model cards but nothing of data/ (no
+# training corpus, loss log or plot). Usage: bash scripts/check_wheel.sh   (builds with the repository's .venv
+# where there is one, else python3; PYTHON=python3.11 to choose the interpreter)
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
+if [ -z "${PYTHON:-}" ] && [ -x "$REPO/.venv/bin/python" ]; then PY="$REPO/.venv/bin/python"; fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/specframe-wheel.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 quiet() { grep -v "^WARNING: Location" || true; }
@@ -13,6 +16,19 @@ quiet() { grep -v "^WARNING: Location" || true; }
 echo "== building the wheel"
 "$PY" -m pip wheel --no-deps -q -w "$WORK/dist" "$REPO" 2>&1 | quiet
 WHEEL=$(ls "$WORK"/dist/specframe-*.whl)
+echo "== what the wheel carries: weights, configs and model cards; no corpus, loss log or plot"
+"$PY" - "$WHEEL" <<'EOF'
+import sys
+import zipfile
+
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+bad = [n for n in names if n.startswith("data/") or "/corpus/" in n or "/corpus-long/" in n
+       or n.endswith((".jsonl", ".jsonl.gz", ".png"))]
+assert not bad, f"training data in the wheel: {bad[:10]}"
+weights = [n for n in names if n.startswith("specframe_plugins/weights/") and n.count("/") == 4]
+assert weights and all(n.endswith((".json", ".safetensors", ".md")) for n in weights), weights
+print(f"   {len(weights)} files in specframe_plugins/weights/<target>/<proposer>/")
+EOF
 echo "== installing $(basename "$WHEEL") into a fresh venv"
 "$PY" -m venv "$WORK/venv"
 "$WORK/venv/bin/python" -m pip install -q "torch==2.13.0" 2>&1 | quiet   # the CPU build on this machine's disk

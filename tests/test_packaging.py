@@ -1,7 +1,8 @@
 """The wheel built from the repository: every package ships (found, not listed by hand), ``plugins/`` ships as
 ``specframe_plugins`` with the shipped weights, and nothing else lands at the top level (no ``plugins``,
-``contrib`` or ``tests`` package, no training corpus). Built offline from a copy of the tree, with this venv's
-setuptools (``--no-build-isolation``), so nothing is downloaded and the source tree is not written to."""
+``contrib`` or ``tests`` package, no ``data/``: no training corpus, loss log or plot). Built offline from a copy of
+the tree, with this venv's setuptools (``--no-build-isolation``), so nothing is downloaded and the source tree is not
+written to."""
 
 from __future__ import annotations
 
@@ -24,10 +25,9 @@ SKIP = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "_
 def wheel(tmp_path_factory) -> tuple[Path, set[str]]:
     src = tmp_path_factory.mktemp("src") / "specframe"
     shutil.copytree(ROOT, src, ignore=SKIP)
-    corpus = src / "plugins" / "weights" / "smollm2-135m-instruct" / "corpus"
-    (corpus / "shards").mkdir(parents=True)
-    for name in ("manifest.json", "part-0.jsonl", "shards/part-1.jsonl", "shards/part-2.jsonl.gz"):
-        (corpus / name).write_text("{}\n")
+    for folder in (src / "plugins" / "weights").glob("*/*/"):  # a run's log and plot copied in beside the weights
+        (folder / "train-log.jsonl").write_text("{}\n")
+        (folder / "loss.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     out = tmp_path_factory.mktemp("dist")
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(out),
@@ -63,17 +63,32 @@ def test_only_specframe_packages_at_the_top_level(wheel):
     assert top == {"specframe", "specframe_plugins", f"specframe-{specframe.__version__}.dist-info"}, top
 
 
-def test_shipped_weights_ship_and_the_corpus_does_not(wheel):
+def test_shipped_weights_ship_and_training_data_does_not(wheel):
     _, names = wheel
     shipped = {f"specframe_plugins/{p.relative_to(ROOT / 'plugins').as_posix()}"
-               for p in (ROOT / "plugins" / "weights").glob("*/*/*") if p.is_file() and not _corpus(p)}
+               for p in (ROOT / "plugins" / "weights").glob("*/*/*") if p.is_file()}
     assert shipped and not shipped - names, sorted(shipped - names)
-    assert not [n for n in names if "/corpus/" in n or "/corpus-long/" in n]
+    assert {n.rsplit(".", 1)[-1] for n in shipped} <= {"json", "safetensors", "md"}, shipped  # weights, configs, cards
+    weights = [n for n in names if n.startswith("specframe_plugins/weights/")]
+    assert not [n for n in weights if n.endswith((".jsonl", ".png", ".gz")) or "/corpus" in n]  # no log, plot, corpus
+    assert not [n for n in names if n.startswith("data/") or n.endswith(".jsonl.gz")]  # nothing of data/ anywhere
 
 
-def _corpus(path: Path) -> bool:
-    """A training corpus's file (``corpus/``, ``corpus-long/``): kept in the repository, not shipped."""
-    return any(part in ("corpus", "corpus-long") for part in path.parts)
+def test_training_data_lives_in_data_and_the_model_cards_link_it():
+    """``data/<target>/``: the corpora (``corpus/``, ``corpus-long/``) and each shipped proposer's loss log and plot
+    (``training/<proposer>/``); the model card beside the weights links the plot there (data/README.md)."""
+    folders = [p for p in (ROOT / "plugins" / "weights").glob("*/*") if p.is_dir()]
+    assert folders and not [p for p in folders if p.name.startswith("corpus")]
+    for folder in folders:
+        target, proposer = folder.parent.name, folder.name
+        logs = ROOT / "data" / target / "training" / proposer
+        assert (logs / "train-log.jsonl").is_file() and (logs / "loss.png").is_file(), logs
+        card = (folder / "README.md").read_text(encoding="utf-8")
+        link = f"../../../../data/{target}/training/{proposer}/loss.png"
+        assert f"![loss curve]({link})" in card and (folder / link).resolve() == (logs / "loss.png").resolve()
+    for target in {p.parent.name for p in folders}:
+        assert (ROOT / "data" / target / "corpus" / "corpus.json").is_file()
+    assert (ROOT / "data" / "README.md").is_file()
 
 
 def test_entry_points_name_modules_that_ship(wheel):

@@ -1,10 +1,14 @@
-"""Weights shipped with the built-in learned proposers: ``<target name>/<proposer>/`` (see each model card)."""
+"""Weights shipped with the built-in learned proposers: ``<target name>/<proposer>/`` (see each model card).
+
+A folder holds the weights, their configs, ``recipe.json`` and the model card (``README.md``) only: the corpora they
+were trained on and their loss logs and plots stay in the repository's ``data/<target name>/`` (data/README.md), out
+of the wheel."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from specframe.errors import ConfigError
+from specframe import ConfigError
 
 ROOT = Path(__file__).parent
 

@@ -20,8 +20,9 @@ train_app = typer.Typer(
 _MODEL = typer.Option("smollm2-135m-instruct", "--model", help="Target: built-in name, model folder or .gguf file.")
 _OUTPUT = typer.Option(..., "--output", help="Folder for the weights, model card, loss log (resumes if present).")
 _CORPUS = typer.Option(
-    None, "--corpus", help="Corpus folder (shared by recipes; default: the corpus shipped for the target, else "
-    "OUTPUT/corpus). An existing corpus is used with the settings it was built with.")
+    None, "--corpus", help="Corpus folder (shared by recipes; default: the corpus committed for the target in the "
+    "repository's data/<target>/corpus, else OUTPUT/corpus). An existing corpus is used with the settings it was "
+    "built with.")
 _PROMPTS = typer.Option(1152, "--prompts", help="Training prompts to answer with the target.")
 _NEW = typer.Option(160, "--max-new-tokens", help="Longest target answer per prompt.")
 _SEED = typer.Option(0, "--seed", help="Seed of the prompts, initialisation and batch order.")
@@ -100,10 +101,10 @@ def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: i
     with err.status(f"loading {model} ...", spinner="dots"):
         target = load_target(model, dtype=dtype, device=device, log=lambda s: err.print(s, markup=False),
                              threads=_train_threads())
-    if corpus is None:  # the corpus shipped for this target, else a new one in the output folder
-        from specframe_plugins.weights import shipped
+    if corpus is None:  # the corpus committed for this target (a checkout's data/), else a new one in the output
+        from .data import shipped_corpus
 
-        corpus = shipped(source.name, "corpus") or output / "corpus"
+        corpus = shipped_corpus(source.name) or output / "corpus"
     cs = _corpus_settings(corpus, source.name, prompts, max_new_tokens, seed, dtype, mix)
     cols = (TextColumn("{task.description:>7}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(), TimeRemainingColumn())
@@ -127,7 +128,12 @@ def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: i
             return
     ev = record["eval"]
     name = RECIPES[kind]
-    err.print(f"wrote {output} (weights, README.md model card, loss.png, recipe.json) in {record['wall_s'] / 60:.1f} min")
+    from .data import log_folder, repo_path
+
+    logs = log_folder(output)
+    where = "loss.png" if logs == output else f"loss log and plot in {repo_path(logs)}"
+    err.print(f"wrote {output} (weights, README.md model card, {where}, recipe.json) in "
+              f"{record['wall_s'] / 60:.1f} min")
     err.print(f"held-out τ {ev[name]['tau']:.2f} ({ev[name]['tok_s']:.1f} tok/s vs none {ev['none']['tok_s']:.1f}: "
               f"{ev['speedup']:.2f}x)")
 

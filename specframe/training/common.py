@@ -1,6 +1,8 @@
 """What the trainers (draft, EAGLE, Medusa) share: the frequent-token subset, batching (resumable), a cosine
 schedule, resumable checkpoints, the loss log (``train-log.jsonl``, one ``{"step", "loss", "acc"}`` record per step;
-plotted into ``loss.png``) and :class:`TrainingRun`, the bookkeeping of one training loop."""
+plotted into ``loss.png``; both in the output folder, or for a shipped weights folder in the repository's
+``data/<target>/training/<proposer>/``: :func:`~specframe.training.data.log_folder`) and :class:`TrainingRun`, the
+bookkeeping of one training loop."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..io.jsonl import jsonl_lines
+from .data import log_folder
 
 T = TypeVar("T")
 
@@ -199,7 +202,8 @@ class TrainingRun:
 
 class LossLog:
     def __init__(self, out: Path, resume_step: int) -> None:
-        self.path = out / "train-log.jsonl"
+        self.path = log_folder(out) / "train-log.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         rows = []
         if resume_step and self.path.exists():
             rows = [json.loads(x) for _, x in jsonl_lines(self.path.read_text(encoding="utf-8"))]
@@ -217,7 +221,8 @@ class LossLog:
 
 def final_means(out: Path, last: int = 20) -> tuple[float, float]:
     """Mean loss and accuracy of the last ``last`` steps in ``train-log.jsonl`` (also after a resumed run)."""
-    rows = [json.loads(x) for _, x in jsonl_lines((out / "train-log.jsonl").read_text(encoding="utf-8"))][-last:]
+    log = log_folder(out) / "train-log.jsonl"
+    rows = [json.loads(x) for _, x in jsonl_lines(log.read_text(encoding="utf-8"))][-last:]
     if not rows:
         return float("nan"), float("nan")
     return sum(r["loss"] for r in rows) / len(rows), sum(r["acc"] for r in rows) / len(rows)
@@ -230,7 +235,7 @@ def plot_loss(out: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(x) for _, x in jsonl_lines((out / "train-log.jsonl").read_text(encoding="utf-8"))]
+    rows = [json.loads(x) for _, x in jsonl_lines((log_folder(out) / "train-log.jsonl").read_text(encoding="utf-8"))]
     steps = [r["step"] for r in rows]
 
     def smooth(xs: list[float], w: int = 20) -> list[float]:
@@ -245,7 +250,7 @@ def plot_loss(out: Path, title: str) -> Path:
     ax2.set_ylabel("top-1 accuracy")
     ax.set_title(title)
     fig.tight_layout()
-    path = out / "loss.png"
+    path = log_folder(out) / "loss.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

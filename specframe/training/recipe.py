@@ -7,6 +7,7 @@ on held-out prompts (built from the same source with another seed; never Spec-Be
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from dataclasses import asdict
@@ -17,6 +18,7 @@ import torch
 
 from ..errors import ConfigError
 from .corpus import CorpusSettings, build_corpus, mix_prompts, read_corpus
+from .data import log_folder, repo_path
 from .draft import DraftSettings, finish_draft, train_draft
 from .eagle import EagleSettings, finish_eagle, train_eagle
 from .medusa import MedusaSettings, finish_medusa, train_medusa
@@ -147,7 +149,9 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
         "machine": _machine(target),
     }
     (output / "recipe.json").write_text(json.dumps(record, indent=1) + "\n")
-    (output / "README.md").write_text(model_card(record))
+    logs = log_folder(output)  # beside the weights, or for a shipped weights folder in the repository's data/
+    plot = Path(os.path.relpath(logs / "loss.png", output)).as_posix()
+    (output / "README.md").write_text(model_card(record, plot, None if logs == output else repo_path(logs)))
     (output / "ckpt.pt").unlink(missing_ok=True)  # done: the optimizer state is not shipped
     return record
 
@@ -198,7 +202,10 @@ def _extra_corpus(path: Path, target_name: str) -> tuple[dict, list[dict]]:
     return asdict(cs), list(read_corpus(path))
 
 
-def model_card(r: dict) -> str:
+def model_card(r: dict, loss_plot: str = "loss.png", logs_in: str | None = None) -> str:
+    """The model card (``README.md``) of the run recorded in ``r`` (a ``recipe.json``); ``loss_plot``: the loss
+    curve's path relative to the card; ``logs_in``: the repository folder of the loss log and curve where they are
+    not beside the card (a shipped weights folder: :func:`~specframe.training.data.log_folder`)."""
     kind = r["recipe"]
     c, s, res, ev = r["corpus"], r["settings"], r["result"], r["eval"]
     proposer = RECIPES[kind]
@@ -241,7 +248,9 @@ def model_card(r: dict) -> str:
         + {"draft": "", "medusa": ", head 0", "eagle": ", pass 1"}[kind] + f"); training {res['train_s'] / 60:.1f} min"
         + (f" in {res['pieces']} pieces" if res.get("pieces", 1) > 1 else "") + " "
         f"on {r['machine']}; whole recipe run {r['wall_s'] / 60:.1f} min.", "",
-        "![loss curve](loss.png)", "",
+        f"![loss curve]({loss_plot})", "",
+        *([f"The per-step loss log (`train-log.jsonl`) and this curve are kept in the repository, not in the wheel: "
+           f"`{logs_in}/`.", ""] if logs_in else []),
         "## Measured τ", "",
         f"Greedy, {ev['prompts']} held-out prompts (the `{ev.get('mix', 'pydoc')}` mix, seed {EVAL_SEED}), "
         f"{ev['max_new_tokens']} new "
