@@ -78,10 +78,10 @@ def main() -> int:
             rec = sf.generate(ids, proposers=entries, max_new_tokens=args.max_new_tokens, temperature=0.0, **extra)
             got = rec["token_ids"]
             ok = got == ref
-            entry = {"equal": ok, "tau": rec["metrics"]["mean_accepted_length"]}
+            entry = {"equal": ok, "tau": rec["metrics"]["tau"]}
             if len(entries) > 1:  # per-proposer attribution of the combination
                 entry["proposers"] = {
-                    k: {f: v[f] for f in ("drafted_nodes", "accepted_tokens", "accepted_alone", "skipped_steps") if f in v}
+                    k: {f: v[f] for f in ("drafted_nodes", "accepted_nodes", "accepted_alone", "skipped_steps") if f in v}
                     for k, v in rec["metrics"].get("proposers", {}).items()
                 }
             if not ok:

@@ -48,7 +48,7 @@ def _prompts(args: argparse.Namespace, target) -> list[dict]:
         qs = select_questions(read_prompts(args.questions), None, args.limit_per_category)
         return [{"id": q.question_id, "category": category_group(q.category), "ids": target.encode_prompt(q.text)}
                 for q in qs]
-    corpus = Path(__file__).resolve().parent.parent / "plugins/weights/smollm2-135m-instruct/corpus"
+    corpus = Path(__file__).resolve().parent.parent / "data/smollm2-135m-instruct/corpus"
     out, seen = [], 0
     for shard in sorted(corpus.glob("shard-*.jsonl.gz")):
         for line in gzip.open(shard, "rt"):

@@ -10,6 +10,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, List, Optional
 
 import typer
@@ -67,7 +68,6 @@ def _proposer_entries(names: list[str], configured: list[dict]) -> list[dict]:
     return [dict(by_name.get(n, {"name": n})) for n in names]
 
 
-@app.command()
 def generate(
     prompt: Optional[str] = typer.Argument(None, help="Prompt text (or use --prompts-file)."),
     prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="Spec-Bench style JSONL; first turn used."),
@@ -97,29 +97,63 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="One JSON record per prompt on stdout, nothing else."),
 ) -> None:
     """Generate text with the target model, drafting through a proposer."""
+    flags = GenerateFlags(
+        prompt=prompt, prompts_file=prompts_file, limit=limit, category=category, config=config, model=model,
+        proposer=tuple(proposer or ()), merge=merge, max_nodes=max_nodes, router=router,
+        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, dtype=dtype,
+        threads=threads, prepack=prepack, device=device, engine=engine, stop=tuple(stop or ()), no_chat=no_chat,
+        stream=stream, as_json=as_json)
     try:
-        _generate(**locals())
+        _generate(flags)
     except SpecframeError as exc:
         fail(str(exc))
 
 
-def _generate(prompt, prompts_file, limit, category, config, model, proposer, merge, max_nodes, router, max_new_tokens,
-              temperature, top_p, top_k, seed, dtype, threads, prepack, device, engine, stop, no_chat, stream,
-              as_json) -> None:
+@dataclass(frozen=True)
+class GenerateFlags:
+    """``specframe generate``'s flags as given (None: not given, the config's value holds)."""
+
+    prompt: Optional[str] = None
+    prompts_file: Optional[Path] = None
+    limit: Optional[int] = None
+    category: Optional[str] = None
+    config: Optional[Path] = None
+    model: Optional[str] = None
+    proposer: tuple[str, ...] = ()
+    merge: Optional[str] = None
+    max_nodes: Optional[int] = None
+    router: Optional[str] = None
+    max_new_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    seed: Optional[int] = None
+    dtype: Optional[str] = None
+    threads: Optional[str] = None
+    prepack: Optional[str] = None
+    device: Optional[str] = None
+    engine: Optional[str] = None
+    stop: tuple[str, ...] = ()
+    no_chat: bool = False
+    stream: bool = False
+    as_json: bool = False
+
+
+def _generate(f: GenerateFlags) -> None:
     from .config import resolve_plugins
     from .target.models import check_device, resolve_dtype, resolve_model
     from .registry import build_registry
 
     # 1. every flag and the config, checked before anything loads
-    _check_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    if stream and as_json:
+    _check_flags(max_new_tokens=f.max_new_tokens, temperature=f.temperature, top_p=f.top_p, top_k=f.top_k,
+                 seed=f.seed)
+    if f.stream and f.as_json:
         raise ConfigError("--stream and --json cannot be combined: --json keeps stdout for records only")
-    if (prompt is None) == (prompts_file is None):
+    if (f.prompt is None) == (f.prompts_file is None):
         raise ConfigError("give either a PROMPT argument or --prompts-file (exactly one)")
-    cfg = _flags_config(config, model, proposer, merge, max_nodes, router, max_new_tokens, temperature, top_p, top_k,
-                        seed, dtype, threads, prepack, device, stop, no_chat, engine)
-    _check_flags_apply(cfg, merge, max_nodes, top_p, top_k, threads, prepack, prompts_file, limit, category)
-    prompts = _select_prompts(prompt, prompts_file, limit, category)
+    cfg = _flags_config(f)
+    _check_flags_apply(cfg, f)
+    prompts = _select_prompts(f.prompt, f.prompts_file, f.limit, f.category)
     registry = build_registry()
     resolve_plugins(cfg, registry)  # an unknown plugin or bad option fails before the model loads
     check_device(cfg.device)
@@ -141,21 +175,21 @@ def _generate(prompt, prompts_file, limit, category, config, model, proposer, me
             raise PromptTooLongError(
                 f"{where} has {len(ids)} tokens; the model's context is {sf.target.max_context}: shorten it"
             )
-    _run(sf, prompts, encoded, stream, as_json)
+    _run(sf, prompts, encoded, f.stream, f.as_json)
 
 
-def _flags_config(config, model, proposer, merge, max_nodes, router, max_new_tokens, temperature, top_p, top_k, seed,
-                  dtype, threads, prepack, device, stop, no_chat, engine=None):
+def _flags_config(f: GenerateFlags):
     """The config file (if any) with the flags applied over it."""
     from .config import load_config
 
     cfg = load_config(
-        config, model=model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-        seed=seed, dtype=dtype, device=device, chat=False if no_chat else None, stop=stop or None, engine=engine,
-        **machine_flags(threads, prepack),
+        f.config, model=f.model, max_new_tokens=f.max_new_tokens, temperature=f.temperature, top_p=f.top_p,
+        top_k=f.top_k, seed=f.seed, dtype=f.dtype, device=f.device, chat=False if f.no_chat else None,
+        stop=list(f.stop) or None, engine=f.engine, **machine_flags(f.threads, f.prepack),
     )
-    if proposer:
-        cfg = load_config(None, base=cfg.model_dump(), proposers=_proposer_entries(proposer, cfg.proposers))
+    merge, max_nodes, router = f.merge, f.max_nodes, f.router
+    if f.proposer:
+        cfg = load_config(None, base=cfg.model_dump(), proposers=_proposer_entries(list(f.proposer), cfg.proposers))
     if merge is not None or max_nodes is not None:
         settings = {**cfg.merge.model_dump(), **({"name": merge} if merge else {}),
                     **({"max_nodes": max_nodes} if max_nodes is not None else {})}
@@ -167,8 +201,9 @@ def _flags_config(config, model, proposer, merge, max_nodes, router, max_new_tok
     return cfg
 
 
-def _check_flags_apply(cfg, merge, max_nodes, top_p, top_k, threads, prepack, prompts_file, limit, category) -> None:
+def _check_flags_apply(cfg, f: GenerateFlags) -> None:
     """Refuse a flag that would have no effect with the others (it would silently do nothing)."""
+    merge, max_nodes, top_p, top_k, limit = f.merge, f.max_nodes, f.top_p, f.top_k, f.limit
     if len(cfg.proposers) < 2 and (merge is not None or max_nodes is not None):
         given = " and ".join(f for f, v in (("--merge", merge), ("--max-nodes", max_nodes)) if v is not None)
         raise ConfigError(
@@ -181,12 +216,12 @@ def _check_flags_apply(cfg, merge, max_nodes, top_p, top_k, threads, prepack, pr
                 raise ConfigError(f"{flag} filters the distribution that sampling draws from; at temperature 0 "
                                   f"decoding is greedy (argmax) and never uses it: add --temperature > 0, or drop {flag}")
     if cfg.device != "cpu":
-        for flag, value in (("--threads", threads), ("--prepack", prepack)):
+        for flag, value in (("--threads", f.threads), ("--prepack", f.prepack)):
             if value is not None:
                 raise ConfigError(f"{flag} sets how a CPU target runs; with --device {cfg.device} it has no effect: "
                                   f"drop {flag}, or use --device cpu")
-    if prompts_file is None:
-        for flag, value in (("--limit", limit), ("--category", category)):
+    if f.prompts_file is None:
+        for flag, value in (("--limit", limit), ("--category", f.category)):
             if value is not None:
                 raise ConfigError(f"{flag} selects prompts of --prompts-file; with a PROMPT argument it has nothing "
                                   f"to select: give --prompts-file, or drop {flag}")
@@ -243,17 +278,16 @@ def _run(sf, prompts, encoded, stream: bool, as_json: bool) -> None:
                 write("\n")
                 m = result.metrics
                 err.print(
-                    f"[dim]{m.new_tokens} tokens, {m.tokens_per_s:.1f} tok/s, τ={m.mean_accepted_length:.2f}, "
+                    f"[dim]{m.new_tokens} tokens, {m.tokens_per_s:.1f} tok/s, τ={m.tau:.2f}, "
                     f"α={m.acceptance_rate:.2f}, finish={result.finish_reason}[/dim]"
                 )
                 if len(m.proposers) > 1:  # attribution (credited: a node two proposers drafted counts for both)
                     err.print("[dim]" + ", ".join(
-                        f"{label}: {pm.accepted_tokens}/{pm.drafted_nodes} accepted, {pm.steps} steps"
+                        f"{label}: {pm.accepted_nodes}/{pm.drafted_nodes} accepted, {pm.steps} steps"
                         for label, pm in m.proposers.items()) + "[/dim]", markup=True)
             progress.advance(task)
 
 
-@app.command()
 def plugins(
     as_json: bool = typer.Option(False, "--json", help="One JSON document: {\"plugins\": [...]}."),
 ) -> None:
@@ -268,7 +302,6 @@ def plugins(
     sys.stdout.write((json.dumps(doc, indent=2) if as_json else render_text(doc)) + "\n")
 
 
-@app.command()
 def tune(
     model: str = typer.Option("smollm2-135m-instruct", "--model", help="Built-in name, model directory or .gguf file."),
     device: str = typer.Option("cpu", "--device", help="cpu (a CUDA target needs no profile)."),
@@ -347,26 +380,25 @@ def _tune(model: str, device: str, refresh: bool, as_json: bool, engine: str = "
                   f"{c.label} — {why}")
 
 
-from .bench.command import bench as _bench_command  # noqa: E402
+def attach(app: typer.Typer) -> None:
+    """Attach every command and command group to ``app``: the one place where commands attach. A command group (``train``, ``datastore``, ``trace``, ``vllm``) attaches its
+    own subcommands in its module."""
+    from .bench.command import bench
+    from .datastore.command import datastore_app
+    from .integrations.command import vllm_app
+    from .replay.command import replay, trace_app
+    from .training.command import train_app
 
-app.command("bench")(_bench_command)
+    for name, command in (("generate", generate), ("plugins", plugins), ("tune", tune), ("bench", bench)):
+        app.command(name)(command)
+    app.add_typer(train_app, name="train")
+    app.add_typer(datastore_app, name="datastore")
+    app.command("replay")(replay)
+    for name, group in (("trace", trace_app), ("vllm", vllm_app)):
+        app.add_typer(group, name=name)
 
-from .training.command import train_app  # noqa: E402
 
-app.add_typer(train_app, name="train")
-
-from .datastore.command import datastore_app  # noqa: E402
-
-app.add_typer(datastore_app, name="datastore")
-
-from .replay.command import replay as _replay_command, trace_app  # noqa: E402
-
-app.command("replay")(_replay_command)
-app.add_typer(trace_app, name="trace")
-
-from .integrations.command import vllm_app  # noqa: E402
-
-app.add_typer(vllm_app, name="vllm")
+attach(app)
 
 
 def main() -> None:

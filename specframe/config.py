@@ -23,7 +23,11 @@ Several proposers are combined into one verification tree per step (see docs/com
 
 ``merge`` and ``router`` are validated by their plugins' config models (:func:`resolve_plugins`); they only
 matter with two or more proposers (a router may also trim a lone proposer's drafts to what pays on this
-machine).
+machine). An option no plugin declares is refused there (every plugin config forbids extra keys).
+
+Configs are frozen: a change is a new config (``load_config(None, base=cfg.model_dump(), ...)``). The typed form
+of a config's plugins is :class:`Plugins`: each proposer entry becomes its plugin's own frozen ``Config`` subclass,
+chosen by ``name`` from the registry (a union over what is installed, resolved in one place).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ MaxNewTokens = Annotated[int, BeforeValidator(check_max_new_tokens)]
 
 
 class SamplingConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     temperature: Temperature = Field(0.0, description="0 = greedy (so is any value below 1e-5); above samples "
                                      "(speculative sampling).")
@@ -82,7 +86,7 @@ class RequestSettings(BaseModel):
     flags (None = the config's). Validated by the same rules as the config (:mod:`specframe.sampling`); see
     :func:`settings_error` for the message."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_new_tokens: MaxNewTokens | None = None
     temperature: Temperature | None = None
@@ -108,7 +112,7 @@ def settings_error(exc: ValidationError, names: dict[str, str] | None = None) ->
 class IsolationConfig(BaseModel):
     """How a faulty proposer is treated (see :mod:`specframe.decode.isolation`); output never depends on it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     propose_timeout_s: float | None = Field(
         5.0, gt=0, description="A propose call slower than this many seconds is a fault (its draft is dropped); null = no time limit."
@@ -120,7 +124,7 @@ class MergeSettings(BaseModel):
     """``merge:``: how combined proposers' drafts share one tree. Other keys are the policy's own options, checked
     against its config model once plugins are loaded (:func:`resolve_plugins`)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     name: str = Field("priority", description="Merge policy (see `specframe plugins`): priority | confidence | ... "
                       "(`policy:` is read as `name:`)")
@@ -136,7 +140,7 @@ class RouterSettings(BaseModel):
     """``router:``: which combined proposers run each step. ``none`` = every proposer, every step. Other keys
     are the router's own options (:func:`resolve_plugins`)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     name: str = Field("adaptive", description="Router (see `specframe plugins`), or none.")
 
@@ -153,7 +157,7 @@ def proposer_shorthand(v: Any) -> Any:
 class LlamaCppSettings(BaseModel):
     """Options of the llama.cpp engine (``engine: llama.cpp``; docs/llamacpp.md)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     n_ctx: Optional[int] = Field(None, ge=16, le=1 << 20, description="KV cells per request (default: the model's "
                                  "training context, at most 8192).")
@@ -167,7 +171,7 @@ class LlamaCppSettings(BaseModel):
 class SpecframeConfig(BaseModel):
     """Top-level configuration (file or Python API)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str = Field("smollm2-135m-instruct", description="Built-in model name, model directory or .gguf file.")
     dtype: Literal["auto", "bfloat16", "float32"] = Field(

@@ -102,18 +102,18 @@ def check_metrics(result: GenerationResult) -> None:
     m = result.metrics
     assert m.new_tokens == len(result.token_ids)
     assert m.target_forwards >= 1
-    assert 0 <= m.accepted_tokens <= m.drafted_tokens
-    assert m.mean_accepted_length == pytest.approx(m.new_tokens / m.target_forwards)
-    assert sum(m.drafted_by_position) == m.drafted_tokens
-    assert sum(m.accepted_by_position) == m.accepted_tokens
-    assert all(a <= d for a, d in zip(m.accepted_by_position, m.drafted_by_position))
+    assert 0 <= m.accepted_nodes <= m.drafted_nodes
+    assert m.tau == pytest.approx(m.new_tokens / m.target_forwards)
+    assert sum(m.drafted_by_depth) == m.drafted_nodes
+    assert sum(m.accepted_by_depth) == m.accepted_nodes
+    assert all(a <= d for a, d in zip(m.accepted_by_depth, m.drafted_by_depth))
     # each forward commits its counted accepted nodes + 1 token; a stop inside the last block commits (and counts)
     # only the accepted nodes up to the stop, so that block may lack its recovered/bonus token, never more
-    assert m.accepted_tokens + m.target_forwards - 1 <= m.new_tokens <= m.accepted_tokens + m.target_forwards
+    assert m.accepted_nodes + m.target_forwards - 1 <= m.new_tokens <= m.accepted_nodes + m.target_forwards
     if result.finish_reason == "length":
-        assert m.new_tokens == m.accepted_tokens + m.target_forwards
+        assert m.new_tokens == m.accepted_nodes + m.target_forwards
     for pm in m.proposers.values():  # credited acceptance never counts a node after the stop
-        assert pm.accepted_tokens <= m.accepted_tokens and sum(pm.accepted_by_position) == pm.accepted_tokens
+        assert pm.accepted_nodes <= m.accepted_nodes and sum(pm.accepted_by_depth) == pm.accepted_nodes
     assert result.finish_reason in ("stop", "length")
     # the engine turns a proposer's exception into a target-only step, so a test proposer's failed assertion
     # would otherwise go unnoticed

@@ -32,7 +32,7 @@ def test_per_request_overrides(target):
         assert result.token_ids == expected
         check_metrics(result)
     none = sf.generate_result(PROMPT, proposers=[{"name": "none"}], max_new_tokens=6)
-    assert none.metrics.drafted_tokens == 0 and none.metrics.target_forwards == 6
+    assert none.metrics.drafted_nodes == 0 and none.metrics.target_forwards == 6
 
 
 def test_text_prompt_without_chat_template(target):

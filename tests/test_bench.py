@@ -85,7 +85,7 @@ def test_runner_interleaves_and_lossless_check_passes(sf):
     assert [r["strategy"] for r in records] == names * len(QUESTIONS)  # A B C D A B C D ...
     assert lossless_check(sf, records, QUESTIONS, cfg.chat) == []
     base = [r for r in records if r["strategy"] == "none"]
-    assert all(r["metrics"]["mean_accepted_length"] == 1.0 for r in base)
+    assert all(r["metrics"]["tau"] == 1.0 for r in base)
     assert all(len(r["token_ids"]) == 12 for r in records)
 
 
@@ -117,7 +117,7 @@ def test_aggregate_report_and_plots(sf, tmp_path):
     md = render_markdown(results, write_plots(summary, tmp_path))
     assert "| ngram |" in md and "multi-turn conversation" in md and "All identical." in md
     assert (tmp_path / "speedup_by_category.png").stat().st_size > 1000
-    assert (tmp_path / "acceptance_by_position.png").stat().st_size > 1000
+    assert (tmp_path / "acceptance_by_depth.png").stat().st_size > 1000
 
 
 def test_cost_model_formulas():
@@ -184,7 +184,7 @@ def test_peer_greedy_counts_its_prefill_forward_so_tau_is_one(sf):
     records = BenchRunner(sf, cfg).run(QUESTIONS[:1])
     peer = next(r for r in records if r["strategy"] == "hf-greedy")
     assert peer["metrics"]["target_forwards"] == peer["metrics"]["new_tokens"]
-    assert peer["metrics"]["mean_accepted_length"] == 1.0
+    assert peer["metrics"]["tau"] == 1.0
 
 
 def test_near_tie_is_relative_to_the_dtype_precision():

@@ -50,16 +50,16 @@ def test_combined_greedy_equals_plain_greedy(envs, arch, policy, routed):
         check_metrics(res)
         m = res.metrics
         assert list(m.proposers) == ["ngram", "scripted-tree", "draft-model"]
-        assert m.accepted_tokens > N_NEW // 3  # the scripted tree alone is accepted 3 deep per step
-        credited = sum(pm.accepted_tokens for pm in m.proposers.values())
+        assert m.accepted_nodes > N_NEW // 3  # the scripted tree alone is accepted 3 deep per step
+        credited = sum(pm.accepted_nodes for pm in m.proposers.values())
         alone = sum(pm.accepted_alone for pm in m.proposers.values())
-        assert alone <= m.accepted_tokens <= credited
-        assert m.drafted_tokens <= sum(pm.drafted_nodes for pm in m.proposers.values())
+        assert alone <= m.accepted_nodes <= credited
+        assert m.drafted_nodes <= sum(pm.drafted_nodes for pm in m.proposers.values())
         for pm in m.proposers.values():
-            assert pm.wasted_nodes == pm.drafted_nodes - pm.accepted_tokens >= 0
+            assert pm.wasted_nodes == pm.drafted_nodes - pm.accepted_nodes >= 0
             assert pm.drafted_nodes <= pm.proposed_nodes and pm.faults == 0
-            assert sum(pm.drafted_by_position) == pm.drafted_nodes
-            assert sum(pm.accepted_by_position) == pm.accepted_tokens
+            assert sum(pm.drafted_by_depth) == pm.drafted_nodes
+            assert sum(pm.accepted_by_depth) == pm.accepted_nodes
         for rec in proposers:
             assert not rec.problems, rec.problems
 
@@ -119,9 +119,9 @@ def test_each_proposer_hears_about_its_own_draft(envs):
             assert torch.equal(o.draft.token_ids, d.token_ids)  # its own draft, own node indices
             assert o.accepted_nodes == (want(d),)
     m = res.metrics.proposers
-    assert m["a"].accepted_tokens == res.metrics.accepted_tokens  # a's chain is the accepted path
-    assert m["b"].accepted_tokens == m["a"].steps == m["b"].steps  # b's first node shared: credited to both
-    assert m["b"].accepted_alone == 0 and m["a"].accepted_alone == res.metrics.accepted_tokens - m["b"].accepted_tokens
+    assert m["a"].accepted_nodes == res.metrics.accepted_nodes  # a's chain is the accepted path
+    assert m["b"].accepted_nodes == m["a"].steps == m["b"].steps  # b's first node shared: credited to both
+    assert m["b"].accepted_alone == 0 and m["a"].accepted_alone == res.metrics.accepted_nodes - m["b"].accepted_nodes
 
 
 def test_a_truncated_draft_hears_about_the_part_that_was_verified(envs):
@@ -192,7 +192,7 @@ def test_combined_sampling_is_calibrated(peaky_target, routed):
     assert len(result.token_ids) == n and result.metrics.proposer_faults == 0
     m = result.metrics
     if not routed:  # every proposer's drafts got accepted (and rejected)
-        assert all(pm.accepted_tokens > 25 for pm in m.proposers.values())
+        assert all(pm.accepted_nodes > 25 for pm in m.proposers.values())
         assert m.proposers["mode-1"].accepted_alone == 0  # always the same node as mode's first: shared credit
     again = [engine.generate(prompt, max_new_tokens=40, sampling=params, seed=s).token_ids for s in (7, 7, 8)]
     assert again[0] == again[1] != again[2]  # seeded: same seed, same tokens

@@ -42,7 +42,7 @@ def test_a_faulty_proposer_disables_only_itself(envs, caplog):
     m = res.metrics
     assert m.proposers["faulty"].faults == 3 and m.proposers["faulty"].disabled
     assert m.proposers["faulty"].steps == 3  # not called once disabled
-    assert m.proposers["scripted"].faults == 0 and m.proposers["scripted"].accepted_tokens == m.accepted_tokens > 0
+    assert m.proposers["scripted"].faults == 0 and m.proposers["scripted"].accepted_nodes == m.accepted_nodes > 0
     assert m.proposer_faults == 3 and not m.proposer_disabled  # one proposer still drafts
     warnings = [r.getMessage() for r in caplog.records if r.name == "specframe"]
     assert len(warnings) == 1 and "'faulty'" in warnings[0] and "output is unaffected" in warnings[0]
@@ -132,4 +132,4 @@ def test_a_faulty_revise_drops_the_router_and_changes_nothing(envs, caplog, mode
     assert bad.metrics.proposers["scripted"].skipped_steps == 0
     assert bad.metrics.proposers["scripted"].steps == bad.metrics.proposers["a"].steps > 1
     if sampling == "greedy":  # (its drafts are the greedy continuation)
-        assert bad.metrics.proposers["scripted"].accepted_tokens == bad.metrics.accepted_tokens > 0
+        assert bad.metrics.proposers["scripted"].accepted_nodes == bad.metrics.accepted_nodes > 0

@@ -52,7 +52,7 @@ def test_draft_model_skipped_by_the_router_catches_up(envs, tmp_path, arch):
     assert res.token_ids == refs[0][:N_NEW]
     pm = res.metrics.proposers["draft-model"]
     assert pm.skipped_steps >= 3 and pm.steps >= 3
-    assert pm.accepted_tokens >= pm.drafted_nodes - 2 > 0  # (a near-tie may differ in the last float bits)
+    assert pm.accepted_nodes >= pm.drafted_nodes - 2 > 0  # (a near-tie may differ in the last float bits)
 
 
 # --- the router's revise through the engine (a cascade) ------------------------------------------------------------
@@ -141,7 +141,7 @@ def test_revise_trims_drafts_and_greedy_output_is_unchanged(envs, keep_b):
     assert m["a"].proposed_nodes > m["a"].drafted_nodes
     assert 2 * m["a"].steps - 2 <= m["a"].drafted_nodes <= 2 * m["a"].steps  # (the last step's budget may be 1)
     assert m["b"].proposed_nodes > m["b"].drafted_nodes and m["b"].drafted_nodes <= keep_b * m["b"].steps
-    assert m["a"].accepted_tokens == res.metrics.accepted_tokens > 0 and m["b"].accepted_tokens == 0
+    assert m["a"].accepted_nodes == res.metrics.accepted_nodes > 0 and m["b"].accepted_nodes == 0
     # each proposer hears about the part of its draft that was verified
     for rec, k in ((a, 2), (b, keep_b)):
         outcomes = [c.outcome for c in rec.calls if c.method == "on_verified"]
@@ -180,4 +180,4 @@ def test_adaptive_cascade_runs_the_costly_proposer_only_when_the_cheap_one_draft
     assert full - {0} and not ran & full  # the cheap proposer's long chain: the costly one is skipped ...
     assert len(ran & empty) >= 3  # ... and run when the cheap one had nothing
     m = res.metrics.proposers["costly"]
-    assert m.skipped_steps > 0 and m.steps == len(ran) and m.accepted_tokens > 0
+    assert m.skipped_steps > 0 and m.steps == len(ran) and m.accepted_nodes > 0

@@ -54,18 +54,18 @@ def test_api_json_attribution_and_observer_events(envs):
     m = record["metrics"]
     assert list(m["proposers"]) == ["ngram", "ngram#2"]
     for entry in m["proposers"].values():
-        assert {"drafted_nodes", "accepted_tokens", "accepted_alone", "wasted_nodes", "draft_s", "acceptance_rate",
+        assert {"drafted_nodes", "accepted_nodes", "accepted_alone", "wasted_nodes", "draft_s", "acceptance_rate",
                 "steps", "skipped_steps", "faults", "disabled"} <= set(entry)
         assert entry["steps"] == m["target_forwards"] - 1 or entry["steps"] == m["target_forwards"]
     assert len(events.steps) == m["target_forwards"]
     assert {e.proposer for e in events.steps} == {"ngram+ngram#2"}
     for label in ("ngram", "ngram#2"):
         assert sum(s.accepted for e in events.steps for s in e.attribution if s.name == label) == \
-            m["proposers"][label]["accepted_tokens"]
+            m["proposers"][label]["accepted_nodes"]
     # a single proposer has its attribution too, equal to the request's counts
     single = sf.generate(PROMPT, max_new_tokens=N_NEW, proposers=[{"name": "ngram"}])["metrics"]
-    assert single["proposers"]["ngram"]["accepted_tokens"] == single["accepted_tokens"]
-    assert single["proposers"]["ngram"]["drafted_nodes"] == single["drafted_tokens"]
+    assert single["proposers"]["ngram"]["accepted_nodes"] == single["accepted_nodes"]
+    assert single["proposers"]["ngram"]["drafted_nodes"] == single["drafted_nodes"]
     # per-request overrides of the merge policy and router
     assert sf.generate(PROMPT, max_new_tokens=8, merge="priority", router="adaptive")["token_ids"] == refs[0][:8]
 

@@ -153,18 +153,36 @@ def test_stream_waits_for_complete_characters():
 # --- metrics and sampling parameters -------------------------------------------------------------------------------
 
 
-def test_metrics_record_steps():
+def test_metrics_add_steps():
     m = RequestMetrics(prompt_tokens=3)
-    m.record_step(4, 2)
-    m.record_step(0, 0)
-    m.record_step(2, 2)
+    m.add_step(4, 2)
+    m.add_step(0, 0)
+    m.add_step(2, 2)
     m.new_tokens = 2 + 1 + 0 + 1 + 2 + 1
-    assert (m.target_forwards, m.drafted_tokens, m.accepted_tokens) == (3, 6, 4)
-    assert m.drafted_by_position == [2, 2, 1, 1] and m.accepted_by_position == [2, 2, 0, 0]
-    assert m.mean_accepted_length == pytest.approx(7 / 3) and m.acceptance_rate == pytest.approx(4 / 6)
+    assert (m.target_forwards, m.drafted_nodes, m.accepted_nodes) == (3, 6, 4)
+    assert m.drafted_by_depth == [2, 2, 1, 1] and m.accepted_by_depth == [2, 2, 0, 0]
+    assert m.tau == pytest.approx(7 / 3) and m.acceptance_rate == pytest.approx(4 / 6)
     d = m.to_dict()
-    assert d["mean_accepted_length"] == round(7 / 3, 4) and d["acceptance_rate"] == round(4 / 6, 4)
-    assert RequestMetrics().mean_accepted_length == 0.0 and RequestMetrics().acceptance_rate == 0.0
+    assert d["tau"] == round(7 / 3, 4) and d["acceptance_rate"] == round(4 / 6, 4)
+    assert RequestMetrics().tau == 0.0 and RequestMetrics().acceptance_rate == 0.0
+
+
+def test_metrics_records_carry_the_old_key_names_as_aliases():
+    from specframe.decode.metrics import LEGACY_KEYS, ProposerMetrics, current_names
+
+    m = RequestMetrics(prompt_tokens=3, new_tokens=5)
+    m.add_step(4, 2, [1, 2, 2, 3])
+    m.proposers["ngram"] = ProposerMetrics(drafted_nodes=4, accepted_nodes=2, drafted_by_depth=[1, 2, 1])
+    d = m.to_dict()
+    assert (d["drafted_tokens"], d["accepted_tokens"], d["mean_accepted_length"]) == (4, 2, 5.0)
+    assert d["drafted_by_position"] == d["drafted_by_depth"] == [1, 2, 1]
+    assert d["accepted_by_position"] == d["accepted_by_depth"] == [1, 1, 0]
+    assert d["proposers"]["ngram"]["accepted_tokens"] == 2 and d["proposers"]["ngram"]["drafted_by_position"] == [1, 2, 1]
+    old = {k: v for k, v in d.items() if k not in LEGACY_KEYS.values()}  # a record written before the renames
+    old["proposers"] = {"ngram": {k: v for k, v in d["proposers"]["ngram"].items() if k not in LEGACY_KEYS.values()}}
+    new = current_names(old)
+    assert (new["drafted_nodes"], new["accepted_nodes"], new["tau"]) == (4, 2, 5.0)
+    assert new["proposers"]["ngram"]["accepted_nodes"] == 2 and new["accepted_by_depth"] == [1, 1, 0]
 
 
 @pytest.mark.parametrize(

@@ -172,7 +172,7 @@ def test_greedy_equals_plain_greedy(pair, mapping):
         res = engine.generate(prompt, max_new_tokens=N_NEW)
         assert res.token_ids == pair["ref"][i]
         check_metrics(res)
-        drafted += res.metrics.drafted_tokens
+        drafted += res.metrics.drafted_nodes
     assert not rec.problems
     assert drafted > 0
     drafts = [c.draft for c in rec.calls if c.method == "propose"]
@@ -214,7 +214,7 @@ def test_a_bounded_context_bounds_every_catch_up(pair):
                                 setattr(prop, "_prompt", None))  # keep the instrumented runner
     res = engine.generate(PROMPT, max_new_tokens=N_NEW)
     assert res.token_ids == pair["ref"][0]
-    assert res.metrics.drafted_tokens > 0 and fed and max(fed) <= 6
+    assert res.metrics.drafted_nodes > 0 and fed and max(fed) <= 6
     assert prop._base > 0  # it restarted on the text's tail
 
 
@@ -239,8 +239,8 @@ def test_sampling_keeps_the_targets_distribution(pair, mapping):
     for seed in range(n):
         res = engine.generate(prompt, max_new_tokens=3, sampling=sampling, seed=seed)
         counts[res.token_ids[0], res.token_ids[1]] += 1
-        drafted += res.metrics.drafted_tokens
-        accepted += res.metrics.accepted_tokens
+        drafted += res.metrics.drafted_nodes
+        accepted += res.metrics.accepted_nodes
         assert res.metrics.proposer_faults == 0
     assert not rec.problems
     assert 0 < accepted < drafted  # both the accepted and the rejected branches were exercised

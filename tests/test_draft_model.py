@@ -142,7 +142,7 @@ def test_greedy_equals_plain_greedy(env, draft, options):
         res = engine.generate(prompt, max_new_tokens=N_NEW)
         assert res.token_ids == env.refs[i]
         check_metrics(res)
-        assert res.metrics.drafted_tokens > 0
+        assert res.metrics.drafted_nodes > 0
     assert not rec.problems
     drafts = [d for _, d in drafted(rec)]
     assert all(d.is_chain() and d.draft_probs is None for d in drafts)  # greedy: no probabilities are built
@@ -163,8 +163,8 @@ def test_the_target_as_its_own_draft_is_fully_accepted(env, draft):
     assert res.token_ids == env.refs[0]
     check_metrics(res)
     m = res.metrics
-    assert m.mean_accepted_length > 4
-    assert m.accepted_tokens >= m.drafted_tokens - 2  # (a near-tie may differ in the last float bits)
+    assert m.tau > 4
+    assert m.accepted_nodes >= m.drafted_nodes - 2  # (a near-tie may differ in the last float bits)
     assert prop.k == 8  # the heuristic schedule grew to max_k
 
 
@@ -191,7 +191,7 @@ def test_padded_draft_vocabulary(envs, tmp_path, arch, tokenizer):
     check_metrics(res)  # no faults: every drafted id is a target id
     assert not rec.problems
     # the extra rows dominate the padded argmax, so acceptance proves they were dropped before choosing
-    assert res.metrics.mean_accepted_length > 4
+    assert res.metrics.tau > 4
     # under sampling, q has no mass on the padded ids
     state = DecodeState(torch.tensor([PROMPT]), len(PROMPT), SamplingParams(temperature=1.0),
                         torch.Generator().manual_seed(0))
@@ -274,7 +274,7 @@ def test_context_beyond_the_drafts_limit_turns_speculation_off(envs, tmp_path):
     # the next request starts speculating again
     res2 = engine.generate(PROMPT_2, max_new_tokens=8)
     assert res2.token_ids == env.refs[1][:8]
-    assert res2.metrics.drafted_tokens > 0
+    assert res2.metrics.drafted_nodes > 0
 
 
 # --- the draft's KV cache -------------------------------------------------------------------------------------------
@@ -323,7 +323,7 @@ def test_draft_cache_after_rejections_equals_a_fresh_prefill(env, draft):
     assert res.token_ids == env.refs[0]
     check_metrics(res)
     m = res.metrics
-    assert 0 <= m.accepted_tokens < m.drafted_tokens  # there were rejections to roll back
+    assert 0 <= m.accepted_nodes < m.drafted_nodes  # there were rejections to roll back
     # what the draft has seen: the committed tokens of the last step it drafted at, then that draft but its last
     # token (k <= 4, so at most 3 of them); CheckedDraftModel checked the exact split at every step
     committed = PROMPT + res.token_ids
@@ -395,8 +395,8 @@ def test_sampling_is_exact(kit_drafts, specframe_tiny_target, draft, warp):
         # 3 tokens: the first step drafts 2 (budget = 3 - 1), so both pair tokens can come from the draft
         res = engine.generate(prompt, max_new_tokens=3, sampling=sampling, seed=seed)
         counts[res.token_ids[0], res.token_ids[1]] += 1
-        accepted += res.metrics.accepted_tokens
-        drafted_ += res.metrics.drafted_tokens
+        accepted += res.metrics.accepted_nodes
+        drafted_ += res.metrics.drafted_nodes
         assert res.metrics.proposer_faults == 0
     assert not rec.problems
     assert 0 < accepted < drafted_  # both the accepted and the rejected branches were exercised
@@ -463,7 +463,7 @@ def test_sampled_generation_is_seeded_and_fault_free(env):
     assert runs[0].token_ids != runs[2].token_ids
     for r in runs:
         check_metrics(r)
-        assert r.metrics.drafted_tokens > 0
+        assert r.metrics.drafted_nodes > 0
 
 
 @pytest.mark.parametrize("draft, options", [("other", {"min_confidence": 0.0, "k": 3}), ("small", {})])
@@ -476,7 +476,7 @@ def test_conformance_kit_protocol_checks(kit_drafts, specframe_tiny_target, draf
                   "check_determinism", "check_feedback"):
         getattr(kit, check)()
     rec, results = kit.greedy_battery
-    assert sum(r.metrics.accepted_tokens for r in results) > 0
+    assert sum(r.metrics.accepted_nodes for r in results) > 0
 
 
 # --- draft length ---------------------------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def test_greedy_output_equals_transformers(targets, drafters, arch, opts):
         r = run(t, [eagle(t, drafters[arch], **opts)], prompt=prompt)
         assert r.token_ids == hf_greedy(t.model, prompt, N_NEW)
         check_metrics(r)
-        assert r.metrics.drafted_tokens > 0
+        assert r.metrics.drafted_nodes > 0
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -117,7 +117,7 @@ def test_features_are_the_targets_hidden_states_at_every_committed_position(targ
     spy = Spy(EagleConfig(weights=str(drafters[arch])), t.info)
     assert spy.feature_layers == (1, 2, 4)
     r = run(t, [spy])
-    assert r.metrics.accepted_tokens > 0  # some steps committed several tokens (features along accepted paths)
+    assert r.metrics.accepted_nodes > 0  # some steps committed several tokens (features along accepted paths)
     for tokens, feats, layers in spy.seen:
         assert layers == (1, 2, 4)
         ids = tokens[0].tolist()
@@ -147,7 +147,7 @@ def test_engine_without_feature_support_drafts_nothing(targets, drafters, caplog
 
     r = Engine(Plain(), [eagle(t, drafters["llama"])], GreedyVerifier()).generate(PROMPT, max_new_tokens=8)
     assert r.token_ids == hf_greedy(t.model, PROMPT, 8)
-    assert r.metrics.drafted_tokens == 0
+    assert r.metrics.drafted_nodes == 0
     assert "cannot return hidden-state features" in caplog.text
 
 
@@ -351,7 +351,7 @@ def test_conformance_kit(kit_drafter, specframe_tiny_target):
         getattr(kit, check)()  # raises ConformanceError on failure
     rec, results = kit.greedy_battery
     assert any(not d.is_chain() for d in rec.drafts())
-    assert sum(r.metrics.drafted_tokens for r in results) > 0
+    assert sum(r.metrics.drafted_nodes for r in results) > 0
 
 
 # --- training ---------------------------------------------------------------------------------------------------

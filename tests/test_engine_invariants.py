@@ -92,7 +92,7 @@ def test_none_proposer_equals_transformers_generate(target, prompt):
     assert result.token_ids == hf_greedy(target.model, prompt, N_NEW)
     assert result.finish_reason == "length"
     assert result.metrics.target_forwards == N_NEW  # one forward per token, tau = 1
-    assert result.metrics.drafted_tokens == 0
+    assert result.metrics.drafted_nodes == 0
     check_metrics(result)
 
 
@@ -105,9 +105,9 @@ def test_ngram_equals_plain_greedy(target, prompt, k):
     assert result.token_ids == expected
     assert result.finish_reason == "length"
     m = result.metrics
-    assert m.drafted_tokens > 0 and m.accepted_tokens > 0  # speculation actually happened
+    assert m.drafted_nodes > 0 and m.accepted_nodes > 0  # speculation actually happened
     assert m.target_forwards < N_NEW  # and saved forwards
-    assert max(len(m.drafted_by_position), 1) <= k
+    assert max(len(m.drafted_by_depth), 1) <= k
     check_metrics(result)
 
 
@@ -116,11 +116,11 @@ def test_all_accepted(target, reference):
     result = greedy_engine(target, proposer).generate(PROMPT, max_new_tokens=N_NEW)
     assert result.token_ids == reference[:N_NEW]
     m = result.metrics
-    assert m.accepted_tokens == m.drafted_tokens > 0
+    assert m.accepted_nodes == m.drafted_nodes > 0
     assert all(o.num_accepted == o.draft.num_nodes for o in proposer.outcomes)
     # 40 tokens = 8 steps of 4 drafts + 1 bonus: tau = 5
     assert m.target_forwards == N_NEW // 5
-    assert m.mean_accepted_length == 5.0
+    assert m.tau == 5.0
     check_metrics(result)
 
 
@@ -131,9 +131,9 @@ def test_partially_accepted(target, reference, correct):
     assert result.token_ids == reference[:N_NEW]
     assert [o.num_accepted for o in proposer.outcomes] == [min(correct, o.draft.num_nodes) for o in proposer.outcomes]
     m = result.metrics
-    assert 0 < m.accepted_tokens < m.drafted_tokens
-    assert m.accepted_by_position[:correct] == m.drafted_by_position[:correct]
-    assert sum(m.accepted_by_position[correct:]) == 0
+    assert 0 < m.accepted_nodes < m.drafted_nodes
+    assert m.accepted_by_depth[:correct] == m.drafted_by_depth[:correct]
+    assert sum(m.accepted_by_depth[correct:]) == 0
     check_metrics(result)
 
 
@@ -142,8 +142,8 @@ def test_garbage_drafts_change_nothing(target, reference):
     result = greedy_engine(target, proposer).generate(PROMPT, max_new_tokens=N_NEW)
     assert result.token_ids == reference[:N_NEW]
     m = result.metrics
-    assert m.accepted_tokens == 0 and m.drafted_tokens > 0
-    assert m.target_forwards == N_NEW and m.mean_accepted_length == 1.0
+    assert m.accepted_nodes == 0 and m.drafted_nodes > 0
+    assert m.target_forwards == N_NEW and m.tau == 1.0
     check_metrics(result)
 
 
@@ -338,12 +338,12 @@ def test_nothing_after_a_stop_is_counted(model, tokenizer, reference, monkeypatc
         PROMPT, max_new_tokens=N_NEW, observer=observer, **stops)
     assert result.token_ids == reference[: j + 1] and result.finish_reason == "stop"
     m = result.metrics
-    assert (m.target_forwards, m.drafted_tokens) == (1, k)
-    assert m.accepted_tokens == j + 1 and m.accepted_by_position == [1] * (j + 1) + [0] * (k - j - 1)
+    assert (m.target_forwards, m.drafted_nodes) == (1, k)
+    assert m.accepted_nodes == j + 1 and m.accepted_by_depth == [1] * (j + 1) + [0] * (k - j - 1)
     assert m.acceptance_rate == pytest.approx((j + 1) / k)
     for label, pm in m.proposers.items():
-        assert pm.accepted_tokens == j + 1, label
-        assert pm.accepted_by_position == [1] * (j + 1) + [0] * (k - j - 1), label
+        assert pm.accepted_nodes == j + 1, label
+        assert pm.accepted_by_depth == [1] * (j + 1) + [0] * (k - j - 1), label
         assert pm.wasted_nodes == k - (j + 1), label
     assert scripted.outcomes[0].accepted_nodes == (tuple(range(j + 1)),)
     assert [(e.drafted, e.accepted, e.committed) for e in events] == [(k, j + 1, tuple(reference[: j + 1]))]
@@ -534,7 +534,7 @@ def test_a_faulty_proposer_cannot_change_the_output(target, reference, mode, cap
     assert result.token_ids == reference[:12]
     assert result.finish_reason == "length"
     assert result.metrics.proposer_faults >= 1
-    assert result.metrics.drafted_tokens == 0  # no bad draft reached the target
+    assert result.metrics.drafted_nodes == 0  # no bad draft reached the target
     assert any("faulty" in r.getMessage() for r in caplog.records)  # the user is told which proposer
 
 
@@ -579,7 +579,7 @@ def test_tree_proposer_with_a_chain_verifier_drafts_chains(target, reference):
         PROMPT, max_new_tokens=6)
     assert result.token_ids == reference[:6]
     assert seen and all(seen)
-    assert result.metrics.proposer_faults == 0 and result.metrics.accepted_tokens >= 1
+    assert result.metrics.proposer_faults == 0 and result.metrics.accepted_nodes >= 1
 
 
 def test_engine_is_reusable_and_restarts_the_proposer(target, reference):
@@ -602,7 +602,7 @@ def test_result_record(target, reference):
     assert record["text"] == text_of(reference[:8])
     m = record["metrics"]
     assert m["new_tokens"] == 8 and m["prompt_tokens"] == len(PROMPT)
-    assert m["mean_accepted_length"] == round(8 / m["target_forwards"], 4)
+    assert m["tau"] == round(8 / m["target_forwards"], 4)
     assert result.prompt_token_ids == PROMPT
 
 

@@ -103,7 +103,7 @@ def test_draft_model_runs_in_torch_beside_llamacpp(sf, prompts):
     ids = sf.encode(prompts[0])
     got = sf.generate_result(ids, proposers=["draft-model"], max_new_tokens=32, router="none")
     assert got.token_ids == _peer_tokens(sf, ids, 32)
-    assert got.metrics.accepted_tokens > 0  # the draft was used (and accepted somewhere)
+    assert got.metrics.accepted_nodes > 0  # the draft was used (and accepted somewhere)
 
 
 def test_tree_keep_leaves_only_the_accepted_path(sf):

@@ -602,7 +602,7 @@ def test_speculative_decoding_on_a_packed_model_equals_plain_decoding():
     spec = sf.generate_result(PROMPT)
     plain = sf.generate_result(PROMPT, proposers=[{"name": "none"}])
     assert spec.token_ids == plain.token_ids and len(spec.token_ids) == 24
-    assert spec.metrics.drafted_tokens > 0 and plain.metrics.target_forwards == 24
+    assert spec.metrics.drafted_nodes > 0 and plain.metrics.target_forwards == 24
 
 
 # --- the router and the measured cost curve --------------------------------------------------------------------------
@@ -697,7 +697,7 @@ def test_a_lone_proposer_is_routed_only_with_a_measured_cost_or_an_explicit_rout
         sf = specframe.load(target=target, proposers=[{"name": "ngram", "k": 8}], max_new_tokens=24, **kw)
         r = sf.generate_result(PROMPT)
         assert r.token_ids == want
-        return r.metrics.drafted_tokens
+        return r.metrics.drafted_nodes
 
     whole = run(None)  # no cost curve, no router: drafts verified whole
     assert whole > 0

@@ -180,8 +180,8 @@ def test_greedy_trees_equal_plain_greedy(targets, references, heads_dirs, arch, 
         assert res.token_ids == references[(arch, i)]
         check_metrics(res)
         m = res.metrics
-        assert m.drafted_tokens > m.target_forwards  # more than one node a step: trees were drafted
-        assert len(m.drafted_by_position) <= num_heads  # never deeper than the heads
+        assert m.drafted_nodes > m.target_forwards  # more than one node a step: trees were drafted
+        assert len(m.drafted_by_depth) <= num_heads  # never deeper than the heads
     assert not rec.problems
     drafts = rec.drafts()
     assert drafts and all(d.num_nodes <= max_nodes for d in drafts)
@@ -199,8 +199,8 @@ def test_zero_init_heads_get_repeats_accepted(targets, references, heads_dirs):
         PROMPT_2, max_new_tokens=N_NEW)
     assert res.token_ids == ref
     check_metrics(res)
-    assert res.metrics.accepted_tokens >= 10
-    assert res.metrics.mean_accepted_length > 1.4
+    assert res.metrics.accepted_nodes >= 10
+    assert res.metrics.tau > 1.4
 
 
 def test_sliding_window_target_gets_chains_without_faults(targets, references, heads_dirs):
@@ -213,7 +213,7 @@ def test_sliding_window_target_gets_chains_without_faults(targets, references, h
         assert res.token_ids == references[("qwen2-sliding", i)]
         assert res.metrics.proposer_faults == 0
         check_metrics(res)
-        assert res.metrics.drafted_tokens > 0
+        assert res.metrics.drafted_nodes > 0
     assert not rec.problems
     drafts = rec.drafts()
     assert drafts and all(d.is_chain() and 1 <= d.num_nodes <= 4 for d in drafts)  # top-1 of each of 4 heads
@@ -250,7 +250,7 @@ def test_hidden_state_follows_the_accepted_path(targets, references, heads_dirs,
     # every step but (perhaps) the last, whose budget is 0, was checked
     assert prop.checked == prop.calls >= res.metrics.target_forwards - 1
     if arch == "llama":
-        assert res.metrics.accepted_tokens > 0  # hidden states of accepted tree nodes were handed on
+        assert res.metrics.accepted_nodes > 0  # hidden states of accepted tree nodes were handed on
 
 
 def test_one_token_prompt_has_no_hidden_state_at_first(targets, heads_dirs):
@@ -376,7 +376,7 @@ def test_sampling_is_seeded_fault_free_and_drafts_are_deterministic(targets, hea
     assert runs[0].token_ids != runs[2].token_ids
     for r in runs:
         check_metrics(r)
-        assert r.metrics.drafted_tokens > 0
+        assert r.metrics.drafted_nodes > 0
     assert not rec.problems
     assert MedusaProposer.provides_draft_probs is False
     assert all(d.draft_probs is None for d in rec.drafts())
@@ -552,7 +552,7 @@ def test_subset_heads_keep_greedy_output_unchanged(targets, references, tmp_path
         res = engine.generate(prompt, max_new_tokens=N_NEW)
         assert res.token_ids == references[(arch, i)]
         check_metrics(res)
-        assert res.metrics.drafted_tokens > res.metrics.target_forwards  # several nodes a step
+        assert res.metrics.drafted_nodes > res.metrics.target_forwards  # several nodes a step
     assert not rec.problems
     drafted = {t for d in rec.drafts() for t in d.token_ids[0].tolist()}
     assert drafted and drafted <= set(token_map)
@@ -572,7 +572,7 @@ def test_zero_subset_heads_get_repeats_accepted(targets, references, tmp_path):
     res = Engine(target, [rec], GreedyVerifier()).generate(PROMPT_2, max_new_tokens=N_NEW)
     assert res.token_ids == ref
     check_metrics(res)
-    assert res.metrics.accepted_tokens >= 10
+    assert res.metrics.accepted_nodes >= 10
     assert {t for d in rec.drafts() for t in d.token_ids[0].tolist()} <= set(token_map)
 
 
@@ -629,7 +629,7 @@ def test_conformance_kit_on_trees(tree_kit):
         tree_kit.check_draft_probs_match_samples()
     rec, results = tree_kit.greedy_battery
     assert any(not d.is_chain() for d in rec.drafts())  # the kit did see branching drafts
-    assert sum(r.metrics.accepted_tokens for r in results) > 0  # and accepted draft nodes
+    assert sum(r.metrics.accepted_nodes for r in results) > 0  # and accepted draft nodes
 
 
 def test_conformance_kit_feedback_check_on_trees(tree_kit):

@@ -193,4 +193,4 @@ def test_branching_ngram_is_exact_and_drafts_trees(llama_target):
     res = Engine(llama_target, [proposer], GreedyVerifier()).generate(prompt, max_new_tokens=24)
     assert branched[0]  # the first draft is a 3-branch tree
     assert res.token_ids == hf_greedy(llama_target.model, prompt, 24)
-    assert res.metrics.proposer_faults == 0 and res.metrics.drafted_tokens > 0
+    assert res.metrics.proposer_faults == 0 and res.metrics.drafted_nodes > 0

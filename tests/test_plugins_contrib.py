@@ -45,5 +45,5 @@ def test_recall_drafts_a_repeated_request_from_its_earlier_output(recall_install
     second = sf.generate_result(PROMPT, max_new_tokens=24)  # the same instance serves both requests
     assert first.token_ids == second.token_ids == reference
     # 24 tokens in 4 verification steps: 6 drafted + 1 bonus, three times, then 2 + 1; nothing rejected
-    assert second.metrics.target_forwards == 4 and second.metrics.accepted_tokens == 20
-    assert second.metrics.drafted_tokens == 20
+    assert second.metrics.target_forwards == 4 and second.metrics.accepted_nodes == 20
+    assert second.metrics.drafted_nodes == 20

@@ -145,7 +145,7 @@ def test_a_broken_proposer_leaves_the_output_identical_to_none(specframe_tiny_ta
     _, result = run_through_api(specframe_tiny_target, cls, sampling)
     assert result.token_ids == references[mode]
     m = result.metrics
-    assert m.drafted_tokens == 0  # no broken draft reached the target
+    assert m.drafted_nodes == 0  # no broken draft reached the target
     assert m.proposer_faults == 3 and m.proposer_disabled  # default max_faults = 3, then disabled
     assert m.proposer_fault_kinds == {"raised" if kind == "raise" else "malformed": 3}
     warnings = specframe_warnings(caplog)
@@ -169,14 +169,14 @@ def test_a_slow_proposer_exceeds_its_time_budget(specframe_tiny_target, referenc
     _, result = run_through_api(specframe_tiny_target, broken_class("slow"), SamplingParams(), propose_timeout_s=0.005)
     assert result.token_ids == references["greedy"]
     assert result.metrics.proposer_fault_kinds == {"timeout": 3}
-    assert result.metrics.drafted_tokens == 0  # the late drafts were dropped
+    assert result.metrics.drafted_nodes == 0  # the late drafts were dropped
     (warning,) = specframe_warnings(caplog)
     assert "ran over its time limit" in warning and "0.005 s time limit" in warning
 
 
 def test_no_time_budget_keeps_a_slow_proposer(specframe_tiny_target, references):
     _, result = run_through_api(specframe_tiny_target, broken_class("slow"), SamplingParams(), propose_timeout_s=None)
-    assert result.metrics.proposer_faults == 0 and result.metrics.drafted_tokens > 0
+    assert result.metrics.proposer_faults == 0 and result.metrics.drafted_nodes > 0
     assert result.token_ids == references["greedy"]
 
 
@@ -210,7 +210,7 @@ def test_an_intermittent_fault_keeps_the_good_drafts(specframe_tiny_target, refe
     _, result = run_through_api(specframe_tiny_target, Flaky, SamplingParams())
     assert result.token_ids == references["greedy"]
     assert result.metrics.proposer_faults == 1 and not result.metrics.proposer_disabled
-    assert result.metrics.accepted_tokens > 0  # the other steps still sped things up
+    assert result.metrics.accepted_nodes > 0  # the other steps still sped things up
 
 
 def test_isolation_settings_are_validated():
@@ -264,7 +264,7 @@ def test_a_proposer_that_raises_while_built_is_left_out(specframe_tiny_target, r
         if combined:
             assert m.proposers["ngram"].steps > 0
         else:
-            assert m.drafted_tokens == 0
+            assert m.drafted_nodes == 0
     (warning,) = specframe_warnings(caplog)  # once, when it was built (at load), not per request
     assert f"proposer {cls.name!r}" in warning and "while it was built" in warning and "output is unaffected" in warning
 

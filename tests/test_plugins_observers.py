@@ -47,11 +47,11 @@ def test_step_events_add_up_to_the_request(specframe_tiny_target, temperature):
     # (seed 1: with ngram's drafts through the repeat, seed 0's sampled run happens to accept none)
     result = sf.generate_result(PROMPT, max_new_tokens=24, temperature=temperature, seed=1)
     m = result.metrics
-    assert m.accepted_tokens > 0  # ngram drafts on this prompt: the events are not trivial
+    assert m.accepted_nodes > 0  # ngram drafts on this prompt: the events are not trivial
     assert [e.step for e in rec.steps] == list(range(m.target_forwards))
     assert {e.proposer for e in rec.steps} == {"ngram"} and {e.request_id for e in rec.steps} == {0}
-    assert sum(e.drafted for e in rec.steps) == m.drafted_tokens
-    assert sum(e.accepted for e in rec.steps) == m.accepted_tokens
+    assert sum(e.drafted for e in rec.steps) == m.drafted_nodes
+    assert sum(e.accepted for e in rec.steps) == m.accepted_nodes
     assert [t for e in rec.steps for t in e.committed] == result.token_ids
     assert [e.finished for e in rec.steps] == [False] * (m.target_forwards - 1) + [True]
     assert all(e.faults == 0 for e in rec.steps)

@@ -66,6 +66,6 @@ def test_greedy_equals_transformers_generate(sf, questions, proposer, index):
     m = result.metrics
     assert m.new_tokens == len(expected)
     if proposer == "none":
-        assert m.target_forwards == m.new_tokens and m.drafted_tokens == 0
+        assert m.target_forwards == m.new_tokens and m.drafted_nodes == 0
     else:
         assert m.target_forwards <= m.new_tokens

@@ -108,10 +108,10 @@ def replay(sf, trace, name: str, s: dict, max_new: int = N_NEW) -> list[dict]:
     return res.records
 
 
-ATTRIBUTION = ("steps", "skipped_steps", "proposed_nodes", "drafted_nodes", "accepted_tokens", "accepted_alone",
-               "wasted_nodes", "faults", "drafted_by_position", "accepted_by_position")
-COUNTS = ("new_tokens", "target_forwards", "drafted_tokens", "accepted_tokens", "drafted_by_position",
-          "accepted_by_position", "proposer_faults")
+ATTRIBUTION = ("steps", "skipped_steps", "proposed_nodes", "drafted_nodes", "accepted_nodes", "accepted_alone",
+               "wasted_nodes", "faults", "drafted_by_depth", "accepted_by_depth")
+COUNTS = ("new_tokens", "target_forwards", "drafted_nodes", "accepted_nodes", "drafted_by_depth",
+          "accepted_by_depth", "proposer_faults")
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2-sliding"])
@@ -127,10 +127,10 @@ def test_replay_of_lookup_proposers_equals_the_live_engine(envs, arch, name):
         m, lm = rec["metrics"], live.metrics.to_dict()
         assert rec["token_ids"] == live.token_ids == q.generated
         assert {k: m[k] for k in COUNTS} == {k: lm[k] for k in COUNTS}, q.question_id
-        assert m["mean_accepted_length"] == lm["mean_accepted_length"]  # τ, exactly
+        assert m["tau"] == lm["tau"]  # τ, exactly
         assert {label: {k: p[k] for k in ATTRIBUTION} for label, p in m["proposers"].items()} == \
                {label: {k: p[k] for k in ATTRIBUTION} for label, p in lm["proposers"].items()}
-        drafted += m["accepted_tokens"]
+        drafted += m["accepted_nodes"]
     assert drafted > 0  # the proposers had something to draft: the comparison is not vacuous
 
 
@@ -197,7 +197,7 @@ def test_medusa_replay_is_within_tolerance_of_live(medusa_env, heads, recorded_w
             live = sf.generate_result(q.prompt, proposers=proposers, max_new_tokens=N_NEW, router="none")
             tokens += live.metrics.new_tokens
             forwards += live.metrics.target_forwards
-            accepted += live.metrics.proposers["medusa"].accepted_tokens
+            accepted += live.metrics.proposers["medusa"].accepted_nodes
             assert rec["token_ids"] == live.token_ids
         tau_live = tokens / forwards
         tau_replay = sum(r["metrics"]["new_tokens"] for r in records) / sum(r["metrics"]["target_forwards"] for r in records)

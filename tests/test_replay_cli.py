@@ -89,18 +89,18 @@ def test_replay_equals_a_live_bench_and_writes_the_bench_report(files, tmp_path)
                     str(tmp_path / "replay"), "--no-ray", "--compare", str(tmp_path / "live" / "results.json"))
     assert result.exit_code == 0, result.output
     out = tmp_path / "replay"
-    assert sorted(p.name for p in out.iterdir()) == ["acceptance_by_position.png", "report.md", "results.json",
+    assert sorted(p.name for p in out.iterdir()) == ["acceptance_by_depth.png", "report.md", "results.json",
                                                      "speedup_by_category.png"]
     doc = json.loads((out / "results.json").read_text())
     live_doc = json.loads((tmp_path / "live" / "results.json").read_text())
     for name in ("none", "ngram", "ngram k3", "ngram+ngram"):
         mine, theirs = doc["summary"]["strategies"][name], live_doc["summary"]["strategies"][name]
         assert {c: v["tau"] for c, v in mine["by_column"].items()} == {c: v["tau"] for c, v in theirs["by_column"].items()}
-        assert mine["acceptance_by_position"] == theirs["acceptance_by_position"]
+        assert mine["acceptance_by_depth"] == theirs["acceptance_by_depth"]
         for label, a in (mine.get("attribution") or {}).items():
             b = theirs["attribution"][label]
-            assert [a[k] for k in ("steps", "drafted_nodes", "accepted_tokens", "accepted_alone")] == \
-                   [b[k] for k in ("steps", "drafted_nodes", "accepted_tokens", "accepted_alone")]
+            assert [a[k] for k in ("steps", "drafted_nodes", "accepted_nodes", "accepted_alone")] == \
+                   [b[k] for k in ("steps", "drafted_nodes", "accepted_nodes", "accepted_alone")]
     for r, lr in zip(doc["records"], [r for r in live_doc["records"]]):
         assert (r["question_id"], r["strategy"], r["token_ids"]) == (lr["question_id"], lr["strategy"], lr["token_ids"])
     comp = doc["replay"]["compare"]["strategies"]

@@ -78,8 +78,8 @@ def test_forward_only_speedups_use_no_measured_time():
     assert summary["strategies"]["a"]["speedup_forward"] == pytest.approx((150 / 8.0) / (100 / 10.0))
 
 
-COUNTS = ("new_tokens", "target_forwards", "drafted_tokens", "accepted_tokens", "drafted_by_position",
-          "accepted_by_position", "proposer_faults")
+COUNTS = ("new_tokens", "target_forwards", "drafted_nodes", "accepted_nodes", "drafted_by_depth",
+          "accepted_by_depth", "proposer_faults")
 
 
 def _figures(results) -> list:
@@ -88,7 +88,7 @@ def _figures(results) -> list:
         for r in res.records:
             m = r["metrics"]
             out.append((res.name, r["question_id"], tuple(r["token_ids"]), tuple(str(m[k]) for k in COUNTS),
-                        tuple((label, p["steps"], p["drafted_nodes"], p["accepted_tokens"], p["accepted_alone"])
+                        tuple((label, p["steps"], p["drafted_nodes"], p["accepted_nodes"], p["accepted_alone"])
                               for label, p in sorted(m["proposers"].items()))))
     return out
 
@@ -113,7 +113,7 @@ def test_a_sweep_on_ray_gives_the_figures_of_a_sequential_one(files, monkeypatch
     assert where.startswith("Ray: 2 workers on 1 node(s)") and "(local)" in where
     assert [r.name for r in on_ray] == [r.name for r in here] == [s.name for s in cfg.strategies]
     assert _figures(on_ray) == _figures(here)
-    assert any(r.records[0]["metrics"]["accepted_tokens"] for r in here)
+    assert any(r.records[0]["metrics"]["accepted_nodes"] for r in here)
 
 
 @pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'specframe[ray]')")

@@ -244,7 +244,7 @@ def test_greedy_output_equals_plain_greedy(targets, references, datastores, arch
     res = Engine(target, [prop], GreedyVerifier()).generate([PROMPT, PROMPT_2][prompt_index], max_new_tokens=N_NEW)
     assert res.token_ids == references[(arch, prompt_index)]
     check_metrics(res)
-    assert res.metrics.accepted_tokens > 0 and res.metrics.accepted_tokens < res.metrics.drafted_tokens
+    assert res.metrics.accepted_nodes > 0 and res.metrics.accepted_nodes < res.metrics.drafted_nodes
     for draft, conf in drafts:
         assert len(conf) == draft.num_nodes  # confidence lines up with the nodes
         depth = node_depths(draft.parent[0].tolist())
@@ -265,7 +265,7 @@ def test_sampling_is_seeded_and_reproducible(targets, datastores):
             PROMPT, max_new_tokens=N_NEW, sampling=sampling, seed=seed)
 
     a, b = run(3), run(3)
-    assert a.token_ids == b.token_ids and a.metrics.accepted_tokens == b.metrics.accepted_tokens
+    assert a.token_ids == b.token_ids and a.metrics.accepted_nodes == b.metrics.accepted_nodes
     check_metrics(a)
     runs = [run(s).token_ids for s in (4, 5)]
     assert a.token_ids not in runs or runs[0] != runs[1]  # the seed matters
@@ -293,7 +293,7 @@ def test_conformance_kit(kit_datastore, specframe_tiny_target):
         kit.check_draft_probs_match_samples()
     rec, results = kit.greedy_battery
     assert any(not d.is_chain() for d in rec.drafts())  # the kit saw branching drafts
-    assert sum(r.metrics.accepted_tokens for r in results) > 0  # and accepted nodes
+    assert sum(r.metrics.accepted_nodes for r in results) > 0  # and accepted nodes
 
 
 def test_registered_under_its_name():

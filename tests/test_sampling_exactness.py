@@ -261,8 +261,8 @@ def test_engine_sampling_is_calibrated(peaky_target, proposer):
     result = engine.generate(prompt, max_new_tokens=n, sampling=params, seed=1)
     assert len(result.token_ids) == n and result.finish_reason == "length"
     assert result.metrics.proposer_faults == 0
-    assert result.metrics.accepted_tokens > n // 10  # the proposer's drafts did get accepted (and rejected)
-    assert result.metrics.accepted_tokens < result.metrics.drafted_tokens
+    assert result.metrics.accepted_nodes > n // 10  # the proposer's drafts did get accepted (and rejected)
+    assert result.metrics.accepted_nodes < result.metrics.drafted_nodes
 
     with torch.inference_mode():
         ids = torch.tensor([prompt + result.token_ids])

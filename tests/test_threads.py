@@ -71,7 +71,7 @@ def test_four_threads_three_requests_each_equal_their_solo_runs(sf_and_draft):
     reqs = requests(draft)
     solo = [run(sf, r) for r in reqs]  # one after the other
     assert all(s["metrics"]["proposer_faults"] == 0 for s in solo)
-    assert any(s["metrics"]["accepted_tokens"] > 0 for s in solo)
+    assert any(s["metrics"]["accepted_nodes"] > 0 for s in solo)
     for rounds in range(3):  # several rounds: interleavings differ from run to run
         results: list = [None] * len(reqs)
         errors: list = []

@@ -104,7 +104,7 @@ def _greedy_same_as_target(target: Target, proposer) -> None:
         res = engine.generate(ids, max_new_tokens=40)
         check_metrics(res)
         assert res.token_ids == ref.token_ids
-        drafted += res.metrics.drafted_tokens
+        drafted += res.metrics.drafted_nodes
     assert drafted > 0
 
 

@@ -178,9 +178,9 @@ def test_engine_tree_greedy_equals_plain_greedy(arch):
     res = engine.generate(PROMPT, max_new_tokens=24)
     assert res.token_ids == ref
     assert res.metrics.proposer_faults == 0
-    assert res.metrics.mean_accepted_length > 2.5  # the second branch is accepted 3 deep each step
+    assert res.metrics.tau > 2.5  # the second branch is accepted 3 deep each step
     check_metrics(res)
-    assert len(res.metrics.drafted_by_position) == 3  # counted by depth: the tree is 3 deep, 6 nodes wide
+    assert len(res.metrics.drafted_by_depth) == 3  # counted by depth: the tree is 3 deep, 6 nodes wide
 
 
 def test_engine_tree_sampling_is_seeded_and_fault_free():
@@ -205,8 +205,8 @@ def test_sliding_window_target_verifies_the_leading_chain_of_tree_drafts():
     # a proposer that declares trees is not at fault where only chains can be verified: its leading chain (the
     # first branch, bad0 -> bad1) is verified instead of the tree
     assert res.metrics.proposer_faults == 0
-    assert res.metrics.drafted_by_position[0] == res.metrics.drafted_by_position[1] > 0
-    assert len(res.metrics.drafted_by_position) == 2 and res.metrics.accepted_tokens == 0  # (that branch is wrong)
+    assert res.metrics.drafted_by_depth[0] == res.metrics.drafted_by_depth[1] > 0
+    assert len(res.metrics.drafted_by_depth) == 2 and res.metrics.accepted_nodes == 0  # (that branch is wrong)
     check_metrics(res)
 
 
@@ -277,7 +277,7 @@ def test_ngram_branches_on_a_sliding_window_mistral(temperature):
     res = Engine(target, [NgramProposer(NgramConfig(branches=4), target.info)], verifier).generate(
         PROMPT, max_new_tokens=40, sampling=sampling, seed=3)
     assert len(PROMPT) == 11 and res.finish_reason == "length"
-    assert res.metrics.proposer_faults == 0 and res.metrics.accepted_tokens > 0
+    assert res.metrics.proposer_faults == 0 and res.metrics.accepted_nodes > 0
     if sampling.is_greedy:
         assert res.token_ids == hf_greedy(model, PROMPT, 40)
         check_metrics(res)
@@ -337,9 +337,9 @@ def test_a_draft_the_target_refuses_is_not_a_crash(arch, shape, caplog):
     m = res.metrics
     assert m.proposer_fault_kinds == {"refused": 1} and m.proposer_faults == 1
     if shape == "tree":  # chains from then on: the leading (wrong) branch is drafted and rejected
-        assert m.drafted_tokens > 0
+        assert m.drafted_nodes > 0
     else:
-        assert m.drafted_tokens == 0
+        assert m.drafted_nodes == 0
     assert sum(1 for r in caplog.records if "target's forward raised" in r.getMessage()) == 1
 
 

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from ..errors import ConfigError
 from ..io.jsonl import jsonl_lines
+from ..decode.metrics import current_names
 
 NAME = "records.jsonl"
 VERSION = 1
@@ -74,6 +75,7 @@ class Journal:
         for n, (_, line) in enumerate(lines[1:], 2):
             try:
                 r = json.loads(line)
+                r["metrics"] = current_names(r["metrics"])  # (a journal written before the glossary's names)
                 done[record_key(r)] = r
             except (ValueError, KeyError, TypeError):
                 if n == len(lines):  # a torn last line: that run is done again

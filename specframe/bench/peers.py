@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..sampling import is_greedy_temperature
+from ..decode.metrics import with_legacy_keys
 
 PROMPT_LOOKUP_DEFAULTS = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2}
 
@@ -104,13 +105,13 @@ def run_peer(
     return {
         "token_ids": generated,
         "peer_options": run_options,
-        "metrics": {
+        "metrics": with_legacy_keys({
             "new_tokens": n,
             "target_forwards": forwards,
-            "mean_accepted_length": n / forwards,
+            "tau": n / forwards,
             "acceptance_rate": None,
-            "drafted_tokens": None,
-            "accepted_tokens": None,
+            "drafted_nodes": None,
+            "accepted_nodes": None,
             "wall_s": wall,
             "tokens_per_s": n / wall if wall > 0 else 0.0,
             "forward_s": meter.seconds,
@@ -118,7 +119,7 @@ def run_peer(
             "propose_s": None,
             "verify_s": None,
             "other_s": None,
-            "drafted_by_position": [],
-            "accepted_by_position": [],
-        },
+            "drafted_by_depth": [],
+            "accepted_by_depth": [],
+        }),
     }

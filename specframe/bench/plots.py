@@ -9,7 +9,7 @@ from .report import OVERALL
 
 
 def write_plots(summary: dict[str, Any], out: Path, predicted: bool = False) -> list[str]:
-    """Write ``speedup_by_category.png`` and ``acceptance_by_position.png``; returns the file names. ``predicted``:
+    """Write ``speedup_by_category.png`` and ``acceptance_by_depth.png``; returns the file names. ``predicted``:
     the speed-ups are a replay's predictions (the axis says so)."""
     import matplotlib
 
@@ -40,7 +40,7 @@ def write_plots(summary: dict[str, Any], out: Path, predicted: bool = False) -> 
     fig, ax = plt.subplots(figsize=(6, 4))
     plotted = False
     for s in strategies:
-        acc = summary["strategies"][s]["acceptance_by_position"]
+        acc = summary["strategies"][s]["acceptance_by_depth"]
         if acc:
             ax.plot(range(1, len(acc) + 1), acc, marker="o", label=s)
             plotted = True
@@ -52,7 +52,7 @@ def write_plots(summary: dict[str, Any], out: Path, predicted: bool = False) -> 
     if plotted:
         ax.legend(fontsize=8 if len(strategies) <= 12 else 5, ncol=1 if len(strategies) <= 12 else 2)
     fig.tight_layout()
-    fig.savefig(out / "acceptance_by_position.png", dpi=120)
+    fig.savefig(out / "acceptance_by_depth.png", dpi=120)
     plt.close(fig)
-    names.append("acceptance_by_position.png")
+    names.append("acceptance_by_depth.png")
     return names

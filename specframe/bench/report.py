@@ -41,7 +41,7 @@ def aggregate(records: list[dict[str, Any]], strategies: list[str], profile: dic
                 continue
             tokens, wall = _sum(rs, "new_tokens"), _sum(rs, "wall_s")
             fwd = _sum(rs, "target_forwards")
-            drafted, accepted = _sum(rs, "drafted_tokens"), _sum(rs, "accepted_tokens")
+            drafted, accepted = _sum(rs, "drafted_nodes"), _sum(rs, "accepted_nodes")
             per[col] = {
                 "questions": len({(r["question"], r["seed"], r["repeat"]) for r in rs}),
                 "new_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
@@ -51,16 +51,18 @@ def aggregate(records: list[dict[str, Any]], strategies: list[str], profile: dic
         rs = [r for r in records if r["strategy"] == s]
         steps = _sum(rs, "target_forwards") or 1
         split = {k: 1e3 * _sum(rs, k) / steps for k in ("propose_s", "forward_s", "verify_s", "other_s")}
-        drafted_pos = _elementwise(rs, "drafted_by_position")
-        accepted_pos = _elementwise(rs, "accepted_by_position")
+        drafted_pos = _elementwise(rs, "drafted_by_depth")
+        accepted_pos = _elementwise(rs, "accepted_by_depth")
         entry = {
             "by_column": per,
             "ms_per_step": split,
             "overhead_pct_of_forward": (100 * (split["verify_s"] + split["other_s"]) / split["forward_s"])
             if rs[0]["kind"] == "specframe" and split["forward_s"] else None,
-            "acceptance_by_position": [a / d if d else 0.0 for a, d in zip(accepted_pos, drafted_pos)],
-            "drafted_by_position": drafted_pos,
+            "acceptance_by_depth": [a / d if d else 0.0 for a, d in zip(accepted_pos, drafted_pos)],
+            "drafted_by_depth": drafted_pos,
         }
+        # the same under the names of before 0.2 (docs/how-it-works.md, "Vocabulary": renamed record keys)
+        entry["acceptance_by_position"], entry["drafted_by_position"] = entry["acceptance_by_depth"], drafted_pos
         attribution = _attribution(rs, steps)
         if attribution:
             entry["attribution"] = attribution
@@ -81,20 +83,20 @@ def aggregate(records: list[dict[str, Any]], strategies: list[str], profile: dic
                 continue
             steps = _sum(rs, "target_forwards") or 1
             tau = _sum(rs, "new_tokens") / steps
-            verified = 1 + _sum(rs, "drafted_tokens") / steps
+            verified = 1 + _sum(rs, "drafted_nodes") / steps
             draft_s = _sum(rs, "propose_s") / steps
             entry["predicted_speedup"] = predicted_speedup(tau, verified, draft_s, t1, profile["v"])
     return out
 
 
-ATTRIBUTION_SUMS = ("steps", "skipped_steps", "proposed_nodes", "drafted_nodes", "accepted_tokens", "accepted_alone",
+ATTRIBUTION_SUMS = ("steps", "skipped_steps", "proposed_nodes", "drafted_nodes", "accepted_nodes", "accepted_alone",
                     "wasted_nodes", "draft_s", "faults")
 
 
 def _attribution(rs: list[dict[str, Any]], steps: float) -> dict[str, dict[str, float]]:
     """Per proposer label, the strategy's attribution summed over its records, plus per-step rates.
 
-    ``accepted_tokens`` is credited (an accepted node produced by several proposers credits each), so the
+    ``accepted_nodes`` is credited (an accepted node produced by several proposers credits each), so the
     proposers' shares can add up to more than the strategy's accepted tokens; ``accepted_alone`` does not."""
     total: dict[str, dict[str, float]] = {}
     for r in rs:
@@ -102,16 +104,16 @@ def _attribution(rs: list[dict[str, Any]], steps: float) -> dict[str, dict[str, 
             t = total.setdefault(label, dict.fromkeys(ATTRIBUTION_SUMS, 0))
             for key in ATTRIBUTION_SUMS:
                 t[key] += pm.get(key) or 0
-    accepted = _sum(rs, "accepted_tokens")
+    accepted = _sum(rs, "accepted_nodes")
     for t in total.values():
-        t["acceptance_rate"] = t["accepted_tokens"] / t["drafted_nodes"] if t["drafted_nodes"] else 0.0
+        t["acceptance_rate"] = t["accepted_nodes"] / t["drafted_nodes"] if t["drafted_nodes"] else 0.0
         asked_or_left = t["steps"] + t["skipped_steps"]  # steps with room for a draft (not the last-token ones)
         t["run_share"] = t["steps"] / asked_or_left if asked_or_left else 0.0
         t["drafted_per_step"] = t["drafted_nodes"] / steps
-        t["accepted_per_step"] = t["accepted_tokens"] / steps
+        t["accepted_per_step"] = t["accepted_nodes"] / steps
         t["wasted_per_step"] = t["wasted_nodes"] / steps
         t["draft_ms_per_step"] = 1e3 * t["draft_s"] / steps
-        t["accepted_share"] = t["accepted_tokens"] / accepted if accepted else 0.0
+        t["accepted_share"] = t["accepted_nodes"] / accepted if accepted else 0.0
     return total
 
 
@@ -378,8 +380,8 @@ def _cost_model_lines(prof: dict[str, Any] | None, summary: dict[str, Any]) -> l
 
 def _acceptance_lines(summary: dict[str, Any]) -> list[str]:
     """Acceptance rate by draft position (the first 8) of the strategies that drafted."""
-    acc_rows = [[s] + [f"{a:.2f}" for a in e["acceptance_by_position"][:8]]
-                for s, e in summary["strategies"].items() if e["acceptance_by_position"]]
+    acc_rows = [[s] + [f"{a:.2f}" for a in e["acceptance_by_depth"][:8]]
+                for s, e in summary["strategies"].items() if e["acceptance_by_depth"]]
     if not acc_rows:
         return []
     width = max(len(r) for r in acc_rows)

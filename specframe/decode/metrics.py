@@ -1,4 +1,4 @@
-"""Per-request counters and timings. Terms (docs/how-it-works.md, "Vocabulary"): τ (``mean_accepted_length``) =
+"""Per-request counters and timings. Terms (docs/how-it-works.md, "Vocabulary"): τ (``tau``) =
 tokens committed per target forward, bonus included (1.0 for plain decoding); α (``acceptance_rate``) = accepted
 nodes / drafted nodes.
 
@@ -6,7 +6,11 @@ nodes / drafted nodes.
 
 Per proposer (``proposers``, keyed by the proposer's label), the attribution of a request's drafting: see
 :class:`ProposerMetrics`. The request-level fields keep their meaning whatever the number of proposers:
-``drafted_tokens`` counts nodes of the verified (merged) tree, each once.
+``drafted_nodes`` counts nodes of the verified (merged) tree, each once.
+
+Names follow the glossary. Records (``--json``, bench and replay results) also carry each field under the name it
+had before version 0.2, for parsers written against those (:data:`LEGACY_KEYS`: ``drafted_tokens``,
+``accepted_tokens``, ``mean_accepted_length``, ``drafted_by_position``, ``accepted_by_position``); read the new names.
 """
 
 from __future__ import annotations
@@ -17,13 +21,40 @@ from typing import Sequence
 from ..combining import ProposerStep, StepReport
 from .observe import Observers
 
+# old record key -> the glossary's name; ``to_dict`` writes both, :func:`current_names` reads old records
+LEGACY_KEYS = {
+    "drafted_tokens": "drafted_nodes",
+    "accepted_tokens": "accepted_nodes",
+    "mean_accepted_length": "tau",
+    "drafted_by_position": "drafted_by_depth",
+    "accepted_by_position": "accepted_by_depth",
+}
+
+
+def with_legacy_keys(d: dict) -> dict:
+    """``d`` (a request's or a proposer's metrics dict) plus each field under its old name (:data:`LEGACY_KEYS`)."""
+    d.update({old: d[new] for old, new in LEGACY_KEYS.items() if new in d})
+    return d
+
+
+def current_names(d: dict) -> dict:
+    """A metrics dict written by any version, with the glossary's names filled in from old ones where missing
+    (for reading stored records: bench journals, traces, results)."""
+    out = dict(d)
+    for old, new in LEGACY_KEYS.items():
+        if new not in out and old in out:
+            out[new] = out[old]
+    if isinstance(out.get("proposers"), dict):
+        out["proposers"] = {k: current_names(v) if isinstance(v, dict) else v for k, v in out["proposers"].items()}
+    return out
+
 
 @dataclass
 class ProposerMetrics:
     """One proposer's attribution over a request.
 
     Crediting rule: an accepted node produced by several proposers (the same token at the same path,
-    deduplicated in the merged tree) credits each of them, so the proposers' ``accepted_tokens`` can add up to
+    deduplicated in the merged tree) credits each of them, so the proposers' ``accepted_nodes`` can add up to
     more than the request's; ``accepted_alone`` counts accepted nodes no other proposer produced.
     """
 
@@ -31,36 +62,37 @@ class ProposerMetrics:
     skipped_steps: int = 0  # steps the router left it out (no propose call)
     proposed_nodes: int = 0  # nodes its propose calls returned (after truncation to its budget)
     drafted_nodes: int = 0  # of those, nodes the target verified (shared nodes count for every producer)
-    accepted_tokens: int = 0  # credited accepted nodes (see the crediting rule)
+    accepted_nodes: int = 0  # credited accepted nodes (see the crediting rule)
     accepted_alone: int = 0  # accepted nodes only this proposer produced
     wasted_nodes: int = 0  # drafted nodes of this proposer that were not accepted (drafted - accepted)
     draft_s: float = 0.0  # seconds in its propose calls
     faults: int = 0  # its faults (see specframe.decode.isolation)
     disabled: bool = False  # too many faults: not called for the rest of the request
-    drafted_by_position: list[int] = field(default_factory=list)  # [L] drafted nodes at depth i+1
-    accepted_by_position: list[int] = field(default_factory=list)  # [L] credited accepted nodes at depth i+1
+    drafted_by_depth: list[int] = field(default_factory=list)  # [L] drafted nodes at depth i+1
+    accepted_by_depth: list[int] = field(default_factory=list)  # [L] credited accepted nodes at depth i+1
 
-    def record(self, step: ProposerStep) -> None:
+    def add(self, step: ProposerStep) -> None:
+        """One step's attribution."""
         if step.asked:
             self.steps += 1
         self.proposed_nodes += step.proposed
         self.drafted_nodes += step.drafted
-        self.accepted_tokens += step.accepted
+        self.accepted_nodes += step.accepted
         self.accepted_alone += step.accepted_alone
         self.wasted_nodes += step.wasted
         self.draft_s += step.draft_s
-        grow = max(len(step.drafted_by_depth), step.accepted) - len(self.drafted_by_position)
+        grow = max(len(step.drafted_by_depth), step.accepted) - len(self.drafted_by_depth)
         if grow > 0:
-            self.drafted_by_position.extend([0] * grow)
-            self.accepted_by_position.extend([0] * grow)
+            self.drafted_by_depth.extend([0] * grow)
+            self.accepted_by_depth.extend([0] * grow)
         for d, n in enumerate(step.drafted_by_depth):
-            self.drafted_by_position[d] += n
+            self.drafted_by_depth[d] += n
         for d in range(step.accepted):  # its accepted nodes are the path's first `accepted` nodes
-            self.accepted_by_position[d] += 1
+            self.accepted_by_depth[d] += 1
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.drafted_nodes if self.drafted_nodes else 0.0
+        return self.accepted_nodes / self.drafted_nodes if self.drafted_nodes else 0.0
 
 
 @dataclass
@@ -68,8 +100,8 @@ class RequestMetrics:
     prompt_tokens: int = 0
     new_tokens: int = 0
     target_forwards: int = 0  # verification forwards (the prefill is not counted)
-    drafted_tokens: int = 0  # drafted nodes: those of the verified (merged) tree, each once
-    accepted_tokens: int = 0  # accepted nodes
+    drafted_nodes: int = 0  # drafted nodes: those of the verified (merged) tree, each once
+    accepted_nodes: int = 0  # accepted nodes
     proposer_faults: int = 0  # calls where a proposer raised, broke the draft contract or ran over time
     proposer_fault_kinds: dict[str, int] = field(default_factory=dict)  # kind -> n (specframe.decode.isolation:
     # "raised" | "malformed" | "timeout" | "refused" | "build")
@@ -79,33 +111,33 @@ class RequestMetrics:
     propose_s: float = 0.0
     forward_s: float = 0.0
     verify_s: float = 0.0  # verify + commit + rollback + stop checks + feedback
-    drafted_by_position: list[int] = field(default_factory=list)  # [L] nodes drafted at depth i+1
-    accepted_by_position: list[int] = field(default_factory=list)  # [L] nodes accepted at depth i+1
+    drafted_by_depth: list[int] = field(default_factory=list)  # [L] nodes drafted at depth i+1
+    accepted_by_depth: list[int] = field(default_factory=list)  # [L] nodes accepted at depth i+1
     proposers: dict[str, ProposerMetrics] = field(default_factory=dict)  # label -> attribution (see above)
 
-    def record_step(self, drafted: int, accepted: int, depths: list[int] | None = None) -> None:
+    def add_step(self, drafted: int, accepted: int, depths: list[int] | None = None) -> None:
         """One verification step: ``drafted`` nodes (at ``depths``, 1-based; a chain when None), ``accepted``
         of them along the accepted path."""
         self.target_forwards += 1
-        self.drafted_tokens += drafted
-        self.accepted_tokens += accepted
+        self.drafted_nodes += drafted
+        self.accepted_nodes += accepted
         deepest = max(depths) if depths else drafted
-        grow = deepest - len(self.drafted_by_position)
+        grow = deepest - len(self.drafted_by_depth)
         if grow > 0:
-            self.drafted_by_position.extend([0] * grow)
-            self.accepted_by_position.extend([0] * grow)
+            self.drafted_by_depth.extend([0] * grow)
+            self.accepted_by_depth.extend([0] * grow)
         for d in depths if depths else range(1, drafted + 1):
-            self.drafted_by_position[d - 1] += 1
+            self.drafted_by_depth[d - 1] += 1
         for i in range(accepted):
-            self.accepted_by_position[i] += 1
+            self.accepted_by_depth[i] += 1
 
     @property
-    def mean_accepted_length(self) -> float:
+    def tau(self) -> float:
         return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+        return self.accepted_nodes / self.drafted_nodes if self.drafted_nodes else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -113,7 +145,7 @@ class RequestMetrics:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["mean_accepted_length"] = round(self.mean_accepted_length, 4)
+        d["tau"] = round(self.tau, 4)
         d["acceptance_rate"] = round(self.acceptance_rate, 4)
         d["tokens_per_s"] = round(self.tokens_per_s, 3)
         for key in ("wall_s", "prefill_s", "propose_s", "forward_s", "verify_s"):
@@ -123,7 +155,8 @@ class RequestMetrics:
             entry = d["proposers"][label]
             entry["acceptance_rate"] = round(pm.acceptance_rate, 4)
             entry["draft_s"] = round(pm.draft_s, 6)
-        return d
+            with_legacy_keys(entry)
+        return with_legacy_keys(d)
 
 
 class MetricsWriter:
@@ -179,10 +212,10 @@ class MetricsWriter:
         ``report``, the committed tokens and the step's seconds per phase (the forward's are ``report.forward_s``);
         then the observer's step event."""
         m = self.metrics
-        m.record_step(report.verified, report.accepted, depths)
+        m.add_step(report.verified, report.accepted, depths)
         m.new_tokens += len(committed)
         for step in report.proposers:
-            m.proposers[step.name].record(step)
+            m.proposers[step.name].add(step)
         m.propose_s += propose_s
         m.forward_s += report.forward_s
         m.verify_s += verify_s

@@ -289,6 +289,7 @@ class SpecframeProposer:
         self.sf.validate_proposers()
         self.seed = int(config.sampling.seed or 0)
         self.sessions: dict[bytes, list[_Session]] = {}
+        # (keys mirror vLLM's spec-decode metrics, vllm:spec_decode_num_{draft,accepted}_tokens[_per_pos])
         self.totals = {"steps": 0, "drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "committed_tokens": 0,
                        "accepted_by_position": [0] * self.k, "drafted_by_position": [0] * self.k,
                        "proposers": {}, "draft_s": 0.0}
@@ -398,7 +399,7 @@ class SpecframeProposer:
             log.warning("specframe: closing a finished request's proposers raised %s: %s", type(exc).__name__, exc)
         for label, pm in s.metrics.proposers.items():
             agg = self.totals["proposers"].setdefault(label, {"proposed_nodes": 0, "drafted_nodes": 0,
-                                                               "accepted_tokens": 0, "faults": 0, "draft_s": 0.0})
+                                                               "accepted_nodes": 0, "faults": 0, "draft_s": 0.0})
             for f in agg:
                 agg[f] += getattr(pm, f)
 

@@ -384,4 +384,4 @@ def _write(setup: _Setup, results: list[Any], where: str, total: float, traces: 
     title = f"predicted speed-up over none (replay) — {trace.model} {trace.dtype}, {len(setup.chosen)} questions"
     print_table(speedup_table(summary, title))
     err.print(f"replayed {len(setup.strategies)} strategies in {total:.1f} s ({where}); wrote {output}/results.json, "
-              "report.md, speedup_by_category.png, acceptance_by_position.png", markup=False, soft_wrap=True)
+              "report.md, speedup_by_category.png, acceptance_by_depth.png", markup=False, soft_wrap=True)

@@ -11,8 +11,9 @@ from typing import Any
 from ..bench.config import BASELINE
 from ..bench.report import OVERALL, _f, _md_table
 from ..errors import ConfigError
+from ..decode.metrics import current_names
 
-ATTRIBUTION_COUNTS = ("steps", "drafted_nodes", "accepted_tokens", "accepted_alone")
+ATTRIBUTION_COUNTS = ("steps", "drafted_nodes", "accepted_nodes", "accepted_alone")
 
 
 def read_live(path: Path) -> dict[str, Any]:
@@ -24,6 +25,8 @@ def read_live(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(Path(path).read_text())
         doc["summary"]["strategies"], doc["records"]  # noqa: B018 - the fields the comparison reads
+        for r in doc["records"]:
+            r["metrics"] = current_names(r["metrics"])  # (results written before the glossary's names)
     except OSError as exc:
         raise ConfigError(f"compare with {path}: cannot read it ({exc.strerror})") from None
     except (ValueError, KeyError, TypeError):

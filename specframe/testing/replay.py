@@ -107,7 +107,7 @@ def _summary(records: list[dict[str, Any]], cost: CostCurve, name: str) -> Repla
     wall = total("wall_s")
     return ReplayResult(
         tau=total("new_tokens") / steps,
-        alpha=total("accepted_tokens") / (total("drafted_tokens") or 1),
+        alpha=total("accepted_nodes") / (total("drafted_nodes") or 1),
         predicted_speedup=total("new_tokens") * cost.t1_ms() / 1e3 / wall if cost and wall else None,
         tau_by_category={c: total("new_tokens", rs) / (total("target_forwards", rs) or 1) for c, rs in cats.items()},
         draft_ms_per_step=1e3 * total("propose_s") / steps,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from ...decode.metrics import with_legacy_keys
 
 PEERS = ("llamacpp-greedy", "llamacpp-prompt-lookup")
 PROMPT_LOOKUP_DEFAULTS = {"num_pred_tokens": 10, "max_ngram_size": 2}
@@ -81,11 +82,11 @@ def run_llamacpp_peer(target: Any, peer: str, options: dict[str, Any], prompt_id
     return {
         "token_ids": generated,
         "peer_options": run_options,
-        "metrics": {
-            "new_tokens": n, "target_forwards": forwards, "mean_accepted_length": n / forwards,
-            "acceptance_rate": None, "drafted_tokens": None, "accepted_tokens": None, "wall_s": wall,
+        "metrics": with_legacy_keys({
+            "new_tokens": n, "target_forwards": forwards, "tau": n / forwards,
+            "acceptance_rate": None, "drafted_nodes": None, "accepted_nodes": None, "wall_s": wall,
             "tokens_per_s": n / wall if wall > 0 else 0.0, "forward_s": calls["s"], "prefill_s": None,
-            "propose_s": None, "verify_s": None, "other_s": None, "drafted_by_position": [],
-            "accepted_by_position": [],
-        },
+            "propose_s": None, "verify_s": None, "other_s": None, "drafted_by_depth": [],
+            "accepted_by_depth": [],
+        }),
     }
