@@ -100,7 +100,7 @@ def test_mix_prompts_dispatch():
 def test_missing_source_names_the_install_command(monkeypatch):
     monkeypatch.setitem(S._licence_paths, "chitchat", lambda: None)
     with pytest.raises(ConfigError, match=r"needs PyPI chitchat-dataset .*: pip install chitchat-dataset==0.9.0"):
-        S.SOURCES["chitchat"].record()
+        S.SOURCES["chitchat"].describe()
 
 
 def test_licence_phrase_is_checked(monkeypatch, tmp_path):
@@ -108,9 +108,9 @@ def test_licence_phrase_is_checked(monkeypatch, tmp_path):
     lic.write_text("All rights reserved.")
     monkeypatch.setitem(S._licence_paths, "faker", lambda: lic)
     with pytest.raises(ConfigError, match="no longer contains"):
-        S.SOURCES["faker"].record()
+        S.SOURCES["faker"].describe()
     lic.write_text("MIT License\n\nPermission is hereby granted, free of charge, to any person")
-    rec = S.SOURCES["faker"].record()
+    rec = S.SOURCES["faker"].describe()
     assert rec["licence"] == "MIT" and rec["licence_file"] == str(lic) and len(rec["licence_sha256"]) == 16
 
 
@@ -132,7 +132,7 @@ def _installed() -> str | None:
 @pytest.mark.skipif(_installed() is not None, reason=f"a training source is not installed: {_installed()}")
 def test_real_sources_give_a_broad_mix_without_specbench_text():
     for s in S.SOURCES.values():
-        assert s.record()["licence_sha256"]
+        assert s.describe()["licence_sha256"]
     assert len(S.conversations()) > 3000
     assert sum(len(v) for v in S.nouns().values()) > 5000
     assert len(S.doc_passages()) > 1000 and len(S.doc_code()) > 500

@@ -26,7 +26,7 @@ JSONL_SUFFIXES = (".jsonl",)
 
 
 @dataclass(frozen=True)
-class Source:
+class Documents:
     """Documents from one input, and how to describe it in the manifest."""
 
     texts: list[str]
@@ -63,7 +63,7 @@ def _nbytes(texts: list[str]) -> int:
     return sum(len(t.encode("utf-8")) for t in texts)
 
 
-def read_preset(name: str) -> Source:
+def read_preset(name: str) -> Documents:
     """The documents of a built-in preset.
 
     Raises:
@@ -73,11 +73,11 @@ def read_preset(name: str) -> Source:
         raise DatastoreError(f"unknown preset {name!r}: use one of {', '.join(PRESETS)}")
     preset = PRESETS[name]
     texts = preset.load()
-    return Source(texts, {"preset": name, "source": preset.description, "license": preset.license,
+    return Documents(texts, {"preset": name, "source": preset.description, "license": preset.license,
                           "documents": len(texts), "bytes": _nbytes(texts)})
 
 
-def read_file(path: Path, field: str = "text") -> Source:
+def read_file(path: Path, field: str = "text") -> Documents:
     """The documents of one input file (see the module docstring).
 
     Raises:
@@ -116,7 +116,7 @@ def read_file(path: Path, field: str = "text") -> Source:
     info = {"path": str(path.resolve()), "documents": len(texts), "bytes": _nbytes(texts)}
     if suffix in JSONL_SUFFIXES:
         info["field"] = field
-    return Source(texts, info)
+    return Documents(texts, info)
 
 
 def fingerprint(tokenizer: Any) -> str:

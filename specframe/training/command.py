@@ -82,16 +82,7 @@ def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: i
     from .common import PieceDone
     from .recipe import RECIPES, run_recipe
 
-    if prompts < 16:
-        raise ConfigError(f"--prompts must be >= 16, got {prompts}")
-    if max_new_tokens < 8:
-        raise ConfigError(f"--max-new-tokens must be >= 8, got {max_new_tokens}")
-    if dtype not in ("bfloat16", "float32"):
-        raise ConfigError(f"--dtype must be bfloat16 or float32, got {dtype!r}")
-    if output.exists() and not output.is_dir():
-        raise ConfigError(f"--output {output} is a file: give a folder")
-    if max_minutes < 0:
-        raise ConfigError(f"--max-minutes must be >= 0 (0 = no limit), got {max_minutes:g}")
+    _check_run_flags(prompts, max_new_tokens, dtype, output, max_minutes)
     check_device(device)
     source = resolve_model(model)
     logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -126,10 +117,28 @@ def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: i
             progress.stop()
             err.print(f"{output}: {piece}; checkpointed in {output / 'ckpt.pt'}. Run the same command again to go on.")
             return
-    ev = record["eval"]
-    name = RECIPES[kind]
+    _report_done(output, record, RECIPES[kind])
+
+
+def _check_run_flags(prompts: int, max_new_tokens: int, dtype: str, output: Path, max_minutes: float) -> None:
+    """Refuse flags out of range before anything loads (one error line each)."""
+    if prompts < 16:
+        raise ConfigError(f"--prompts must be >= 16, got {prompts}")
+    if max_new_tokens < 8:
+        raise ConfigError(f"--max-new-tokens must be >= 8, got {max_new_tokens}")
+    if dtype not in ("bfloat16", "float32"):
+        raise ConfigError(f"--dtype must be bfloat16 or float32, got {dtype!r}")
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"--output {output} is a file: give a folder")
+    if max_minutes < 0:
+        raise ConfigError(f"--max-minutes must be >= 0 (0 = no limit), got {max_minutes:g}")
+
+
+def _report_done(output: Path, record: dict, name: str) -> None:
+    """What a finished recipe wrote, and its held-out τ and speed-up (stderr)."""
     from .data import log_folder, repo_path
 
+    ev = record["eval"]
     logs = log_folder(output)
     where = "loss.png" if logs == output else f"loss log and plot in {repo_path(logs)}"
     err.print(f"wrote {output} (weights, README.md model card, {where}, recipe.json) in "

@@ -74,8 +74,8 @@ def sources_record(mix: str) -> dict:
         return {"pydoc_data": {"package": "CPython stdlib pydoc_data.topics", "licence": "PSF License 2.0"},
                 "specframe": OWN}
     if mix == "long":
-        return {"python-docs": SOURCES["python-docs"].record(), "specframe": OWN}
-    return {**{name: s.record() for name, s in SOURCES.items()}, "specframe": OWN}
+        return {"python-docs": SOURCES["python-docs"].describe(), "specframe": OWN}
+    return {**{name: s.describe() for name, s in SOURCES.items()}, "specframe": OWN}
 
 
 def _stage1(out: Path, i: int) -> Path:

@@ -102,40 +102,13 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
     t0 = time.perf_counter()
     build_corpus(target, corpus, corpus_settings, progress=lambda d, n: bar("corpus", d, n, ""))
     t_corpus = time.perf_counter() - t0
-    records = list(read_corpus(corpus))
-    if settings.max_records:  # the first N records: any prefix of the shards covers every prompt kind
-        records = records[: settings.max_records]
-    records = records[getattr(settings, "skip_records", 0):]
-    if not records:
-        raise ConfigError(f"--skip-records {settings.skip_records} leaves no record of {corpus} to train on")
-    n_main = len(records)
-    extras = [_extra_corpus(p, target_name) for p in extra_corpora]
-    records += [r for _, recs in extras for r in recs]
+    records, n_main, extras = _training_records(corpus, settings, extra_corpora, target_name)
     teacher = None  # medusa takes its hidden states in its own forward: the teacher's top-K is not needed for it
     if kind == "draft" and settings.soft_labels:
         teacher = teacher_pass(target, corpus, records, progress=lambda d, n: bar("teacher", d, n, ""))
     n_resp = sum(len(r["response_ids"]) for r in records)
     n_prompt = sum(len(r["prompt_ids"]) for r in records)
-    if kind == "draft":
-        summary = train_draft(target, records, output, settings,
-                              progress=lambda s, n, loss: bar("train", s, n, f"loss {loss:.3f}"), teacher=teacher,
-                              deadline=deadline)
-        model = summary.pop("draft")
-        finish_draft(model, output, target_name, target.vocab_size)
-        proposer, options = "draft-model", {"model": str(output)}
-    elif kind == "eagle":
-        summary = train_eagle(target, records, output, settings,
-                              progress=lambda s, n, loss: bar("train", s, n, f"loss {loss:.3f}"), deadline=deadline)
-        model = summary.pop("drafter")
-        finish_eagle(model, output)
-        proposer, options = "eagle", {"weights": str(output)}
-    else:
-        summary = train_medusa(target, records, output, settings,
-                               progress=lambda ph, s, n, loss: bar(ph, s, n, f"loss {loss:.3f}" if ph == "train" else ""),
-                               teacher=teacher, deadline=deadline)
-        model = summary.pop("heads")
-        finish_medusa(model, output, target_name)
-        proposer, options = "medusa", {"heads": str(output)}
+    summary, proposer, options = _train(kind, target, target_name, records, output, settings, bar, teacher, deadline)
     ev = evaluate_tau(target, proposer, options, eval_prompts, progress=lambda d, n: bar("eval", d, n, ""),
                       mix=corpus_settings.mix)
     record = {
@@ -154,6 +127,46 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
     (output / "README.md").write_text(model_card(record, plot, None if logs == output else repo_path(logs)))
     (output / "ckpt.pt").unlink(missing_ok=True)  # done: the optimizer state is not shipped
     return record
+
+
+def _training_records(corpus: Path, settings: Any, extra_corpora: Sequence[Path],
+                      target_name: str) -> tuple[list[dict], int, list]:
+    """The records to train on: ``corpus``'s (cut to ``max_records``, less ``skip_records``), then each extra
+    corpus's. Returns (records, how many came from ``corpus``, the extra corpora's (settings, records)).
+
+    Raises:
+        ConfigError: ``skip_records`` leaves nothing, or an extra corpus is not a finished corpus of this target."""
+    records = list(read_corpus(corpus))
+    if settings.max_records:  # the first N records: any prefix of the shards covers every prompt kind
+        records = records[: settings.max_records]
+    records = records[getattr(settings, "skip_records", 0):]
+    if not records:
+        raise ConfigError(f"--skip-records {settings.skip_records} leaves no record of {corpus} to train on")
+    n_main = len(records)
+    extras = [_extra_corpus(p, target_name) for p in extra_corpora]
+    return records + [r for _, recs in extras for r in recs], n_main, extras
+
+
+def _train(kind: str, target: Any, target_name: str, records: list[dict], output: Path, settings: Any,
+           bar: Callable[[str, int, int, str], None], teacher: Any, deadline: float | None) -> tuple[dict, str, dict]:
+    """Train ``kind``'s proposer and save its weights in ``output``. Returns (the training summary, the proposer's
+    name, its options for loading what was saved)."""
+    if kind == "draft":
+        summary = train_draft(target, records, output, settings,
+                              progress=lambda s, n, loss: bar("train", s, n, f"loss {loss:.3f}"), teacher=teacher,
+                              deadline=deadline)
+        finish_draft(summary.pop("draft"), output, target_name, target.vocab_size)
+        return summary, "draft-model", {"model": str(output)}
+    if kind == "eagle":
+        summary = train_eagle(target, records, output, settings,
+                              progress=lambda s, n, loss: bar("train", s, n, f"loss {loss:.3f}"), deadline=deadline)
+        finish_eagle(summary.pop("drafter"), output)
+        return summary, "eagle", {"weights": str(output)}
+    summary = train_medusa(target, records, output, settings,
+                           progress=lambda ph, s, n, loss: bar(ph, s, n, f"loss {loss:.3f}" if ph == "train" else ""),
+                           teacher=teacher, deadline=deadline)
+    finish_medusa(summary.pop("heads"), output, target_name)
+    return summary, "medusa", {"heads": str(output)}
 
 
 def _machine(target: Any) -> str:
@@ -202,14 +215,10 @@ def _extra_corpus(path: Path, target_name: str) -> tuple[dict, list[dict]]:
     return asdict(cs), list(read_corpus(path))
 
 
-def model_card(r: dict, loss_plot: str = "loss.png", logs_in: str | None = None) -> str:
-    """The model card (``README.md``) of the run recorded in ``r`` (a ``recipe.json``); ``loss_plot``: the loss
-    curve's path relative to the card; ``logs_in``: the repository folder of the loss log and curve where they are
-    not beside the card (a shipped weights folder: :func:`~specframe.training.data.log_folder`)."""
-    kind = r["recipe"]
-    c, s, res, ev = r["corpus"], r["settings"], r["result"], r["eval"]
-    proposer = RECIPES[kind]
-    what = (
+def _what(kind: str, r: dict) -> str:
+    """The model card's opening sentence: what was trained, for which target."""
+    s, res = r["settings"], r["result"]
+    return (
         f"A {len(s['layers'])}-layer draft for `{r['target']}`: the target's own layers {s['layers']} as the "
         f"starting point, the target's embeddings and tokenizer, and an output head over the {s['vocab_subset']} most "
         "frequent tokens of the corpus (rows of the target's output embedding; FR-Spec style)."
@@ -222,6 +231,16 @@ def model_card(r: dict, loss_plot: str = "loss.png", logs_in: str | None = None)
         f"{s['num_heads']} Medusa-1 heads ({s['num_layers']} residual block each) for `{r['target']}`, feeding the "
         "target's own LM head."
     )
+
+
+def model_card(r: dict, loss_plot: str = "loss.png", logs_in: str | None = None) -> str:
+    """The model card (``README.md``) of the run recorded in ``r`` (a ``recipe.json``); ``loss_plot``: the loss
+    curve's path relative to the card; ``logs_in``: the repository folder of the loss log and curve where they are
+    not beside the card (a shipped weights folder: :func:`~specframe.training.data.log_folder`)."""
+    kind = r["recipe"]
+    c, s, res, ev = r["corpus"], r["settings"], r["result"], r["eval"]
+    proposer = RECIPES[kind]
+    what = _what(kind, r)
     lines = [
         f"# specframe {proposer} weights for {r['target']}", "", what, "",
         f"Use: `specframe generate --proposer {proposer} ...` (these weights are the default for this target).", "",

@@ -32,7 +32,7 @@ from ..errors import ConfigError
 
 
 @dataclass(frozen=True)
-class Source:
+class CorpusSource:
     name: str
     package: str
     install: str
@@ -45,7 +45,7 @@ class Source:
             raise ConfigError(f"training source {self.name!r} needs {self.package}: {self.install}")
         return path
 
-    def record(self) -> dict:
+    def describe(self) -> dict:
         """What ``corpus.json`` and the model cards say about this source (licence checked now)."""
         path = self.licence_file()
         text = path.read_text(errors="replace")
@@ -81,15 +81,15 @@ _licence_paths = {
 SOURCES = {
     s.name: s
     for s in [
-        Source("chitchat", "PyPI chitchat-dataset 0.9.0 (BYU PCC lab human conversations)",
+        CorpusSource("chitchat", "PyPI chitchat-dataset 0.9.0 (BYU PCC lab human conversations)",
                "pip install chitchat-dataset==0.9.0", "MIT", "Permission is hereby granted, free of charge"),
-        Source("wordnet", "Debian wordnet-base (Princeton WordNet 3.0)", "apt-get install wordnet-base",
+        CorpusSource("wordnet", "Debian wordnet-base (Princeton WordNet 3.0)", "apt-get install wordnet-base",
                "WordNet 3.0 licence (BSD-like: use, copy, modify, distribute for any purpose)",
                "for any purpose and without fee or"),
-        Source("python-docs", "Debian python3.X-doc (Python documentation reST sources)",
+        CorpusSource("python-docs", "Debian python3.X-doc (Python documentation reST sources)",
                "apt-get install python3.11-doc (or the python3.X-doc of your Debian)",
                "PSF License 2.0; code examples Zero-Clause BSD", "PSF LICENSE AGREEMENT"),
-        Source("faker", "PyPI faker (synthetic names, addresses, companies)", "pip install faker", "MIT",
+        CorpusSource("faker", "PyPI faker (synthetic names, addresses, companies)", "pip install faker", "MIT",
                "Permission is hereby granted, free of charge"),
     ]
 }

@@ -68,6 +68,24 @@ def _check_rows(target: Any, model_name: str, inexact: bool) -> None:
         "accept divergences, or use engine transformers")
 
 
+def _exact_build(inexact: bool) -> Any:
+    """This llama-cpp-python build's facts; refuses a build whose k-token batches round differently from one-token
+    decoding unless ``inexact``.
+
+    Raises:
+        ConfigError: a build with LLAMAFILE or REPACK kernels, without ``inexact``."""
+    from .binding import EXACT_CMAKE_ARGS, build_info
+
+    build = build_info()
+    if not build.batch_invariant and not inexact:
+        raise ConfigError(
+            f"this llama-cpp-python build uses {' and '.join(k for k, on in (('LLAMAFILE', build.llamafile), ('REPACK', build.repack)) if on)} "
+            "kernels, whose k-token batches round differently from one-token decoding (not exact): rebuild it with "
+            f"bash scripts/install_llamacpp.sh (CMAKE_ARGS=\"{EXACT_CMAKE_ARGS}\"), or set llamacpp option "
+            "inexact: true to accept divergences")
+    return build
+
+
 def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
                          log_line: Callable[[str], None] = lambda s: None, threads: int | str = "auto",
                          prepack: bool | str = "auto", speculative: bool = True, progress: Any = None,
@@ -88,7 +106,6 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
     from ..machine import LoadMonitor, choose_threads, usable_cores
     from ..models import resolve_model
     from ..profile import Candidate, Settings, ThreadGovernor, load_independent, measured_threads
-    from .binding import EXACT_CMAKE_ARGS, build_info
     from .profile import DTYPE, get_profile
     from .target import LlamaCppTarget
 
@@ -98,13 +115,7 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
     if source.gguf is None:
         raise ConfigError(f"engine llama.cpp runs .gguf files, and {name_or_path} is not one: give a .gguf file (or "
                           "a folder with one), or use engine transformers")
-    build = build_info()
-    if not build.batch_invariant and not opts.get("inexact"):
-        raise ConfigError(
-            f"this llama-cpp-python build uses {' and '.join(k for k, on in (('LLAMAFILE', build.llamafile), ('REPACK', build.repack)) if on)} "
-            "kernels, whose k-token batches round differently from one-token decoding (not exact): rebuild it with "
-            f"bash scripts/install_llamacpp.sh (CMAKE_ARGS=\"{EXACT_CMAKE_ARGS}\"), or set llamacpp option "
-            "inexact: true to accept divergences")
+    build = _exact_build(bool(opts.get("inexact")))
     from .binding import LlamaModel
 
     llama = LlamaModel(source.gguf)  # a file llama.cpp cannot load fails here, in one line
