@@ -25,7 +25,8 @@ behind it (``specframe.decode``, ``specframe.target``, ...) are the implementati
   ``load_small_draft``), model lookup (``resolve_model``, ``load_model``, ``model_directory``,
   ``tokenizer_directory``, ``file_sha256``, ``DRAFT_SUFFIX``), retrieval datastores (``Datastore``,
   ``DatastoreError``, ``Retrieval``, ``default_datastore``, ``tokenizer_info``), llama.cpp (``import_llama_cpp``,
-  ``LlamaModel``, ``LlamaContext``), and the runtime (``load``, ``Specframe``, ``Engine``).
+  ``LlamaModel``, ``LlamaContext``), the registry (``build_registry``, ``Registry``: plugins passed in without
+  installing them) and the runtime (``load``, ``Specframe``, ``Engine``).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ _LAZY = {
     "import_llama_cpp": ".target.llamacpp.binding", "LlamaModel": ".target.llamacpp.binding",
     "LlamaContext": ".target.llamacpp.binding",
     "load": ".api", "Specframe": ".api", "Engine": ".decode.engine",
+    "build_registry": ".registry", "Registry": ".registry",
 }
 
 __all__ = [

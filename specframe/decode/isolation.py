@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from ..errors import ConfigError, DraftError, ProposerTimeoutError
 from .metrics import MetricsWriter
 
+NEVER_DISABLED = 1 << 30  # a max_faults this large means no limit (the conformance kit and replay use it)
+
 log = logging.getLogger("specframe")
 
 # Fault kinds, as counted in ``RequestMetrics.proposer_fault_kinds``; "refused": the target's verification forward
@@ -114,8 +116,10 @@ class FaultGuard:
                 kind, f"raised {type(exc).__name__}"
             )
             source = f" (plugin {self.plugin})" if self.plugin else ""
+            limit = (f"after {self.policy.max_faults} fault(s) it is disabled for the rest of the request"
+                     if self.policy.max_faults < NEVER_DISABLED else "it is never disabled here (kit / replay)")
             log.warning(
                 "proposer %r%s %s in %s: %s; that step goes on without its draft (a target-only step when it drafts "
-                "alone), output is unaffected; after %d fault(s) it is disabled for the rest of the request",
-                self.name, source, what, where, exc, self.policy.max_faults,
+                "alone), output is unaffected; %s",
+                self.name, source, what, where, exc, limit,
             )

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from ..contracts import ProposerConfig
 from ..decode.engine import Engine, GenerationResult
 from ..errors import ConfigError, PluginContractError
-from ..decode.isolation import IsolationPolicy
+from ..decode.isolation import NEVER_DISABLED, IsolationPolicy
 from ..registry import check_proposer_class
 from ..sampling import SamplingParams
 from ..target.hf import Target
@@ -39,7 +39,7 @@ NEW_TOKENS = 32
 GREEDY = SamplingParams()
 SAMPLING = SamplingParams(temperature=1.0)
 # Faults must be seen, not hidden: no time limit (a slow CI machine is not a bug) and never disable.
-KIT_ISOLATION = IsolationPolicy(propose_timeout_s=None, max_faults=1 << 30)
+KIT_ISOLATION = IsolationPolicy(propose_timeout_s=None, max_faults=NEVER_DISABLED)
 
 
 class Kit:

@@ -73,7 +73,7 @@ def replay_proposer(proposer: type, config: dict[str, Any] | None = None, trace:
         TraceError: an unreadable trace, or a proposer that reads hidden states the trace does not hold.
         ConfigError: options the proposer's config rejects, or a proposer that cannot be built without the model.
     """
-    from ..decode.isolation import IsolationPolicy
+    from ..decode.isolation import NEVER_DISABLED, IsolationPolicy
 
     folder = Path(trace) if trace is not None and Path(trace).exists() else shipped_traces().get(str(trace or DEFAULT_TRACE))
     if folder is None:
@@ -87,7 +87,7 @@ def replay_proposer(proposer: type, config: dict[str, Any] | None = None, trace:
         raise ConfigError(f"{proposer.__name__} cannot be built on a trace without its target ({exc}); replay it with "
                           "`specframe replay`, which loads the target's weights") from None
     engine = Engine(target, [instance], TraceVerifier(), isolation=IsolationPolicy(propose_timeout_s=None,
-                                                                                    max_faults=1 << 30))
+                                                                                    max_faults=NEVER_DISABLED))
     check_needs(t, engine.feature_layers, engine.wants_hidden, proposer.name)
     max_new = t.max_new_tokens if max_new_tokens is None else max_new_tokens
     records = replay_requests(lambda: fixed_engine(engine), t, [Request(i) for i in range(len(t.questions))], max_new)
