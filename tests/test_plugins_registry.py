@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -264,8 +265,9 @@ def test_the_fault_warning_names_the_distribution(fake_dist, specframe_tiny_targ
     caplog.set_level(logging.WARNING, logger="specframe")
     sf.generate_result([1, 2, 3], max_new_tokens=4)
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "specframe"]
-    assert warning.startswith("proposer 'kaput' (plugin kaput (specframe-kaput 9.9)) raised RuntimeError in propose: "
-                              "kaput")
+    # the plugin's own file and line, for its author (the innermost frame of the traceback)
+    assert re.match(r"proposer 'kaput' \(plugin kaput \(specframe-kaput 9\.9\)\) raised RuntimeError at sf_kaput\.py:\d+ "
+                    r"in propose: kaput", warning), warning
 
 
 # --- specframe plugins --------------------------------------------------------------------------------------

@@ -16,9 +16,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import ConfigError, DraftError, ProposerTimeoutError
 from .metrics import MetricsWriter
+
+def raised_at(exc: BaseException) -> str:
+    """`` at file.py:line`` of the innermost frame that raised ``exc`` (the plugin's own line, for its author), or
+    ``""`` without a traceback."""
+    tb = exc.__traceback__
+    if tb is None:
+        return ""
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f" at {Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno}"
+
 
 NEVER_DISABLED = 1 << 30  # a max_faults this large means no limit (the conformance kit and replay use it)
 
@@ -113,7 +125,7 @@ class FaultGuard:
         self.writer.fault(self.label, kind, disabled=self.disabled)
         if self.faults == 1:
             what = {MALFORMED: "broke the draft contract", TIMEOUT: "ran over its time limit"}.get(
-                kind, f"raised {type(exc).__name__}"
+                kind, f"raised {type(exc).__name__}{raised_at(exc)}"
             )
             source = f" (plugin {self.plugin})" if self.plugin else ""
             limit = (f"after {self.policy.max_faults} fault(s) it is disabled for the rest of the request"
