@@ -290,13 +290,23 @@ def _run(sf, prompts, encoded, stream: bool, as_json: bool) -> None:
 
 def plugins(
     as_json: bool = typer.Option(False, "--json", help="One JSON document: {\"plugins\": [...]}."),
+    schema: bool = typer.Option(False, "--schema", help="The JSON Schema of specframe.yaml with these plugins' "
+                                "options (for an editor to check and complete a config)."),
 ) -> None:
     """List installed plugins: distribution, version, proposers and verifiers with capabilities and options."""
     try:
         from .inventory import inventory, render_text
         from .registry import build_registry
 
-        doc = inventory(build_registry())
+        if schema and as_json:
+            raise ConfigError("--schema and --json are two documents: give one of them")
+        registry = build_registry()
+        if schema:
+            from .config import config_schema
+
+            sys.stdout.write(json.dumps(config_schema(registry), indent=1) + "\n")
+            return
+        doc = inventory(registry)
     except SpecframeError as exc:
         fail(str(exc))
     sys.stdout.write((json.dumps(doc, indent=2) if as_json else render_text(doc)) + "\n")
@@ -381,8 +391,8 @@ def _tune(model: str, device: str, refresh: bool, as_json: bool, engine: str = "
 
 
 def attach(app: typer.Typer) -> None:
-    """Attach every command and command group to ``app``: the one place where commands attach. A command group (``train``, ``datastore``, ``trace``, ``vllm``) attaches its
-    own subcommands in its module."""
+    """Attach every command and command group to ``app``: the one place where commands attach. A command group
+    (``train``, ``datastore``, ``trace``, ``vllm``) attaches its own subcommands in its module."""
     from .bench.command import bench
     from .datastore.command import datastore_app
     from .integrations.command import vllm_app

@@ -27,14 +27,16 @@ machine). An option no plugin declares is refused there (every plugin config for
 
 Configs are frozen: a change is a new config (``load_config(None, base=cfg.model_dump(), ...)``). The typed form
 of a config's plugins is :class:`Plugins`: each proposer entry becomes its plugin's own frozen ``Config`` subclass,
-chosen by ``name`` from the registry (a union over what is installed, resolved in one place).
+chosen by ``name`` from the registry. :func:`typed_config_model` builds the whole config as one frozen model over
+the installed plugins (``proposers`` a discriminated union by ``name``), whose JSON Schema :func:`config_schema`
+gives an editor (``specframe plugins --schema``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import (
     BaseModel,
@@ -43,6 +45,7 @@ from pydantic import (
     Field,
     StrictInt,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -396,3 +399,75 @@ def _resolve_router(settings: RouterSettings | dict[str, Any] | str | None, regi
         return cls, cls.Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(validation_line(exc, f"router {data['name']!r}")) from None
+
+
+# --- the typed form: one frozen model over the installed plugins, and its JSON Schema ---------------------------
+
+
+def _tagged(classes: dict[str, type]) -> Any:
+    """A discriminated union (by ``name``) of each class's ``Config``, with ``name`` fixed to its registered name
+    (a plugin whose config types ``name`` as a plain ``str`` gets the literal here)."""
+    titles = [cls.Config.__name__ for cls in classes.values()]
+
+    def title(name: str, cls: type) -> str:  # the config class's own name, unless two plugins share it
+        return cls.Config.__name__ if titles.count(cls.Config.__name__) == 1 else f"{cls.Config.__name__}_{name}"
+
+    members = [create_model(title(name, cls), __base__=cls.Config, name=(Literal[name], name))
+               for name, cls in sorted(classes.items())]
+    if not members:
+        return dict[str, Any]
+    if len(members) == 1:
+        return members[0]
+    return Annotated[Union[tuple(members)], Field(discriminator="name")]
+
+
+def typed_config_model(registry: Any) -> type[BaseModel]:
+    """The frozen config model of ``registry``'s plugins (a :class:`~specframe.registry.Registry`).
+
+    Its instances have ``proposers`` as a tuple of the proposers' own config objects (e.g. ``NgramConfig``),
+    ``merge`` as the merge policy's and ``router`` as the router's config object (None for ``router: none``); the
+    shorthands of a config file (``proposers: ngram``, ``router: none``, ``merge: confidence``, ``policy:``) are read
+    as :class:`~specframe.config.SpecframeConfig` reads them.
+    """
+    proposer = _tagged(registry.proposers)
+    merge = _tagged(registry.merge_policies)
+    router = _tagged(registry.routers)
+    base = SpecframeConfig.model_fields
+    fields: dict[str, Any] = {name: (f.annotation, f) for name, f in base.items()
+                              if name not in ("proposers", "merge", "router")}
+    fields["proposers"] = (tuple[proposer, ...], Field(default=({"name": "ngram"},), min_length=1,
+                                                       description=base["proposers"].description))
+    fields["merge"] = (merge, Field(default={"name": "priority"}, description=base["merge"].description))
+    fields["router"] = (Optional[router], Field(default={"name": "adaptive"}, description=base["router"].description))
+    return create_model("TypedSpecframeConfig", __base__=_Shorthands, **fields)
+
+
+class _Shorthands(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthands(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "proposers" in data:
+            data["proposers"] = proposer_shorthand(data["proposers"])
+        if isinstance(data.get("merge"), str):
+            data["merge"] = {"name": data["merge"]}
+        elif isinstance(data.get("merge"), dict):
+            data["merge"] = merge_key(data["merge"])
+        router = data.get("router", "adaptive")
+        named_none = isinstance(router, dict) and router.get("name") == "none"
+        if router is None or router is False or router == "none" or named_none:
+            data["router"] = None
+        elif isinstance(router, str):
+            data["router"] = {"name": router}
+        return data
+
+
+def config_schema(registry: Any) -> dict[str, Any]:
+    """The JSON Schema of a ``specframe.yaml`` with the installed plugins' options (draft 2020-12, by pydantic)."""
+    schema = typed_config_model(registry).model_json_schema()
+    schema["title"] = "specframe config"
+    return schema

@@ -1,0 +1,66 @@
+"""The config's typed form over the installed plugins (a discriminated union by ``name``) and its JSON Schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from specframe import cli
+from specframe.config import config_schema, load_config, resolve_plugins, typed_config_model
+from specframe.registry import build_registry
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return build_registry()
+
+
+def test_the_typed_config_reads_the_shorthands_into_each_plugins_own_config(registry):
+    model = typed_config_model(registry)
+    cfg = model.model_validate({"proposers": ["ngram", {"name": "medusa", "num_heads": 2}], "router": "none",
+                                "merge": {"policy": "confidence"}})
+    assert [type(p).__name__ for p in cfg.proposers] == ["NgramConfig", "MedusaConfig"]
+    assert cfg.proposers[0].k == 8 and cfg.proposers[1].num_heads == 2
+    assert cfg.router is None and type(cfg.merge).__name__ == "ConfidenceConfig"
+    default = model.model_validate({})
+    assert [p.name for p in default.proposers] == ["ngram"] and default.router.name == "adaptive"
+    assert default.merge.name == "priority" and default.merge.max_nodes == 24
+    with pytest.raises(ValidationError):
+        cfg.dtype = "float32"  # frozen
+
+
+@pytest.mark.parametrize("data", [
+    {"proposers": [{"name": "ngram", "bogus": 1}]},  # an option no plugin declares
+    {"proposers": [{"name": "no-such-proposer"}]},
+    {"proposers": []},
+    {"router": {"name": "adaptive", "bogus": 1}},
+    {"merge": {"name": "priority", "max_nodes": 0}},
+])
+def test_the_typed_config_refuses_what_resolve_plugins_refuses(registry, data):
+    with pytest.raises(ValidationError):
+        typed_config_model(registry).model_validate(data)
+    with pytest.raises(Exception):  # noqa: B017 - the one path raises ConfigError / Unknown*Error with its own line
+        resolve_plugins(load_config(None, **data), registry)
+
+
+def test_the_example_config_validates_and_agrees_with_resolve_plugins(registry):
+    import yaml
+
+    data = yaml.safe_load((DOCS / "specframe.example.yaml").read_text())
+    typed = typed_config_model(registry).model_validate(data)
+    resolved = resolve_plugins(load_config(DOCS / "specframe.example.yaml"), registry)
+    assert [p.model_dump() for p in typed.proposers] == [c.model_dump() for _, c in resolved.proposers]
+
+
+def test_the_schema_lists_every_installed_proposer(registry):
+    schema = config_schema(registry)
+    mapping = schema["properties"]["proposers"]["items"]["discriminator"]["mapping"]
+    assert set(mapping) == set(registry.proposers) and {"ngram", "eagle", "none"} <= set(mapping)
+    out = CliRunner().invoke(cli.app, ["plugins", "--schema"])
+    assert out.exit_code == 0 and json.loads(out.stdout)["title"] == "specframe config"
