@@ -20,9 +20,14 @@ import torch
 
 import specframe
 from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig
-from specframe.decode.engine import Engine
-from specframe.target.hf import Target
-from specframe.verify import GreedyVerifier
+try:  # this layout (issue 27's floors) ...
+    from specframe.decode.engine import Engine
+    from specframe.target.hf import Target
+    from specframe.verify import GreedyVerifier
+except ImportError:  # ... or a checkout from before it
+    from specframe.engine import Engine
+    from specframe.target import Target
+    from specframe.verifiers import GreedyVerifier
 
 
 class NoProposer(ProposerBase):  # the built-in `none`, inlined so that any checkout can run this script
