@@ -24,7 +24,10 @@ outside are never drafted. Near the end of the target's context the tree is made
 token (nothing processed yet) gets no draft in its first step.
 
 Weights: ``weights: DIR`` (written by ``specframe train eagle``), or by default the drafter shipped for the target
-(see ``specframe_plugins/weights/<target>/eagle/README.md``).
+(see ``specframe_plugins/weights/<target>/eagle/README.md``). ``checkpoint: DIR`` reads a published EAGLE-3 drafter
+(EAGLE-3 native or speculators layout, :mod:`specframe.learned.eagle3`): the same tree and chain drafting, with the
+checkpoint's own 2H-input layer, embedding (or the target's), LM head over its draft vocabulary (``d2t``) and tapped
+layers.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from specframe import (
     TargetInfo,
     folder_key,
     hookimpl,
+    load_eagle3,
     probs_from_logits,
     shared,
 )
@@ -58,13 +62,18 @@ from .weights import weights_folder
 class EagleConfig(ProposerConfig):
     name: Literal["eagle"] = "eagle"
     weights: Optional[str] = Field(None, description="Folder of a trained drafter; default: the one shipped for the target.")
+    checkpoint: Optional[str] = Field(
+        None, description="Folder of a published EAGLE-3 drafter (EAGLE-3 native or speculators layout, e.g. a "
+        "local download of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B); specframe's own format is read here too.")
     depth: int = Field(6, ge=1, le=32, description="Draft levels (longest path; the chain length under sampling).")
     top_k: int = Field(4, ge=1, le=16, description="Nodes expanded per level and children per expanded node.")
     max_nodes: int = Field(16, ge=1, le=256, description="Most tree nodes per step (the verification width).")
 
 
-class _EagleWeights:
-    """Read-only after loading: the drafter, the target's input embeddings and the LM-head rows of its subset."""
+class _OwnFormat:
+    """specframe's own drafter (``eagle.json``) behind the interface :class:`EagleProposer` drives (the one
+    :class:`specframe.learned.eagle3.Eagle3Drafter` has): ``feature_layers``, ``token_map``, ``new_kv``, ``fuse``,
+    ``step``, ``logits``. It borrows the target's input embeddings and the LM-head rows of its token subset."""
 
     def __init__(self, folder: Any, target: TargetInfo) -> None:
         head = target.model.get_output_embeddings().weight
@@ -73,6 +82,36 @@ class _EagleWeights:
         self.embed = target.model.get_input_embeddings()  # (keeps the target model, part of the key, alive)
         self.token_map = self.drafter.token_map.to(target.device)
         self.head_rows = head.detach()[self.token_map].to(target.dtype).contiguous()  # [S, H]
+        self.feature_layers = tuple(self.drafter.spec.feature_layers)
+
+    def new_kv(self) -> KVBuffer:
+        return KVBuffer()
+
+    def fuse(self, feats: Tensor) -> Tensor:
+        return self.drafter.fuse_features(feats)
+
+    def step(self, g: Tensor, tokens: Tensor, positions: Tensor, mask: Tensor, kv: KVBuffer, at: int):
+        return self.drafter.step(g, self.embed(tokens), positions, None, mask, kv, at)
+
+    def logits(self, a: Tensor) -> Tensor:
+        return self.drafter.logits(a, self.head_rows)
+
+
+def _load(folder: Any, target: TargetInfo) -> Any:
+    """The drafter in ``folder``, read-only after loading: specframe's format (``eagle.json``), else a published
+    EAGLE-3 checkpoint (``config.json``), on the target's device and dtype."""
+    if not (folder / "eagle.json").is_file() and not (folder / "config.json").is_file():
+        raise ConfigError(f"{folder} holds no EAGLE drafter: it needs eagle.json (specframe's format) or config.json "
+                          f"(an EAGLE-3 native or speculators checkpoint)")
+    if (folder / "eagle.json").is_file():
+        return _OwnFormat(folder, target)
+    cfg = target.model.config.get_text_config()
+    d = load_eagle3(folder, int(cfg.hidden_size), target.vocab_size, int(cfg.num_hidden_layers), target.name,
+                    str(getattr(target.model.config, "_name_or_path", "") or ""))
+    d = d.to(device=target.device, dtype=target.dtype)
+    if d.embed_tokens is None:
+        d.target_embed = target.model.get_input_embeddings()
+    return d
 
 
 class EagleProposer(ProposerBase):
@@ -90,17 +129,20 @@ class EagleProposer(ProposerBase):
         if target.model is None:
             raise ConfigError(f"eagle needs the target model (its hidden-state features, embeddings and LM head), which "
                               f"this target (engine {target.engine}) does not give: use engine transformers for eagle")
+        if config.weights and config.checkpoint:
+            raise ConfigError("eagle takes `weights` or `checkpoint`, not both (both name the drafter's folder)")
         folder = weights_folder(
-            config.weights, target.name, "eagle", "EAGLE drafter is",
-            "train one with `specframe train eagle` and set `weights: DIR` in the proposer config",
+            config.checkpoint or config.weights, target.name, "eagle", "EAGLE drafter is",
+            "train one with `specframe train eagle` and set `weights: DIR`, or point `checkpoint: DIR` at a "
+            "downloaded EAGLE-3 drafter",
         )
-        # the drafter and LM-head rows are loaded once per folder and placement, shared by every option set
+        # the drafter (and LM-head rows) are loaded once per folder and placement, shared by every option set
         key = ("eagle", folder_key(folder), str(target.dtype), str(target.device), id(target.model))
-        self._weights = w = shared(key, lambda: _EagleWeights(folder, target))
-        self.drafter, self.embed, self.token_map, self.head_rows = w.drafter, w.embed, w.token_map, w.head_rows
-        self.feature_layers = tuple(self.drafter.spec.feature_layers)
+        self.drafter = shared(key, lambda: _load(folder, target))
+        self.token_map = self.drafter.token_map  # [S] target ids of the draft vocabulary
+        self.feature_layers = tuple(self.drafter.feature_layers)
         self.trees = bool(target.supports_trees)
-        self._kv = KVBuffer()  # the drafter's keys / values: committed positions, then the step's tree entries
+        self._kv = self.drafter.new_kv()  # the drafter's keys / values: committed positions, then tree entries
         self._done = 0  # committed positions whose drafter entries are in the cache
         self._last: Tensor | None = None  # [1, H] drafter output at the last cached position
 
@@ -122,11 +164,11 @@ class EagleProposer(ProposerBase):
         f = feats[:1, self._done : t_f][:, :, cols].to(dev)  # [1, n, F, H]
         nxt = state.tokens[:1, self._done + 1 : t_f + 1].to(dev)  # the token after each position
         pos = torch.arange(self._done, t_f, device=dev)[None]
-        g = self.drafter.fuse_features(f)
+        g = self.drafter.fuse(f)
         n = t_f - self._done
         mask = torch.ones((n, t_f), dtype=torch.bool, device=dev)  # every cached position, causal among the new
         mask[:, self._done :] = torch.ones((n, n), dtype=torch.bool, device=dev).tril()
-        a, _ = self.drafter.step(g, self.embed(nxt), pos, None, mask, self._kv, self._done)
+        a, _ = self.drafter.step(g, nxt, pos, mask, self._kv, self._done)
         self._done, self._last = t_f, a[:, -1]
         return True
 
@@ -145,7 +187,7 @@ class EagleProposer(ProposerBase):
         mask[range(m), range(base + n_tree, base + n_tree + m)] = True
         tok = torch.tensor([tokens], dtype=torch.int64, device=dev)
         pos = torch.tensor([positions], dtype=torch.int64, device=dev)
-        a, _ = self.drafter.step(parents_a[None], self.embed(tok), pos, None, mask, self._kv, base + n_tree)
+        a, _ = self.drafter.step(parents_a[None], tok, pos, mask, self._kv, base + n_tree)
         return a[0]
 
     # --- drafting ----------------------------------------------------------------------------------------------
@@ -169,7 +211,7 @@ class EagleProposer(ProposerBase):
         ``prune``: stop expanding once no deeper node can be kept: a child is at most as likely as its parent and
         loses ties to shallower nodes, so when ``max_nodes`` nodes already drafted are at least as likely as the
         best node to expand, the levels below cannot change the tree (the same tree, fewer drafter passes)."""
-        logp = torch.log_softmax(self.drafter.logits(self._last, self.head_rows).float(), -1)[0]  # [S]
+        logp = torch.log_softmax(self.drafter.logits(self._last).float(), -1)[0]  # [S]
         top = logp.topk(min(k, logp.numel()))
         tm = self.token_map
         # node: (score, token, parent node or -1, depth); nodes are created parents first
@@ -200,7 +242,7 @@ class EagleProposer(ProposerBase):
             for r, i in enumerate(frontier):
                 out_a[i], entry_of[i] = a[r], n_entries + r
             n_entries += len(frontier)
-            lp = torch.log_softmax(self.drafter.logits(a, self.head_rows).float(), -1)  # [m, S]
+            lp = torch.log_softmax(self.drafter.logits(a).float(), -1)  # [m, S]
             best = lp.topk(min(k, lp.shape[-1]), dim=-1)
             new = []
             for r, i in enumerate(frontier):
@@ -223,7 +265,7 @@ class EagleProposer(ProposerBase):
         drafted: list[int] = []
         probs: list[Tensor] = []
         for d in range(depth):
-            sub = self.drafter.logits(a_prev, self.head_rows).float()[0]  # [S]
+            sub = self.drafter.logits(a_prev).float()[0]  # [S]
             full = torch.full((v,), float("-inf"), dtype=torch.float32, device=dev).index_copy_(0, self.token_map, sub)
             q = probs_from_logits(full, state.sampling)
             if not bool(torch.isfinite(q).all()) or not math.isclose(float(q.sum()), 1.0, rel_tol=1e-3):

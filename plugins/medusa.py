@@ -15,16 +15,19 @@ bf16, 2 CPU cores; the shipped heads use S = 5 492, every token their training a
 Tokens outside the subset are never drafted; the target still verifies every token, so output is unchanged.
 
 Weights: ``heads: DIR`` (written by ``specframe train medusa``), or by default the heads shipped for the
-target (see ``specframe_plugins/weights/<target>/medusa/README.md``).
+target (see ``specframe_plugins/weights/<target>/medusa/README.md``). ``checkpoint: DIR`` reads published heads
+(FasterDecoding's or vLLM's layout, :mod:`specframe.learned.medusa_published`), each with its own LM head.
 """
 
 from __future__ import annotations
 
 import heapq
+from pathlib import Path
 from typing import Any, Literal, Optional
 
 import torch
 from pydantic import Field
+from torch import Tensor
 
 from specframe import (
     ConfigError,
@@ -36,6 +39,7 @@ from specframe import (
     TargetInfo,
     folder_key,
     hookimpl,
+    load_medusa,
     shared,
 )
 
@@ -45,6 +49,9 @@ from .weights import weights_folder
 class MedusaConfig(ProposerConfig):
     name: Literal["medusa"] = "medusa"
     heads: Optional[str] = Field(None, description="Folder of trained heads; default: the heads shipped for the target.")
+    checkpoint: Optional[str] = Field(
+        None, description="Folder of published Medusa heads (FasterDecoding's medusa_lm_head layout or vLLM's), each "
+        "with its own LM head; e.g. a local download of FasterDecoding/medusa-vicuna-7b-v1.3.")
     num_heads: Optional[int] = Field(None, ge=1, description="Use only the first N heads (default: all).")
     top_k: int = Field(3, ge=1, le=32, description="Candidates per head.")
     max_nodes: int = Field(6, ge=1, le=256, description="Most tree nodes per step (the verification width).")
@@ -111,11 +118,25 @@ class MedusaProposer(ProposerBase):
         if target.model is None:
             raise ConfigError(f"medusa needs the target model (its hidden states and LM head), which this target "
                               f"(engine {target.engine}) does not give: use engine transformers for medusa")
+        if config.heads and config.checkpoint:
+            raise ConfigError("medusa takes `heads` or `checkpoint`, not both (both name the heads' folder)")
         lm_head = target.model.get_output_embeddings()
         hidden = int(lm_head.weight.shape[1])
+        self.trees = bool(target.supports_trees)
+        self.published = None
+        if config.checkpoint:
+            folder = Path(config.checkpoint).expanduser()
+            key = ("medusa-published", folder_key(folder), hidden, str(target.dtype), str(target.device))
+            path = str(getattr(target.model.config, "_name_or_path", "") or "")
+            self.published = shared(key, lambda: load_medusa(folder, hidden, target.vocab_size, target.name, path).to(
+                device=target.device, dtype=target.dtype))
+            self.num_heads = min(config.num_heads or self.published.num_heads, self.published.num_heads)
+            self.token_map = self.published.token_map
+            return
         folder = weights_folder(
             config.heads, target.name, "medusa", "Medusa heads are",
-            "train them with `specframe train medusa` and set `heads: DIR` in the proposer config",
+            "train them with `specframe train medusa` and set `heads: DIR`, or point `checkpoint: DIR` at "
+            "downloaded Medusa heads",
         )
         # the heads and LM-head rows are loaded once per folder and placement, shared by every option set
         key = ("medusa", folder_key(folder), hidden, str(target.dtype), str(target.device), id(target.model),
@@ -123,21 +144,23 @@ class MedusaProposer(ProposerBase):
         self._weights = w = shared(key, lambda: _MedusaWeights(folder, hidden, lm_head, target, config.full_vocab))
         self.num_heads = min(config.num_heads or w.heads.num_heads, w.heads.num_heads)
         self.heads, self.lm_head, self.token_map, self.w_sub, self.b_sub = w.heads, lm_head, w.token_map, w.w_sub, w.b_sub
-        self.trees = bool(target.supports_trees)
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        """``hidden [1, H]`` -> ``[L, V or S]`` logits of the first ``num_heads`` heads."""
+        if self.published is not None:
+            return self.published.logits(hidden.to(self.published.lm_heads[0].weight.dtype))[0, : self.num_heads]
+        h = hidden.to(self.heads.heads[0][0].linear.weight.dtype)  # [1, H]
+        feats = self.heads(h)[0, : self.num_heads]  # [L, H]
+        if self.token_map is None:
+            return self.lm_head(feats)  # [L, V]
+        logits = feats @ self.w_sub.T  # [L, S]
+        return logits if self.b_sub is None else logits + self.b_sub
 
     @torch.inference_mode()
     def propose(self, state: DecodeState, budget: int) -> DraftTree:
         if state.hidden is None:
             return DraftTree.empty(state.tokens.shape[0])
-        h = state.hidden[:1].to(self.heads.heads[0][0].linear.weight.dtype)  # [1, H]
-        feats = self.heads(h)[0, : self.num_heads]  # [L, H]
-        if self.token_map is None:
-            logits = self.lm_head(feats)  # [L, V]
-        else:
-            logits = feats @ self.w_sub.T  # [L, S]
-            if self.b_sub is not None:
-                logits = logits + self.b_sub
-        probs = torch.softmax(logits.float(), dim=-1)  # [L, V or S]
+        probs = torch.softmax(self._logits(state.hidden[:1]).float(), dim=-1)  # [L, V or S]
         cfg = self.config
         budget = min(budget, cfg.max_nodes)
         if not self.trees or cfg.top_k == 1 or budget <= 1:

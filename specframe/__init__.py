@@ -21,7 +21,8 @@ behind it (``specframe.decode``, ``specframe.target``, ...) are the implementati
 - errors: ``SpecframeError`` and its subclasses (``ConfigError``, ``DraftError``, ...);
 - services heavier to import, loaded on first use: a draft's KV cache (``new_cache``, ``cache_length``,
   ``rollback``, ``compact``), two tokenizers over one text (``TextBridge``, ``check_lossless``, ``shared_tokens``),
-  the learned drafters' networks (``EagleDrafter``, ``KVBuffer``, ``MedusaHeads``, ``is_small_draft``,
+  the learned drafters' networks (``EagleDrafter``, ``KVBuffer``, ``MedusaHeads``, published EAGLE-3 drafters
+  (``Eagle3Drafter``, ``load_eagle3``) and Medusa heads (``PublishedMedusa``, ``load_medusa``), ``is_small_draft``,
   ``load_small_draft``), model lookup (``resolve_model``, ``load_model``, ``model_directory``,
   ``tokenizer_directory``, ``file_sha256``, ``DRAFT_SUFFIX``), retrieval datastores (``Datastore``,
   ``DatastoreError``, ``Retrieval``, ``default_datastore``, ``tokenizer_info``), llama.cpp (``import_llama_cpp``,
@@ -84,6 +85,8 @@ _LAZY = {
     "TextBridge": ".crossvocab", "check_lossless": ".crossvocab", "shared_tokens": ".crossvocab",
     "EagleDrafter": ".learned.eagle_drafter", "KVBuffer": ".learned.eagle_drafter",
     "MedusaHeads": ".learned.medusa_heads",
+    "Eagle3Drafter": ".learned.eagle3", "load_eagle3": ".learned.eagle3",
+    "PublishedMedusa": ".learned.medusa_published", "load_medusa": ".learned.medusa_published",
     "is_small_draft": ".learned.small_draft", "load_small_draft": ".learned.small_draft",
     "resolve_model": ".target.models", "load_model": ".target.models", "model_directory": ".target.models",
     "tokenizer_directory": ".target.models", "file_sha256": ".target.models", "DRAFT_SUFFIX": ".target.models",

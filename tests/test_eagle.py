@@ -244,13 +244,13 @@ def test_tree_entries_equal_their_path_computed_independently(targets, top_k):
     with torch.no_grad():
         n = len(prompt) - 1
         cols = [state.feature_layers.index(i) for i in p.feature_layers]
-        a, past = p.drafter.step(p.drafter.fuse_features(state.features[:, :, cols]), emb(torch.tensor([prompt[1:]])),
+        a, past = p.drafter.drafter.step(p.drafter.drafter.fuse_features(state.features[:, :, cols]), emb(torch.tensor([prompt[1:]])),
                                  torch.arange(n)[None], None, None)
         for token, pos, anc, out in entries:
             prev, kv = a[:, -1:], past
             for e in [*reversed(anc), None]:
                 tok, ps = (entries[e][0], entries[e][1]) if e is not None else (token, pos)
-                prev, new = p.drafter.step(prev, emb(torch.tensor([[tok]])), torch.tensor([[ps]]), kv, None)
+                prev, new = p.drafter.drafter.step(prev, emb(torch.tensor([[tok]])), torch.tensor([[ps]]), kv, None)
                 kv = (torch.cat([kv[0], new[0]], 2), torch.cat([kv[1], new[1]], 2))
             torch.testing.assert_close(prev[0, 0], out, rtol=1e-4, atol=1e-4)
 
