@@ -22,7 +22,8 @@ behind it (``specframe.decode``, ``specframe.target``, ...) are the implementati
 - services heavier to import, loaded on first use: a draft's KV cache (``new_cache``, ``cache_length``,
   ``rollback``, ``compact``), two tokenizers over one text (``TextBridge``, ``check_lossless``, ``shared_tokens``),
   the learned drafters' networks (``EagleDrafter``, ``KVBuffer``, ``MedusaHeads``, published EAGLE-3 drafters
-  (``Eagle3Drafter``, ``load_eagle3``) and Medusa heads (``PublishedMedusa``, ``load_medusa``), ``is_small_draft``,
+  (``Eagle3Drafter``, ``load_eagle3``) Medusa heads (``PublishedMedusa``, ``load_medusa``) and a target's MTP layers (``load_mtp``,
+  ``mtp_layer_count``), ``is_small_draft``,
   ``load_small_draft``), model lookup (``resolve_model``, ``load_model``, ``model_directory``,
   ``tokenizer_directory``, ``file_sha256``, ``DRAFT_SUFFIX``), retrieval datastores (``Datastore``,
   ``DatastoreError``, ``Retrieval``, ``default_datastore``, ``tokenizer_info``), llama.cpp (``import_llama_cpp``,
@@ -87,6 +88,7 @@ _LAZY = {
     "MedusaHeads": ".learned.medusa_heads",
     "Eagle3Drafter": ".learned.eagle3", "load_eagle3": ".learned.eagle3",
     "PublishedMedusa": ".learned.medusa_published", "load_medusa": ".learned.medusa_published",
+    "load_mtp": ".learned.mtp", "mtp_layer_count": ".learned.mtp",
     "is_small_draft": ".learned.small_draft", "load_small_draft": ".learned.small_draft",
     "resolve_model": ".target.models", "load_model": ".target.models", "model_directory": ".target.models",
     "tokenizer_directory": ".target.models", "file_sha256": ".target.models", "DRAFT_SUFFIX": ".target.models",

@@ -433,3 +433,124 @@ def test_medusa_for_another_hidden_size_is_one_error(targets, tmp_path):
     folder = write_medusa(tmp_path / "m", 48, VOCAB, 2, 1, "medusa")
     with pytest.raises(ConfigError, match="hidden size is 48, the target's is 32"):
         medusa(targets["llama"], folder)
+
+
+# --- MTP layers inside a DeepSeek-V3-style target checkpoint -----------------------------------------------------
+def deepseek_config(vocab: int = VOCAB, hidden: int = 32):
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        n_group=1, topk_group=1, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=8, num_nextn_predict_layers=1, max_position_embeddings=256,
+        tie_word_embeddings=False, routed_scaling_factor=1.0)
+
+
+def write_deepseek_with_mtp(folder: Path, seed: int = 0, known: bool = False) -> Target:
+    """A tiny DeepSeek-V3 saved with one MTP module (``model.layers.2.*``) appended to its weights, as DeepSeek-V3
+    ships; loaded back through transformers (which drops the MTP keys). ``known``: hidden = vocab = 64, one-hot
+    embeddings, the MTP block adds nothing and ``eh_proj`` passes the token's embedding through, so the module drafts
+    ``succ`` of the token it is fed."""
+    from transformers import DeepseekV3ForCausalLM
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+
+    torch.manual_seed(seed)
+    cfg = deepseek_config(SV, SV) if known else deepseek_config()
+    model = DeepseekV3ForCausalLM(cfg).float().eval()
+    h, n = cfg.hidden_size, cfg.num_hidden_layers
+    block = DeepseekV3DecoderLayer(cfg, n)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(0, 0.2) if p.dim() == 2 else p.fill_(1.0)
+        if known:
+            model.model.embed_tokens.weight.copy_(torch.eye(SV))
+    pre = f"model.layers.{n}."
+    extra = {pre + k: v.detach().clone() for k, v in block.state_dict().items()}
+    extra.update({pre + "enorm.weight": torch.ones(h), pre + "hnorm.weight": torch.ones(h),
+                  pre + "eh_proj.weight": torch.randn(h, 2 * h) / (2 * h) ** 0.5,
+                  pre + "shared_head.norm.weight": torch.ones(h),
+                  pre + "shared_head.head.weight": torch.randn(cfg.vocab_size, h) / h ** 0.5,
+                  pre + "embed_tokens.weight": model.model.embed_tokens.weight.detach().clone()})
+    if known:
+        succ = successor()
+        eh = torch.zeros(h, 2 * h)
+        eh[:, :h] = torch.eye(h)
+        head = torch.zeros(SV, SV)
+        head[succ, range(SV)] = 1.0
+        extra.update({pre + "eh_proj.weight": eh, pre + "shared_head.head.weight": head,
+                      pre + "self_attn.o_proj.weight": torch.zeros(h, cfg.num_attention_heads * cfg.v_head_dim)})
+        for k in list(extra):
+            if k.endswith("down_proj.weight"):
+                extra[k] = torch.zeros_like(extra[k])
+    model.save_pretrained(folder)
+    w = safetensors.torch.load_file(str(folder / "model.safetensors"))
+    w.update({k: v.contiguous() for k, v in extra.items()})
+    safetensors.torch.save_file(w, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    loaded = DeepseekV3ForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    loaded.generation_config.eos_token_id = None
+    loaded.generation_config.pad_token_id = 0
+    return Target(loaded, build_tokenizer(), name=NAME)
+
+
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory) -> Target:
+    return write_deepseek_with_mtp(tmp_path_factory.mktemp("deepseek"))
+
+
+def mtp(target: Target, **kw):
+    from specframe_plugins.mtp import MtpConfig, MtpProposer
+
+    return MtpProposer(MtpConfig(**kw), target.info)
+
+
+@pytest.mark.parametrize("depth", [None, 3])
+def test_mtp_greedy_output_equals_transformers(deepseek, depth):
+    for prompt in (PROMPT, PROMPT_2):
+        r = run(deepseek, [mtp(deepseek, depth=depth)], prompt=prompt)
+        assert r.token_ids == hf_greedy(deepseek.model, prompt, N_NEW)
+        check_metrics(r)
+        assert r.metrics.drafted_nodes > 0
+
+
+def test_mtp_matches_its_module_run_whole(deepseek):
+    """The cached catch-up (engine steps, then drafting) computes what one causal pass of the module over the
+    whole committed sequence computes."""
+    p = mtp(deepseek, depth=1)
+    seen, r = _drafts(deepseek, p, PROMPT)
+    tokens = seen[-1][0]
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        out = deepseek.model(input_ids=ids[:, :-1], output_hidden_states=True)
+        h = out.hidden_states[-1]
+        d = p.drafter
+        a = d.step(h, ids[:, 1:], torch.arange(len(tokens) - 1)[None], d.new_cache(), 0)
+        want = int(d.logits(a[0, -1], 0).argmax())
+    assert seen[-1][1] == [want]
+
+
+def test_mtp_known_drafts(tmp_path):
+    t = write_deepseek_with_mtp(tmp_path / "known", known=True)
+    seen, r = _drafts(t, mtp(t, depth=3), PROMPT)
+    for tokens, ids, _ in seen:
+        assert ids == chain(tokens[-1], len(ids)) and ids
+    assert len(seen[0][1]) == 3
+    assert r.token_ids == hf_greedy(t.model, PROMPT, 8)
+
+
+def test_mtp_conformance_kit(deepseek):
+    kit = Kit(MtpProposerCls(), {"depth": 2}, samples=200, target=deepseek)
+    for check in ("check_contract", "check_greedy_lossless", "check_sampling_lossless",
+                  "check_draft_probs_match_samples", "check_rollback_after_partial_acceptance", "check_determinism"):
+        getattr(kit, check)()
+
+
+def MtpProposerCls():
+    from specframe_plugins.mtp import MtpProposer
+
+    return MtpProposer
+
+
+def test_mtp_on_a_target_without_mtp_layers_is_one_error(targets):
+    with pytest.raises(ConfigError, match="carries no MTP layers"):
+        mtp(targets["llama"])
