@@ -61,6 +61,11 @@ class MtpProposer(ProposerBase):
         if target.model is None:
             raise ConfigError(f"mtp needs the target model (its hidden states, embedding and decoder-layer class), "
                               f"which this target (engine {target.engine}) does not give: use engine transformers")
+        text = target.model.config.get_text_config()
+        if mtp_layer_count(target.model.config) < 1 and getattr(text, "mtp_num_hidden_layers", 0):
+            raise ConfigError(f"target {target.name!r} carries Qwen3-Next-style MTP layers (mtp.*, "
+                              f"mtp_num_hidden_layers), which mtp does not read yet: it reads the DeepSeek-V3 layout "
+                              f"(model.layers.{{L}}.eh_proj, num_nextn_predict_layers)")
         if mtp_layer_count(target.model.config) < 1:
             raise ConfigError(f"target {target.name!r} carries no MTP layers (its config has no "
                               f"num_nextn_predict_layers): mtp drafts only for models trained with them, such as "

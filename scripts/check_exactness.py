@@ -3,6 +3,7 @@
     python scripts/check_exactness.py --limit 20 --max-new-tokens 128 --dtype float32 --proposer ngram --proposer none
     python scripts/check_exactness.py --proposer ngram+medusa      # "+": proposers combined in one verification pass
     python scripts/check_exactness.py --prepack on --proposer ngram  # pre-packed weights (reference: the packed model)
+    python scripts/check_exactness.py --proposer '{"name": "eagle", "checkpoint": "DIR"}'   # a proposer with options
     python scripts/check_exactness.py --model gemma3-270m --limit-per-category 4 --limit 24 --router none \
         --proposer cross-draft --proposer ngram+cross-draft     # whole drafts every step (no router)
 
@@ -31,6 +32,15 @@ def top2_gap(model, ids: list[int]) -> float:
         logits = model(input_ids=torch.tensor([ids], device=model.device)).logits[0, -1].float()
     top = torch.topk(logits, 2).values
     return float(top[0] - top[1])
+
+
+def proposer_entries(spec: str) -> list[dict]:
+    """A --proposer value as proposer configs: ``ngram``, ``a+b`` (a and b combined in one verification pass), or JSON:
+    one config (``{"name": "eagle", "checkpoint": "DIR"}``) or a list of them (combined)."""
+    if spec.lstrip().startswith(("{", "[")):
+        data = json.loads(spec)
+        return data if isinstance(data, list) else [data]
+    return [{"name": n} for n in spec.split("+")]
 
 
 def main() -> int:
@@ -73,7 +83,7 @@ def main() -> int:
             )[0, len(ids):].tolist()
         row = {"question_id": p.question_id, "hf_tokens": len(ref)}
         for name in proposers:
-            entries = [{"name": n} for n in name.split("+")]  # "a+b": a and b combined in one verification pass
+            entries = proposer_entries(name)
             extra = {"router": args.router} if args.router else {}
             rec = sf.generate(ids, proposers=entries, max_new_tokens=args.max_new_tokens, temperature=0.0, **extra)
             got = rec["token_ids"]

@@ -392,10 +392,11 @@ def _tune(model: str, device: str, refresh: bool, as_json: bool, engine: str = "
 
 def attach(app: typer.Typer) -> None:
     """Attach every command and command group to ``app``: the one place where commands attach. A command group
-    (``train``, ``datastore``, ``trace``, ``vllm``) attaches its own subcommands in its module."""
+    (``train``, ``datastore``, ``trace``, ``vllm``, ``export``) attaches its own subcommands in its module."""
     from .bench.command import bench
     from .datastore.command import datastore_app
     from .integrations.command import vllm_app
+    from .learned.command import export_app
     from .replay.command import replay, trace_app
     from .training.command import train_app
 
@@ -404,7 +405,7 @@ def attach(app: typer.Typer) -> None:
     app.add_typer(train_app, name="train")
     app.add_typer(datastore_app, name="datastore")
     app.command("replay")(replay)
-    for name, group in (("trace", trace_app), ("vllm", vllm_app)):
+    for name, group in (("trace", trace_app), ("vllm", vllm_app), ("export", export_app)):
         app.add_typer(group, name=name)
 
 

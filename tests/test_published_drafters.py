@@ -554,3 +554,136 @@ def MtpProposerCls():
 def test_mtp_on_a_target_without_mtp_layers_is_one_error(targets):
     with pytest.raises(ConfigError, match="carries no MTP layers"):
         mtp(targets["llama"])
+
+
+# --- training in the EAGLE-3 architecture (specframe train eagle --arch eagle3) ----------------------------------
+def test_training_in_the_eagle3_architecture_learns_and_loads(tmp_path):
+    import random
+
+    from specframe.training.eagle import EagleSettings, finish_eagle, train_eagle
+
+    model = build_model("llama", num_hidden_layers=8, seed=3)
+    t = Target(model, build_tokenizer(), name=NAME)
+    records = []
+    for i in range(48):
+        prompt = [random.Random(i).randrange(1, VOCAB) for _ in range(6)]
+        records.append({"kind": "x", "prompt_ids": prompt, "response_ids": hf_greedy(model, prompt, 20)})
+    s = EagleSettings(vocab_subset=48, epochs=12, batch_size=8, lr=3e-3, warmup=5, autocast=False, arch="eagle3")
+    summary = train_eagle(t, records, tmp_path / "d", s)
+    finish_eagle(summary["drafter"], tmp_path / "d", NAME)
+    assert summary["init_from_target_layer"] is True and summary["final_acc"] > 0.5
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "eagle3" and cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert cfg["draft_vocab_size"] == 48
+    untrained = write_eagle3(tmp_path / "u", model.config, "speculators", seed=9)
+
+    def tau(folder):
+        toks = fwd = 0
+        for i in range(5):
+            prompt = [random.Random(1000 + i).randrange(1, VOCAB) for _ in range(6)]
+            r = run(t, [EagleProposer(EagleConfig(weights=str(folder), max_nodes=8), t.info)], prompt=prompt, n=20)
+            assert r.token_ids == hf_greedy(model, prompt, 20)
+            toks, fwd = toks + len(r.token_ids), fwd + r.metrics.target_forwards
+        return toks / fwd
+
+    trained = tau(tmp_path / "d")
+    assert trained > 1.5 and trained > tau(untrained) + 0.3
+
+
+def test_medusa_known_drafts_fail_with_a_head_offset(scripted, tmp_path, monkeypatch):
+    """The known-draft test is sensitive: a loader that takes head h for depth h + 2 (one head dropped) drafts other
+    tokens."""
+    from specframe.learned import medusa_published as mp
+
+    succ = successor()
+    heads = []
+    for h in range(3):
+        w = torch.zeros(SV, SV)
+        for x in range(SV):
+            y = x
+            for _ in range(h + 2):
+                y = succ[y]
+            w[y, x] = 1.0
+        heads.append(w)
+    folder = write_medusa(tmp_path / "m", SV, SV, 3, 1, "medusa", head_weights=heads, zero_blocks=True)
+    real = mp.PublishedMedusa.logits
+    monkeypatch.setattr(mp.PublishedMedusa, "logits", lambda self, h: real(self, h)[..., 1:, :])
+    prompt = [PROMPT[-1], *chain(PROMPT[-1], 5)]
+    seen, _ = _drafts(scripted, medusa(scripted, folder, top_k=1), prompt)
+    tokens, ids, _ = seen[0]
+    assert ids != chain(tokens[-1], len(ids))
+
+
+# --- specframe export ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory, targets) -> Path:
+    """The llama target saved as a transformers folder (what `--model DIR` reads)."""
+    folder = tmp_path_factory.mktemp("llama-folder")
+    targets["llama"].model.save_pretrained(folder)
+    return folder
+
+
+def _export(*args: str):
+    from typer.testing import CliRunner
+
+    from specframe import cli
+
+    return CliRunner().invoke(cli.app, ["export", *args])
+
+
+def test_export_eagle3_between_layouts_keeps_the_drafter(targets, model_folder, tmp_path):
+    t = targets["llama"]
+    src = write_eagle3(tmp_path / "spec", t.model.config, "speculators", seed=6, num_layers=1)
+    r = _export("eagle3", str(src), "--format", "eagle3", "--output", str(tmp_path / "native"), "--model",
+                str(model_folder), "--dtype", "bfloat16")
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((tmp_path / "native" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["torch_dtype"] == "bfloat16"
+    assert "midlayer.self_attn.q_proj.weight" in safetensors.torch.load_file(str(tmp_path / "native" / "model.safetensors"))
+    assert (tmp_path / "native" / "README.md").is_file()
+    back = tmp_path / "back"
+    r = _export("eagle3", str(tmp_path / "native"), "--output", str(back), "--model", str(model_folder))
+    assert r.exit_code == 0, r.output
+    a = e3.load_eagle3(back, 32, VOCAB, 8, NAME)
+    b = e3.load_eagle3(tmp_path / "native", 32, VOCAB, 8, NAME)
+    for (k, v), (k2, v2) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+    assert json.loads((back / "config.json").read_text())["torch_dtype"] == "bfloat16"  # the source's dtype kept
+    r1 = run(t, [eagle(t, tmp_path / "native")])
+    r2 = run(t, [eagle(t, back)])
+    assert r1.token_ids == r2.token_ids and r1.metrics.accepted_nodes == r2.metrics.accepted_nodes
+
+
+def test_export_refuses_specframes_own_eagle_format_with_one_line(model_folder, tmp_path):
+    from specframe.learned.eagle_drafter import EagleSpec, new_drafter
+
+    from .test_config_cli import assert_user_error
+
+    cfg = LlamaConfig.from_pretrained(model_folder)
+    new_drafter(EagleSpec.for_target(cfg, NAME), torch.arange(VOCAB)).save(tmp_path / "own")
+    assert_user_error(_export("eagle3", str(tmp_path / "own"), "--output", str(tmp_path / "o"), "--model",
+                              str(model_folder)), "--arch eagle3")
+    assert not (tmp_path / "o").exists()
+    assert_user_error(_export("eagle3", str(tmp_path / "own"), "--format", "onnx", "--output", str(tmp_path / "o"),
+                              "--model", str(model_folder)), "--format 'onnx'")
+
+
+def test_export_medusa_from_specframes_heads(targets, model_folder, tmp_path):
+    from specframe.learned.medusa_heads import MedusaHeads
+
+    t = targets["llama"]
+    heads = MedusaHeads(32, 3, 1, torch.tensor(sorted(range(0, VOCAB, 2))))
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.3)
+    heads.save(tmp_path / "own", NAME)
+    for fmt in ("medusa", "vllm-medusa"):
+        r = _export("medusa", str(tmp_path / "own"), "--format", fmt, "--output", str(tmp_path / fmt), "--model",
+                    str(model_folder))
+        assert r.exit_code == 0, r.output
+        m = load_medusa(tmp_path / fmt, 32, VOCAB, NAME)
+        assert m.token_map is None and m.lm_heads[0].weight.shape == (VOCAB, 32)  # full-vocabulary heads
+        torch.testing.assert_close(m.lm_heads[1].weight, t.model.lm_head.weight)
+        torch.testing.assert_close(m.blocks[2][0].weight, heads.heads[2][0].linear.weight)
+        res = run(t, [medusa(t, tmp_path / fmt)])
+        assert res.token_ids == hf_greedy(t.model, PROMPT, N_NEW)

@@ -300,6 +300,37 @@ class Eagle3Drafter(nn.Module):
         return d
 
 
+def init_eagle3_from_target(d: Eagle3Drafter, target_model: nn.Module) -> bool:
+    """Start the drafter's first layer from the target's last decoder layer when the shapes match (Llama-like
+    targets): q/k/v read both halves of ``[input_layernorm(e) ; hidden_norm(g)]`` with the target's projection each
+    (halved), the output projection, MLP and norms copied. Returns whether it did."""
+    try:
+        src = target_model.model.layers[-1].state_dict()
+    except (AttributeError, IndexError):
+        return False
+    layer = d.layers[0]
+    own = layer.state_dict()
+    names = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+             "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight",
+             "post_attention_layernorm.weight"]
+    if any(n not in src for n in names):
+        return False
+    h = d.hidden_size
+    with torch.no_grad():
+        for n in names:
+            w = src[n].float()
+            if n.split(".")[1] in ("q_proj", "k_proj", "v_proj"):
+                if own[n].shape != (w.shape[0], 2 * h) or w.shape[1] != h:
+                    return False
+                w = torch.cat([w, w], 1) / 2
+            elif own[n].shape != w.shape:
+                return False
+            own[n] = w
+        own["hidden_norm.weight"] = src["input_layernorm.weight"].float()
+        layer.load_state_dict(own)
+    return True
+
+
 # --- reading the published layouts -----------------------------------------------------------------------------
 def is_eagle3(config: dict) -> bool:
     """Whether ``config`` (a ``config.json``) describes an EAGLE-3 drafter in either layout."""
@@ -391,7 +422,7 @@ def load_eagle3(folder: Path, target_hidden: int, target_vocab: int, target_laye
     if int(tm.min()) < 0 or int(tm.max()) >= vocab:
         raise ConfigError(f"{folder}: d2t maps draft ids outside the target vocabulary [0, {vocab})")
     methods = (config.get("speculators_config") or {}).get("proposal_methods") or []
-    drafter.meta = {"format": fmt, "verifier": verifier, "folder": str(folder),
+    drafter.meta = {"format": fmt, "verifier": verifier, "folder": str(folder), "dtype": state["fc.weight"].dtype,
                     "speculative_tokens": next((int(m["speculative_tokens"]) for m in methods
                                                 if "speculative_tokens" in m), None)}
     log.info("EAGLE-3 drafter %s (%s layout): %d layer(s), taps %s, draft vocabulary %d", folder, fmt,
@@ -414,14 +445,16 @@ def _layer_fields(d: Eagle3Drafter) -> dict:
 
 
 def save_eagle3(d: Eagle3Drafter, out: Path, fmt: str, verifier: str, verifier_arch: str,
-                speculative_tokens: int = 3) -> list[Path]:
+                speculative_tokens: int = 3, dtype: torch.dtype = torch.float32) -> list[Path]:
     """Write ``d`` to ``out`` in ``fmt`` (``speculators`` or ``eagle3``): ``config.json`` and
-    ``model.safetensors`` (float32; no embedding unless the drafter has its own). Returns the files written."""
+    ``model.safetensors`` (floating tensors in ``dtype``; no embedding unless the drafter has its own). Returns the
+    files written."""
     import safetensors.torch
 
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in d.state_dict().items() if not k.startswith("rotary.")}
-    state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
+    state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
+    dname = str(dtype).removeprefix("torch.")
     layer = _layer_fields(d)
     aux = list(d.feature_layers)
     if fmt == SPECULATORS:
@@ -437,7 +470,7 @@ def save_eagle3(d: Eagle3Drafter, out: Path, fmt: str, verifier: str, verifier_a
                                       "verifier_accept_k": 1, "accept_tolerance": 0.0}],
                 "verifier": {"name_or_path": verifier, "architectures": [verifier_arch]},
             },
-            "torch_dtype": "float32", "dtype": "float32",
+            "torch_dtype": dname, "dtype": dname,
         }
     elif fmt == NATIVE:
         if d.layer_type != "llama" or len(d.layers) != 1 or d.flags["norm_before_residual"]:
@@ -447,7 +480,7 @@ def save_eagle3(d: Eagle3Drafter, out: Path, fmt: str, verifier: str, verifier_a
         layer.pop("model_type", None)
         config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **layer,
                   "draft_vocab_size": int(d.d2t.numel()), "eagle_aux_hidden_state_layer_ids": aux,
-                  "base_model_name_or_path": verifier, "torch_dtype": "float32",
+                  "base_model_name_or_path": verifier, "torch_dtype": dname,
                   **{k: v for k, v in d.flags.items() if v}}
         if d.target_hidden != d.hidden_size:
             config["target_hidden_size"] = d.target_hidden

@@ -179,10 +179,11 @@ def save_medusa(module: PublishedMedusa, out: Path, fmt: str, base_model: str) -
     return [out / "config.json", weights]
 
 
-def from_own(heads: nn.Module, lm_head: nn.Module) -> PublishedMedusa:
+def from_own(heads: nn.Module, lm_head: nn.Module, full_vocab: bool = False) -> PublishedMedusa:
     """specframe's :class:`~specframe.learned.medusa_heads.MedusaHeads` with the target's LM head as every head's
-    own (its token subset, if any, as the token map): the same drafts, in the published architecture."""
-    tm = heads.token_map
+    own: its token subset, if any, as the token map (the same drafts), or with ``full_vocab`` every row of the LM
+    head and no map (what vLLM 0.32 loads: its Medusa asserts full-vocabulary heads)."""
+    tm = None if full_vocab else heads.token_map
     weight = lm_head.weight.detach().float().cpu()
     vocab = int(weight.shape[0])
     lin0 = heads.heads[0][0].linear

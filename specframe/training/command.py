@@ -244,6 +244,9 @@ def eagle(
                                      "--max-records), e.g. the ones an --init drafter trained on."),
     init: Optional[Path] = typer.Option(None, "--init", help="Warm start: go on training this EAGLE drafter folder "
                                         "(its weights, head rows and feature layers), e.g. the shipped one."),
+    arch: str = typer.Option("specframe", "--arch", help="specframe: specframe's own drafter (eagle.json); eagle3: "
+                             "the published EAGLE-3 architecture, written in the speculators layout that vLLM loads "
+                             "(docs/drafters.md)."),
 ) -> None:
     """Train an EAGLE-style drafter on the target's own features and greedy answers (training-time test)."""
     from .eagle import EagleSettings
@@ -255,12 +258,16 @@ def eagle(
                               "and --lr > 0")
         if max_records < 0 or skip_records < 0:
             raise ConfigError(f"--max-records and --skip-records must be >= 0, got {max_records} and {skip_records}")
-        if init is not None and not (init / "eagle.json").is_file():
-            raise ConfigError(f"--init {init} is not an EAGLE drafter folder (no eagle.json): give one that "
-                              "`specframe train eagle` wrote, e.g. plugins/weights/smollm2-135m-instruct/eagle")
+        if arch not in ("specframe", "eagle3"):
+            raise ConfigError(f"--arch {arch!r}: choose specframe or eagle3")
+        marker = "eagle.json" if arch == "specframe" else "config.json"
+        if init is not None and not (init / marker).is_file():
+            raise ConfigError(f"--init {init} is not an {'EAGLE' if arch == 'specframe' else 'EAGLE-3'} drafter folder "
+                              f"(no {marker}): give one that `specframe train eagle --arch {arch}` wrote"
+                              + (", e.g. plugins/weights/smollm2-135m-instruct/eagle" if arch == "specframe" else ""))
         s = EagleSettings(vocab_subset=vocab_subset, epochs=epochs, batch_size=batch_size, max_len=max_len, lr=lr,
                           ttt_steps=ttt_steps, feature_layers=layers, max_records=max_records, seed=seed,
-                          skip_records=skip_records, init=str(init) if init is not None else "")
+                          skip_records=skip_records, init=str(init) if init is not None else "", arch=arch)
         _run("eagle", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix, device,
              max_minutes, extra_corpus)
 

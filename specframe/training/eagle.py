@@ -9,7 +9,7 @@ frequent-token subset, response positions only, pass ``j`` weighted ``step_decay
 
 The drafter's decoder layer starts as a copy of the target's last layer when the shapes match (Llama-like
 targets); the rest starts random (seeded). Weights train in float32, forwards run under bfloat16 autocast when
-``autocast`` (on a CPU or a CUDA target alike). The drafter trains on the target's device, so the same recipe runs
+``autocast`` on a CUDA target or a CPU with native bfloat16 (float32 on others, where autocast is emulated). The drafter trains on the target's device, so the same recipe runs
 on a GPU whenever there is one (``specframe train eagle --device cuda``). Seeded, resumable from ``ckpt.pt`` (every
 50 steps, and when a ``--max-minutes`` piece ends); writes ``eagle.json``, ``eagle.safetensors``,
 ``train-log.jsonl`` (pass-1 loss and accuracy) and ``loss.png``.
@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..learned.eagle3 import Eagle3Drafter, init_eagle3_from_target, load_eagle3, save_eagle3
 from ..learned.eagle_drafter import EagleDrafter, EagleSpec, init_from_target, new_drafter
 from .common import (
     PieceDone,  # noqa: F401 - raised by TrainingRun, documented here
@@ -58,6 +59,8 @@ class EagleSettings:
     seed: int = 0
     skip_records: int = 0  # then leave out the first N of those (e.g. the ones an --init drafter trained on)
     init: str = ""  # warm start: an EAGLE drafter folder (its weights, token map and feature layers), "" = new
+    arch: str = "specframe"  # "specframe" (eagle.json) or "eagle3": the published EAGLE-3 architecture, saved in
+    # the speculators layout (specframe.learned.eagle3)
 
 
 def _examples(records: list[dict], max_len: int) -> list[tuple[list[int], int]]:
@@ -86,30 +89,54 @@ def target_features(model: Any, ids: torch.Tensor, valid: torch.Tensor, layers: 
     return torch.stack([out.hidden_states[i] for i in layers], 2)
 
 
-def _drafter(target: Any, s: EagleSettings, token_map: torch.Tensor) -> tuple[EagleSpec, EagleDrafter, bool]:
+def _drafter(target: Any, s: EagleSettings, token_map: torch.Tensor) -> tuple[tuple[int, ...], Any, bool]:
     """The drafter to train, in training mode: the one in ``s.init`` (warm start), else a new one for the target
-    (seeded), its decoder layer copied from the target's last layer when ``s.init_from_target`` and the shapes allow:
-    ``(spec, drafter, whether a target layer was copied)``.
+    (seeded) in the architecture ``s.arch``, its decoder layer copied from the target's last layer when
+    ``s.init_from_target`` and the shapes allow: ``(feature layers, drafter, whether a target layer was copied)``.
 
     Raises:
         ConfigError: ``s.init`` holds no drafter for this target, or one with other feature layers than asked."""
+    cfg = target.model.config.get_text_config()
     if s.init:
-        drafter = EagleDrafter.load(Path(s.init), target.model.config.hidden_size, target.vocab_size)
-        if s.feature_layers is not None and tuple(s.feature_layers) != tuple(drafter.spec.feature_layers):
-            raise ConfigError(f"--init {s.init} reads feature layers {list(drafter.spec.feature_layers)}, not "
+        if s.arch == "eagle3":
+            drafter = load_eagle3(Path(s.init), int(cfg.hidden_size), target.vocab_size, int(cfg.num_hidden_layers),
+                                  target.info.name)
+            layers = drafter.feature_layers
+        else:
+            drafter = EagleDrafter.load(Path(s.init), target.model.config.hidden_size, target.vocab_size)
+            layers = tuple(drafter.spec.feature_layers)
+        if s.feature_layers is not None and tuple(s.feature_layers) != tuple(layers):
+            raise ConfigError(f"--init {s.init} reads feature layers {list(layers)}, not "
                               f"{list(s.feature_layers)}: leave out --feature-layers")
         drafter.to(target.device).train()
-        return drafter.spec, drafter, False
+        return tuple(layers), drafter, False
+    if s.arch == "eagle3":
+        drafter = Eagle3Drafter.new(target.model.config, token_map, s.feature_layers, s.seed)
+        copied = s.init_from_target and init_eagle3_from_target(drafter, target.model)
+        with torch.no_grad():  # the head starts as the target's LM-head rows of the subset
+            drafter.lm_head.weight.copy_(target.model.get_output_embeddings().weight.detach()[token_map].float())
+        drafter.to(target.device).train()
+        return drafter.feature_layers, drafter, copied
     spec = EagleSpec.for_target(target.model.config, target.info.name, s.feature_layers)
     drafter = new_drafter(spec, token_map, s.seed)
     copied = s.init_from_target and init_from_target(drafter, target.model)
     drafter.to(target.device).train()
-    return spec, drafter, copied
+    return spec.feature_layers, drafter, copied
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16, AMX, or Arm BF16): elsewhere bfloat16 autocast is
+    emulated and slower than float32 (an EAGLE-3 training step at batch 8 x 256 tokens: 20.3 s under autocast, 2.9 s
+    in float32 on a 2-core AVX2-only AMD EPYC)."""
+    from ..target.machine import fingerprint
+
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & set(fingerprint()["isa"]))
 
 
 def _autocast(s: EagleSettings, target: Any) -> contextlib.AbstractContextManager:
-    """The context the drafter's forwards run in: bfloat16 autocast on a CPU or CUDA target when ``s.autocast``."""
-    if s.autocast and target.device.type in ("cpu", "cuda"):
+    """The context the drafter's forwards run in: bfloat16 autocast when ``s.autocast`` on a CUDA target, or on a CPU
+    target whose CPU has native bfloat16 (:func:`native_bf16`); float32 otherwise."""
+    if s.autocast and (target.device.type == "cuda" or (target.device.type == "cpu" and native_bf16())):
         return torch.autocast(target.device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -125,7 +152,7 @@ def _inputs(target: Any, ids: torch.Tensor, valid: torch.Tensor, layers: tuple[i
     return feats, emb
 
 
-def _unrolled_loss(drafter: EagleDrafter, feats: torch.Tensor, emb: torch.Tensor, valid: torch.Tensor,
+def _unrolled_loss(drafter: Any, feats: torch.Tensor, emb: torch.Tensor, valid: torch.Tensor,
                    labels: torch.Tensor, head_rows: torch.Tensor,
                    weights: list[float]) -> tuple[torch.Tensor, list[float]]:
     """The drafter unrolled ``len(weights)`` times on its own outputs: the weighted mean of each pass's
@@ -171,9 +198,9 @@ def train_eagle(target: Any, records: list[dict], out: Path, s: EagleSettings,
     torch.manual_seed(s.seed)
     out.mkdir(parents=True, exist_ok=True)
     token_map, coverage = token_subset(records, s.vocab_subset, target.eos_token_ids)
-    spec, drafter, copied = _drafter(target, s, token_map)
+    layers, drafter, copied = _drafter(target, s, token_map)
     if s.init:  # the head keeps the rows it was trained with
-        token_map = drafter.token_map
+        token_map = drafter.token_map.cpu()
         coverage = _coverage(records, token_map)
     sub_index = subset_index(token_map, target.vocab_size)
     examples = _examples(records, s.max_len)
@@ -192,7 +219,7 @@ def train_eagle(target: Any, records: list[dict], out: Path, s: EagleSettings,
     for b in batches:
         ids, valid, labels = padded_batch([examples[i] for i in b], sub_index, shift=2)
         valid, labels = valid.to(target.device), labels.to(target.device)
-        feats, emb = _inputs(target, ids, valid, spec.feature_layers)
+        feats, emb = _inputs(target, ids, valid, layers)
         with _autocast(s, target):
             loss, accs = _unrolled_loss(drafter, feats, emb, valid, labels, head_rows, weights)
         if not bool(torch.isfinite(loss)) or not loss.requires_grad:
@@ -209,7 +236,7 @@ def train_eagle(target: Any, records: list[dict], out: Path, s: EagleSettings,
         "final_acc_by_pass": [sum(a) / len(a) if a else float("nan") for a in pass_acc],
         "subset_coverage": coverage, "train_s": run.elapsed_s, "pieces": run.pieces,
         "trainable_params": sum(p.numel() for p in params), "init_from_target_layer": bool(copied),
-        "feature_layers": list(spec.feature_layers), "drafter": drafter,
+        "feature_layers": list(layers), "arch": s.arch, "drafter": drafter,
     }
 
 
@@ -220,7 +247,11 @@ def _coverage(records: list[dict], token_map: torch.Tensor) -> float:
     return sum(t in keep for r in records for t in r["response_ids"]) / max(1, total)
 
 
-def finish_eagle(drafter: EagleDrafter, out: Path) -> None:
-    """Save the trained drafter folder and its loss plot."""
-    drafter.save(out)
+def finish_eagle(drafter: Any, out: Path, verifier: str = "") -> None:
+    """Save the trained drafter folder and its loss plot: specframe's format, or an EAGLE-3 drafter in the
+    speculators layout (``verifier``: the target's name or folder, written as ``verifier.name_or_path``)."""
+    if isinstance(drafter, Eagle3Drafter):
+        save_eagle3(drafter, out, "speculators", verifier, "LlamaForCausalLM")
+    else:
+        drafter.save(out)
     plot_loss(out, "EAGLE drafter (pass 1)")

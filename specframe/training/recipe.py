@@ -32,14 +32,14 @@ EVAL_SEED = 10_001  # held-out prompts: same templates and source, another seed
 _FLAGS = {"num_heads": "--heads", "layers": "--layers", "feature_layers": "--feature-layers", "epochs": "--epochs",
           "lr": "--lr", "batch_positions": "--batch-positions", "batch_size": "--batch-size", "max_len": "--max-len",
           "ttt_steps": "--ttt-steps", "vocab_subset": "--vocab-subset", "max_records": "--max-records",
-          "skip_records": "--skip-records", "init": "--init", "seed": "--seed"}
+          "skip_records": "--skip-records", "init": "--init", "seed": "--seed", "arch": "--arch"}
 _UNSET = ("max_records", "skip_records", "init")  # left out of the reproduce line when 0 / empty
 
 
 _HAS = {"medusa": {"num_heads", "epochs", "lr", "batch_positions", "max_records", "seed"},
         "draft": {"layers", "vocab_subset", "epochs", "lr", "max_records", "seed"},
         "eagle": {"epochs", "lr", "batch_size", "max_len", "ttt_steps", "vocab_subset", "feature_layers", "max_records",
-                  "skip_records", "init", "seed"}}
+                  "skip_records", "init", "seed", "arch"}}
 
 
 def reproduce_flags(kind: str, settings: dict) -> str:
@@ -47,7 +47,7 @@ def reproduce_flags(kind: str, settings: dict) -> str:
     out = []
     for key, flag in _FLAGS.items():
         value = settings.get(key) if key in _HAS.get(kind, ()) else None
-        if value is None or (key in _UNSET and not value):
+        if value is None or (key in _UNSET and not value) or (key == "arch" and value == "specframe"):
             continue
         if isinstance(value, (list, tuple)):
             value = ",".join(str(v) for v in value)
@@ -160,7 +160,7 @@ def _train(kind: str, target: Any, target_name: str, records: list[dict], output
     if kind == "eagle":
         summary = train_eagle(target, records, output, settings,
                               progress=lambda s, n, loss: bar("train", s, n, f"loss {loss:.3f}"), deadline=deadline)
-        finish_eagle(summary.pop("drafter"), output)
+        finish_eagle(summary.pop("drafter"), output, target_name)
         return summary, "eagle", {"weights": str(output)}
     summary = train_medusa(target, records, output, settings,
                            progress=lambda ph, s, n, loss: bar(ph, s, n, f"loss {loss:.3f}" if ph == "train" else ""),
@@ -223,6 +223,12 @@ def _what(kind: str, r: dict) -> str:
         f"starting point, the target's embeddings and tokenizer, and an output head over the {s['vocab_subset']} most "
         "frequent tokens of the corpus (rows of the target's output embedding; FR-Spec style)."
         if kind == "draft" else
+        f"An EAGLE-3 drafter for `{r['target']}` in the published architecture (speculators layout, loaded by vLLM "
+        f"and by `eagle`'s `checkpoint:`): fc over target layers {res.get('feature_layers')}, one decoder layer whose "
+        f"q/k/v read the next token's embedding and the fused features, its own LM head over the "
+        f"{s['vocab_subset']} most frequent corpus tokens (d2t), trained with a {s['ttt_steps']}-step "
+        "training-time test."
+        if kind == "eagle" and s.get("arch") == "eagle3" else
         f"An EAGLE-style drafter for `{r['target']}`: one decoder layer over the fused hidden states of target layers "
         f"{res.get('feature_layers')} (EAGLE-3 fusion) and the next token's embedding, trained with a "
         f"{s['ttt_steps']}-step training-time test; output head = the target's LM-head rows of the "
