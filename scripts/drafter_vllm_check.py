@@ -6,7 +6,10 @@ vLLM, with the same greedy output and the same accepted length at every step (do
     # 2. vLLM (its venv, docs/vllm.md; the model folder from `specframe vllm export`)
     VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python scripts/drafter_vllm_check.py vllm --method eagle3 --draft DIR \
         -k 3 --model-dir models/smollm2 --output OUT
-    # 3. the comparison: OUT/report.md, exit code 1 on any difference
+    # 2b. economize (PyPI, a scratch install: pip install --no-deps economize --target /tmp/econ-site), the same way
+    PYTHONPATH=/tmp/econ-site .venv/bin/python scripts/drafter_vllm_check.py economize --method eagle3 --draft DIR \
+        -k 3 --model-dir models/smollm2 --output OUT
+    # 3. the comparison: OUT/report.md (each peer that ran), exit code 1 on any difference
     .venv/bin/python scripts/drafter_vllm_check.py report --output OUT
 
 Alignment: vLLM's prefill runs over the whole prompt and samples the first token, so its first draft follows that
@@ -103,12 +106,46 @@ def run_vllm(args) -> None:
     (out / "vllm.json").write_text(json.dumps(rows) + "\n")
 
 
+def run_economize(args) -> None:
+    import torch
+
+    import economize
+
+    out = Path(args.output)
+    rows_in = json.loads((out / "specframe.json").read_text())
+    fmt = {"eagle3": "eagle3", "medusa": "medusa"}[args.method]
+    model = economize.from_pretrained(args.draft, base_model=args.model_dir, format=fmt, dtype=torch.float32)
+    rows = []
+    for r in rows_in:
+        got: list = []
+        ids = torch.tensor([r["prompt_ids"]])
+        seq = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
+                             do_sample=False, decoding=economize.DecodeConfig(cycle_length=args.k + 1),
+                             on_results=got.extend)
+        steps = [(int(d), int(a)) for d, a in got[0].acceptance] if got else []
+        rows.append({"question_id": r["question_id"], "token_ids": seq[0, ids.shape[1]:].tolist(), "steps": steps})
+        print(json.dumps({"question_id": r["question_id"], "steps": len(steps)}), flush=True)
+    (out / "economize.json").write_text(json.dumps(rows) + "\n")
+
+
 def report(args) -> int:
     out = Path(args.output)
+    bad, lines = 0, []
+    for peer, label in (("vllm", "vLLM"), ("economize", "economize")):
+        if (out / f"{peer}.json").is_file():
+            n, table = _compare(out, peer, label)
+            bad += n
+            lines += [f"## specframe vs {label}", "", *table, ""]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 1 if bad else 0
+
+
+def _compare(out: Path, peer: str, label: str) -> tuple[int, list[str]]:
     sf = {r["question_id"]: r for r in json.loads((out / "specframe.json").read_text())}
-    vl = {r["question_id"]: r for r in json.loads((out / "vllm.json").read_text())}
-    lines = ["| question | category | tokens | output | steps (specframe / vLLM) | accepted per step | tau specframe | "
-             "tau vLLM |", "|---|---|---|---|---|---|---|---|"]
+    vl = {r["question_id"]: r for r in json.loads((out / f"{peer}.json").read_text())}
+    lines = [f"| question | category | tokens | output | steps (specframe / {label}) | accepted per step | "
+             f"tau specframe | tau {label} |", "|---|---|---|---|---|---|---|---|"]
     bad = 0
     for qid, s in sf.items():
         v = vl.get(qid)
@@ -127,14 +164,12 @@ def report(args) -> int:
                      f"{tau(sa):.2f} | {tau(va):.2f} |")
     lines.append("")
     lines.append(f"{len(sf)} questions; {bad} difference(s).")
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 1 if bad else 0
+    return bad, lines
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("side", choices=["specframe", "vllm", "report"])
+    ap.add_argument("side", choices=["specframe", "vllm", "economize", "report"])
     ap.add_argument("--method", default="eagle3")
     ap.add_argument("--draft", default="")
     ap.add_argument("-k", type=int, default=3)
@@ -150,6 +185,8 @@ def main() -> int:
         run_specframe(args)
     elif args.side == "vllm":
         run_vllm(args)
+    elif args.side == "economize":
+        run_economize(args)
     else:
         return report(args)
     return 0
