@@ -119,7 +119,7 @@ def run_economize(args) -> None:
     for r in rows_in:
         got: list = []
         ids = torch.tensor([r["prompt_ids"]])
-        seq = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
+        seq = model.generate(ids, max_new_tokens=args.max_new_tokens, use_cache=False,
                              do_sample=False, decoding=economize.DecodeConfig(cycle_length=args.k + 1),
                              on_results=got.extend)
         steps = [(int(d), int(a)) for d, a in got[0].acceptance] if got else []
@@ -157,10 +157,14 @@ def _compare(out: Path, peer: str, label: str) -> tuple[int, list[str]]:
         n = min(len(sa), len(va))
         first_diff = next((i for i in range(n) if sa[i] != va[i]), None)
         same_steps = first_diff is None and len(sa) == len(va)
-        bad += (not same_out) + (not same_steps)
+        # the last step alone, where the token limit cut specframe's draft (it drafts no more than the tokens left;
+        # vLLM drafts k, accepts, and cuts the output): the same drafter, a different end of the request
+        cut = (not same_steps and len(sa) == len(va) and first_diff == len(sa) - 1
+               and len(s["token_ids"]) == len(v["token_ids"]) and s["steps"][-1][0] < v["steps"][-1][0])
+        bad += (not same_out) + (not same_steps and not cut)
         tau = lambda acc: (sum(acc) + len(acc)) / len(acc) if acc else 0.0  # noqa: E731 (tokens per verification)
         lines.append(f"| {qid} | {s['category']} | {len(s['token_ids'])} | {'same' if same_out else 'DIFFERS'} | "
-                     f"{len(sa)} / {len(va)} | {'same' if same_steps else f'first differs at step {first_diff}'} | "
+                     f"{len(sa)} / {len(va)} | {'same' if same_steps else 'same but the last (cut by the token limit)' if cut else f'first differs at step {first_diff}'} | "
                      f"{tau(sa):.2f} | {tau(va):.2f} |")
     lines.append("")
     lines.append(f"{len(sf)} questions; {bad} difference(s).")
