@@ -160,7 +160,9 @@ def test_eagle3_conformance_kit(tmp_path, specframe_tiny_target):
               target=specframe_tiny_target)
     for check in ("check_contract", "check_greedy_lossless", "check_sampling_lossless",
                   "check_draft_probs_match_samples", "check_rollback_after_partial_acceptance", "check_determinism"):
-        getattr(kit, check)()
+        getattr(kit, check)()  # raises ConformanceError on failure
+    rec, results = kit.greedy_battery
+    assert sum(r.metrics.drafted_nodes for r in results) > 0
 
 
 # --- known drafts on a scripted successor target -----------------------------------------------------------------
@@ -349,13 +351,10 @@ def test_medusa_checkpoint_greedy_output_equals_transformers(targets, tmp_path, 
             assert r.metrics.drafted_nodes > 0
 
 
-@pytest.mark.parametrize("fmt", ["medusa", "vllm-medusa"])
-def test_medusa_known_drafts(scripted, tmp_path, fmt):
-    """Head ``h``'s own LM head maps the one-hot hidden state of token ``x`` to ``succ^(h + 2)(x)``: the draft after
-    a step that committed ``y = succ(x)`` must be ``succ(y), succ(succ(y)), ...``; all of it is accepted."""
-    succ = successor()
-    heads = []
-    for h in range(3):
+def successor_heads(n: int) -> list[torch.Tensor]:
+    """``n`` LM heads ``[SV, SV]``: head ``h`` maps the one-hot of token ``x`` to ``succ^(h + 2)(x)``."""
+    succ, heads = successor(), []
+    for h in range(n):
         w = torch.zeros(SV, SV)
         for x in range(SV):
             y = x
@@ -363,6 +362,14 @@ def test_medusa_known_drafts(scripted, tmp_path, fmt):
                 y = succ[y]
             w[y, x] = 1.0
         heads.append(w)
+    return heads
+
+
+@pytest.mark.parametrize("fmt", ["medusa", "vllm-medusa"])
+def test_medusa_known_drafts(scripted, tmp_path, fmt):
+    """Head ``h``'s own LM head maps the one-hot hidden state of token ``x`` to ``succ^(h + 2)(x)``: the draft after
+    a step that committed ``y = succ(x)`` must be ``succ(y), succ(succ(y)), ...``; all of it is accepted."""
+    heads = successor_heads(3)
     folder = write_medusa(tmp_path / fmt, SV, SV, 3, 1, fmt, head_weights=heads, zero_blocks=True)
     p = medusa(scripted, folder, top_k=1)
     prompt = [PROMPT[-1], *chain(PROMPT[-1], 5)]  # a prompt the target itself would write: x_{t+1} = succ(x_t)
@@ -542,7 +549,9 @@ def test_mtp_conformance_kit(deepseek):
     kit = Kit(MtpProposerCls(), {"depth": 2}, samples=200, target=deepseek)
     for check in ("check_contract", "check_greedy_lossless", "check_sampling_lossless",
                   "check_draft_probs_match_samples", "check_rollback_after_partial_acceptance", "check_determinism"):
-        getattr(kit, check)()
+        getattr(kit, check)()  # raises ConformanceError on failure
+    rec, results = kit.greedy_battery
+    assert sum(r.metrics.drafted_nodes for r in results) > 0
 
 
 def MtpProposerCls():
@@ -595,16 +604,7 @@ def test_medusa_known_drafts_fail_with_a_head_offset(scripted, tmp_path, monkeyp
     tokens."""
     from specframe.learned import medusa_published as mp
 
-    succ = successor()
-    heads = []
-    for h in range(3):
-        w = torch.zeros(SV, SV)
-        for x in range(SV):
-            y = x
-            for _ in range(h + 2):
-                y = succ[y]
-            w[y, x] = 1.0
-        heads.append(w)
+    heads = successor_heads(3)
     folder = write_medusa(tmp_path / "m", SV, SV, 3, 1, "medusa", head_weights=heads, zero_blocks=True)
     real = mp.PublishedMedusa.logits
     monkeypatch.setattr(mp.PublishedMedusa, "logits", lambda self, h: real(self, h)[..., 1:, :])
