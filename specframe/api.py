@@ -259,6 +259,87 @@ class Specframe:
             result.machine = {**self.machine_info(), "others_load": round(load or 0.0, 2)}
         return result
 
+    def generate_batch_results(
+        self,
+        prompts: Sequence[str | list[int]],
+        *,
+        batch_size: int = 8,
+        question_ids: Sequence[Any] | None = None,
+        on_result: Callable[[int, GenerationResult], None] | None = None,
+        proposers: Sequence[dict[str, Any] | str] | str | None = None,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] | str | None = None,
+        chat: bool | None = None,
+        merge: dict[str, Any] | str | None = None,
+        router: dict[str, Any] | str | None = None,
+    ) -> list[GenerationResult]:
+        """Generate for several prompts, up to ``batch_size`` of them in each target forward (continuous batching:
+        :mod:`specframe.decode.batch`). Each request has its own proposers, draft, acceptance and generator (seeded
+        with ``seed``, as :meth:`generate_result` would), so each result equals that prompt generated alone.
+
+        Returns the results in prompt order; ``on_result(index, result)`` is called as each request finishes.
+        Other arguments as in :meth:`generate_result`.
+
+        Raises:
+            ConfigError: ``batch_size < 1``, an empty list of prompts, or a value out of range; every prompt is
+                checked before any is generated.
+            PromptTooLongError: a prompt that leaves no room in the model's context (the message gives its index).
+        """
+        from .decode.batch import BatchRequest, decode_batch
+        from .errors import PromptTooLongError
+
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if isinstance(prompts, (str, bytes)) or not len(prompts):
+            raise ConfigError("prompts must be a non-empty list of prompts (text or token-id lists)")
+        if question_ids is not None and len(question_ids) != len(prompts):
+            raise ConfigError(f"question_ids has {len(question_ids)} entries for {len(prompts)} prompts")
+        req = self._request_settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                     top_k=top_k, seed=seed, stop=stop)
+        sampling = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
+        encoded = [self._prompt_ids(p, chat) for p in prompts]
+        for i, ids in enumerate(encoded):
+            if not ids:
+                raise ConfigError(f"prompt {i} is empty: give at least one token")
+            if len(ids) >= self.target.max_context:
+                raise PromptTooLongError(f"prompt {i} has {len(ids)} tokens; the model's context is "
+                                         f"{self.target.max_context}: shorten it")
+        with self.engine(proposers, merge, router, sampling):
+            pass  # a bad proposer, merge or router option fails here, before any request starts
+        observed: dict[int, tuple[Any, tuple[str, ...]]] = {}  # index -> (its observers or None, proposer labels)
+
+        def requests() -> Iterator[BatchRequest]:
+            for i, ids in enumerate(encoded):  # each request's engine (its own plugin instances) is taken as it joins
+                held = self.engine(proposers, merge, router, sampling)
+                engine = held.__enter__()
+                observed[i] = (self.registry.observers(), tuple(engine.labels))
+                yield BatchRequest(engine, ids, req.max_new_tokens, sampling, req.seed, tuple(req.stop),
+                                   observer=observed[i][0], release=lambda h=held: h.__exit__(None, None, None))
+
+        governor = getattr(self.target, "governor", None)
+        machine = {**self.machine_info()} if getattr(self.target, "settings", None) is not None else None
+        results: list[GenerationResult | None] = [None] * len(encoded)
+        for i, result in decode_batch(self.target, requests(), batch_size,
+                                      between_steps=governor.check if governor is not None else None):
+            result.question_id = None if question_ids is None else question_ids[i]
+            result.machine = machine
+            results[i] = result
+            observer, labels = observed.pop(i)
+            if observer is not None:
+                observer.request(labels, len(encoded[i]), tuple(result.token_ids), result.finish_reason,
+                                 result.metrics.to_dict())
+            if on_result is not None:
+                on_result(i, result)
+        return [r for r in results if r is not None]
+
+    def generate_batch(self, prompts: Sequence[str | list[int]], **kwargs: Any) -> list[dict]:
+        """Like :meth:`generate_batch_results` (same keyword arguments), returning the ``--json`` records."""
+        return [r.to_dict() for r in self.generate_batch_results(prompts, **kwargs)]
+
     def _request_settings(self, **given: Any) -> RequestSettings:
         """The request's settings: the given ones (validated, named as spelled here), else the config's (valid
         already, so any error names a given one)."""

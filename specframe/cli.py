@@ -95,6 +95,8 @@ def generate(
     no_chat: bool = typer.Option(False, "--no-chat", help="Do not apply the chat template."),
     stream: bool = typer.Option(False, "--stream", help="Print text as tokens are committed."),
     as_json: bool = typer.Option(False, "--json", help="One JSON record per prompt on stdout, nothing else."),
+    batch_size: Optional[int] = typer.Option(
+        None, "--batch-size", help="Decode up to N prompts of --prompts-file in each target forward (default 1)."),
 ) -> None:
     """Generate text with the target model, drafting through a proposer."""
     flags = GenerateFlags(
@@ -102,7 +104,7 @@ def generate(
         proposer=tuple(proposer or ()), merge=merge, max_nodes=max_nodes, router=router,
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, dtype=dtype,
         threads=threads, prepack=prepack, device=device, engine=engine, stop=tuple(stop or ()), no_chat=no_chat,
-        stream=stream, as_json=as_json)
+        stream=stream, as_json=as_json, batch_size=batch_size)
     try:
         _generate(flags)
     except SpecframeError as exc:
@@ -137,6 +139,7 @@ class GenerateFlags:
     no_chat: bool = False
     stream: bool = False
     as_json: bool = False
+    batch_size: Optional[int] = None
 
 
 def _generate(f: GenerateFlags) -> None:
@@ -151,6 +154,11 @@ def _generate(f: GenerateFlags) -> None:
         raise ConfigError("--stream and --json cannot be combined: --json keeps stdout for records only")
     if (f.prompt is None) == (f.prompts_file is None):
         raise ConfigError("give either a PROMPT argument or --prompts-file (exactly one)")
+    if f.batch_size is not None and f.batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {f.batch_size}")
+    if f.batch_size is not None and f.batch_size > 1 and f.stream:
+        raise ConfigError("--stream prints one answer as it is generated; with --batch-size > 1 several answers are "
+                          "generated at once: drop --stream, or use --batch-size 1")
     cfg = _flags_config(f)
     _check_flags_apply(cfg, f)
     prompts = _select_prompts(f.prompt, f.prompts_file, f.limit, f.category)
@@ -175,7 +183,10 @@ def _generate(f: GenerateFlags) -> None:
             raise PromptTooLongError(
                 f"{where} has {len(ids)} tokens; the model's context is {sf.target.max_context}: shorten it"
             )
-    _run(sf, prompts, encoded, f.stream, f.as_json)
+    if f.batch_size is not None and f.batch_size > 1:
+        _run_batched(sf, prompts, encoded, f.batch_size, f.as_json)
+    else:
+        _run(sf, prompts, encoded, f.stream, f.as_json)
 
 
 def _flags_config(f: GenerateFlags):
@@ -254,38 +265,66 @@ def answer_header(i: int, n: int, prompt) -> str:
     return f"{'' if i == 1 else chr(10)}=== {i}/{n}{': ' + ' '.join(what) if what else ''} ===\n"
 
 
+def _write(piece: str) -> None:
+    sys.stdout.write(piece)
+    sys.stdout.flush()
+
+
 def _run(sf, prompts, encoded, stream: bool, as_json: bool) -> None:
     from rich.progress import Progress
-
-    def write(piece: str) -> None:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
 
     several = len(prompts) > 1
     show_progress = several and not stream
     with Progress(console=err, transient=True, disable=not show_progress) as progress:
         task = progress.add_task("generating", total=len(prompts))
         for i, (p, ids) in enumerate(zip(prompts, encoded), 1):
-            if several and not as_json:
-                write(answer_header(i, len(prompts), p))
-            result = sf.generate_result(ids, question_id=p.question_id, on_text=write if stream else None)
-            if as_json:
-                sys.stdout.write(json_line(result.to_dict()))
-                sys.stdout.flush()
-            else:
-                if not stream:
-                    write(result.text)
-                write("\n")
-                m = result.metrics
-                err.print(
-                    f"[dim]{m.new_tokens} tokens, {m.tokens_per_s:.1f} tok/s, τ={m.tau:.2f}, "
-                    f"α={m.acceptance_rate:.2f}, finish={result.finish_reason}[/dim]"
-                )
-                if len(m.proposers) > 1:  # attribution (credited: a node two proposers drafted counts for both)
-                    err.print("[dim]" + ", ".join(
-                        f"{label}: {pm.accepted_nodes}/{pm.drafted_nodes} accepted, {pm.steps} steps"
-                        for label, pm in m.proposers.items()) + "[/dim]", markup=True)
+            if stream and several and not as_json:  # (the header comes before the streamed text)
+                _write(answer_header(i, len(prompts), p))
+            result = sf.generate_result(ids, question_id=p.question_id, on_text=_write if stream else None)
+            _print_result(i, len(prompts), p, result, as_json, stream)
             progress.advance(task)
+
+
+def _run_batched(sf, prompts, encoded, batch_size: int, as_json: bool) -> None:
+    """--batch-size N: requests decoded together; answers printed in prompt order as soon as each one's turn comes."""
+    from rich.progress import Progress
+
+    done: dict[int, Any] = {}
+    printed = 0
+    with Progress(console=err, transient=True, disable=len(prompts) < 2) as progress:
+        task = progress.add_task(f"generating (batch {batch_size})", total=len(prompts))
+
+        def on_result(i: int, result: Any) -> None:
+            nonlocal printed
+            done[i] = result
+            progress.advance(task)
+            while printed in done:
+                _print_result(printed + 1, len(prompts), prompts[printed], done.pop(printed), as_json, False)
+                printed += 1
+
+        sf.generate_batch_results(encoded, batch_size=batch_size, question_ids=[p.question_id for p in prompts],
+                                  on_result=on_result)
+
+
+def _print_result(i: int, n: int, p: Any, result: Any, as_json: bool, streamed: bool) -> None:
+    """One answer: its JSON record, or its header (several prompts), text and the metrics line on stderr."""
+    if as_json:
+        _write(json_line(result.to_dict()))
+        return
+    if n > 1 and not streamed:
+        _write(answer_header(i, n, p))
+    if not streamed:
+        _write(result.text)
+    _write("\n")
+    m = result.metrics
+    err.print(
+        f"[dim]{m.new_tokens} tokens, {m.tokens_per_s:.1f} tok/s, τ={m.tau:.2f}, "
+        f"α={m.acceptance_rate:.2f}, finish={result.finish_reason}[/dim]"
+    )
+    if len(m.proposers) > 1:  # attribution (credited: a node two proposers drafted counts for both)
+        err.print("[dim]" + ", ".join(
+            f"{label}: {pm.accepted_nodes}/{pm.drafted_nodes} accepted, {pm.steps} steps"
+            for label, pm in m.proposers.items()) + "[/dim]", markup=True)
 
 
 def plugins(

@@ -157,6 +157,25 @@ class Engine:
                 text.
             PromptTooLongError: the prompt leaves no room in the target's context.
         """
+        return self.request(prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                            stop_strings=stop_strings, on_text=on_text, observer=observer,
+                            between_steps=between_steps, scorer=scorer).run()
+
+    def request(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_new_tokens: int,
+        sampling: SamplingParams = SamplingParams(),
+        seed: int = 0,
+        stop_strings: Sequence[str] = (),
+        on_text: Callable[[str], None] | None = None,
+        observer: Observers | None = None,
+        between_steps: Callable[[], Any] | None = None,
+        scorer: ScorerFactory | None = None,
+    ) -> "_Request":
+        """One request, checked and ready but not started: :meth:`generate` runs it at once; the batch loop
+        (:mod:`specframe.decode.batch`) steps several together. Arguments and raised errors as :meth:`generate`."""
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if not prompt_ids:
@@ -167,7 +186,7 @@ class Engine:
             )
         stop_strings, stop_ids = special_stop_ids(tuple(stop_strings), self.target.tokenizer)
         return _Request(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings, stop_ids, on_text, observer,
-                        between_steps, scorer or _default_scorer(self.target)).run()
+                        between_steps, scorer or _default_scorer(self.target))
 
 
 def _default_scorer(target: TargetModel) -> ScorerFactory:
@@ -215,24 +234,38 @@ class _Request:
 
     def run(self) -> GenerationResult:
         try:
-            return self._run()
+            self.start()
+            while not self.finished:
+                self.step()
+                if self.between_steps is not None:
+                    self.between_steps()
+            return self.result()
         finally:
-            close = getattr(self.scorer, "close", None)
-            if close is not None:  # (a scorer holding an engine's context gives it back)
-                close()
+            self.close()
 
-    def _run(self) -> GenerationResult:
-        t_start = time.perf_counter()
-        if self.length > 1:  # prefill all but the newest token (see the KV invariant above)
+    @property
+    def finished(self) -> bool:
+        return self.stops.finish_reason is not None
+
+    def close(self) -> None:
+        """Give the scorer's resources back (an engine's context, a batch row); called once when the request ends."""
+        close = getattr(self.scorer, "close", None)
+        if close is not None:
+            close()
+
+    def start(self) -> None:
+        """Prefill all but the newest prompt token (the KV invariant above) and start the proposers."""
+        self.t_start = time.perf_counter()
+        if self.length > 1:
             ids = self.buf[:, : self.length - 1]
             self.state.hidden, feats = self.scorer.prefill(ids)
             self._store_features(feats, 0, list(range(ids.shape[1])))
-        self.writer.prefill(time.perf_counter() - t_start)
+        self.writer.prefill(time.perf_counter() - self.t_start)
         self.drafting.start(self.state, self.seed)
-        while self.stops.finish_reason is None:
-            self.step()
-            if self.between_steps is not None:
-                self.between_steps()
+
+    def result(self) -> GenerationResult:
+        """The finished request's output and metrics."""
+        t_start = self.t_start
         generated = self.stops.generated
         # a character the last tokens began but did not finish is left out (its bytes stay in token_ids)
         target = self.e.target
@@ -246,10 +279,23 @@ class _Request:
 
     def step(self) -> None:
         """One verification step (the six calls of the module docstring); times go to the metrics writer."""
+        self.verify(*self.draft())
+
+    def draft(self) -> tuple[MergedDraft, float, float]:
+        """Step call 1: the merged draft, with the step's start and the drafting's end (``perf_counter`` seconds).
+        The batch loop drafts every request, runs one forward for all of them, then calls :meth:`verify` on each."""
         t0 = time.perf_counter()
-        # 1. propose: the merged draft (each step also commits one target token, so it may hold remaining - 1)
+        # each step also commits one target token, so the draft may hold remaining - 1
         merged = self.drafting.propose(self.state, self.stops.max_new_tokens - len(self.stops.generated) - 1)
-        t1 = time.perf_counter()
+        return merged, t0, time.perf_counter()
+
+    @property
+    def newest(self) -> torch.Tensor:
+        """``[1, 1]`` int64: the newest committed token (fed first in the next verification forward)."""
+        return self.buf[:, self.length - 1 : self.length]
+
+    def verify(self, merged: MergedDraft, t0: float, t1: float) -> None:
+        """Step calls 2-6 on the draft :meth:`draft` returned."""
         # 2. one target forward over [newest committed token] + the draft's nodes
         merged, scored = self._score(merged)
         t2 = time.perf_counter()
@@ -271,7 +317,7 @@ class _Request:
         """Score the newest committed token + ``merged``'s draft. A draft the target's forward cannot take (a shape or
         mask it raises on) is replaced by an empty one (see :meth:`_draft_refused`); the target failing on its own
         raises."""
-        newest = self.buf[:, self.length - 1 : self.length]
+        newest = self.newest
         try:
             return merged, self.scorer.score(newest, merged.tree)
         except Exception as exc:  # noqa: BLE001 - a draft the target cannot take must not end the request

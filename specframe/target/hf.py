@@ -142,6 +142,15 @@ class Target(TextSide):
 
         return new_cache(self.model.config)
 
+    def new_batch(self) -> Any:
+        """Several requests' rows in one KV cache, one forward per step for all (:mod:`specframe.target.batch_kv`);
+        None when a layer cannot take the per-row mask (a sliding window: see :func:`tree_obstacle`)."""
+        if not self.supports_trees:
+            return None
+        from .batch_kv import TransformersBatch
+
+        return TransformersBatch(self)
+
     def forward(
         self,
         input_ids: Tensor,

@@ -1,0 +1,149 @@
+"""Continuous batching: several requests step together, one target forward per step for all of them.
+
+Each request keeps everything of its own — its engine (own proposer instances, verifier, router), draft, acceptance,
+stop checks, stream, metrics and random generator — and only the verification forward is shared. A step is:
+
+1. every active request drafts (:meth:`~specframe.decode.engine._Request.draft`);
+2. the batch runs one forward over every request's ``[newest token] + draft`` (ragged: chains and trees of any size);
+3. every request verifies, commits and keeps its accepted path (:meth:`~specframe.decode.engine._Request.verify`).
+
+Finished requests leave and waiting ones join between steps (prefilled on their own, then appended to the batch's KV
+cache); no other row is re-prefilled. A request's output is the same as decoding it alone: each row attends to its own
+keys at its own positions (:mod:`specframe.target.batch_kv`).
+
+Which batch a target gets: ``target.new_batch()`` when it has one (transformers targets with full-attention layers),
+otherwise :class:`SequentialBatch` — the same loop, each request scored by its own forward (llama.cpp, replay, sliding
+window models), so the face works on every engine.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+
+from ..errors import ConfigError
+from ..sampling import SamplingParams
+from .engine import Engine, GenerationResult, _default_scorer
+from .observe import Observers
+
+__all__ = ["BatchRequest", "SequentialBatch", "decode_batch", "new_batch"]
+
+
+@dataclass
+class BatchRequest:
+    """One request for :func:`decode_batch`. ``engine`` is the request's own (its proposer instances); ``release``
+    is called once when the request has left the batch (e.g. to give the engine back to its pool)."""
+
+    engine: Engine
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    seed: int = 0
+    stop_strings: Sequence[str] = ()
+    on_text: Callable[[str], None] | None = None
+    observer: Observers | None = None
+    release: Callable[[], None] | None = None
+    tag: Any = None  # the caller's: comes back with the result
+
+
+class SequentialBatch:
+    """The batch of a target without a batched forward: each request's own scorer, one forward per request per step
+    (:meth:`forward` does nothing; each request's ``score`` runs its forward when it verifies)."""
+
+    def __init__(self, target: Any) -> None:
+        self.factory = _default_scorer(target)
+
+    def row(self, target: Any, layers: tuple[int, ...], want_hidden: bool) -> Any:
+        return self.factory(target, layers, want_hidden)
+
+    def forward(self, items: list) -> None:
+        return None
+
+
+def new_batch(target: Any) -> Any:
+    """The target's batch (one forward for all rows) where it has one, else a :class:`SequentialBatch`."""
+    make = getattr(target, "new_batch", None)
+    batch = make() if make is not None else None
+    return batch if batch is not None else SequentialBatch(target)
+
+
+@dataclass
+class _Active:
+    item: BatchRequest
+    request: Any  # engine._Request
+    index: int
+    draft: tuple = field(default=())
+
+
+def decode_batch(target: Any, requests: Iterable[BatchRequest], batch_size: int,
+                 between_steps: Callable[[], Any] | None = None) -> Iterator[tuple[int, GenerationResult]]:
+    """Decode ``requests`` with at most ``batch_size`` in each forward; yields ``(index, result)`` as each finishes
+    (index: its place in ``requests``), so results come in finishing order.
+
+    Requests are taken from ``requests`` as rows free up (an iterator may keep producing them: continuous batching).
+    ``between_steps`` is called after every step (the thread governor's load check).
+
+    Raises:
+        ConfigError: ``batch_size < 1``; a request's own checks (``max_new_tokens < 1``, an empty prompt).
+        PromptTooLongError: a prompt that leaves no room in the target's context.
+    """
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    batch = new_batch(target)
+    waiting = enumerate(iter(requests))
+    active: list[_Active] = []
+    more = True
+    try:
+        with torch.inference_mode():
+            while active or more:
+                while more and len(active) < batch_size:  # join: prefill on its own, enter the next forward
+                    nxt = next(waiting, None)
+                    if nxt is None:
+                        more = False
+                        break
+                    index, item = nxt
+                    req = _start(item, batch)
+                    active.append(_Active(item, req, index))
+                if not active:
+                    break
+                for a in active:
+                    a.draft = a.request.draft()
+                batch.forward([(a.request.scorer, a.request.newest, a.draft[0].tree) for a in active])
+                for a in active:
+                    a.request.verify(*a.draft)
+                done = [a for a in active if a.request.finished]
+                active = [a for a in active if not a.request.finished]
+                for a in done:
+                    result = a.request.result()
+                    _leave(a)
+                    yield a.index, result
+                if between_steps is not None:
+                    between_steps()
+    finally:
+        for a in active:  # an error (or a consumer that stopped early): give every row back
+            _leave(a)
+
+
+def _start(item: BatchRequest, batch: Any) -> Any:
+    try:
+        req = item.engine.request(
+            item.prompt_ids, max_new_tokens=item.max_new_tokens, sampling=item.sampling, seed=item.seed,
+            stop_strings=tuple(item.stop_strings), on_text=item.on_text, observer=item.observer, scorer=batch.row)
+        req.start()
+    except BaseException:
+        if item.release is not None:
+            item.release()
+        raise
+    req.t_joined = time.perf_counter()
+    return req
+
+
+def _leave(a: _Active) -> None:
+    try:
+        a.request.close()
+    finally:
+        if a.item.release is not None:
+            a.item.release()

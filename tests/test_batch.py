@@ -1,0 +1,313 @@
+"""Batched decoding (specframe.decode.batch, specframe.target.batch_kv): every request of a batch — ragged prompts,
+chains and trees of different lengths, requests joining and leaving mid-run — decodes exactly what it decodes alone,
+greedy and sampled (same seed, same tokens), with one target forward per step for the whole batch."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from specframe.decode.batch import BatchRequest, SequentialBatch, decode_batch, new_batch
+from specframe.decode.engine import Engine
+from specframe.errors import ConfigError, PromptTooLongError
+from specframe.sampling import SamplingParams
+from specframe.target.batch_kv import TransformersBatch
+from specframe.target.hf import Target
+from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe_plugins.autoregressive import NoneConfig, NoProposer
+from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
+from specframe_plugins.eagle import EagleConfig, EagleProposer
+from specframe_plugins.medusa import MedusaConfig, MedusaProposer
+from specframe_plugins.ngram import NgramConfig, NgramProposer
+
+from .combining_helpers import draft_dir, policy_of
+from .support import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, check_metrics
+from .test_eagle import random_drafter
+from .test_medusa import random_heads
+
+SAMPLING = SamplingParams(temperature=0.9, top_p=0.95)
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    """Ragged prompts: the two with repeats, a one-token prompt, and random ones of 2..40 tokens."""
+    rng = random.Random(seed)
+    fixed = [PROMPT, PROMPT_2, [7], PROMPT_2 * 3]
+    return (fixed + [[rng.randrange(1, VOCAB) for _ in range(rng.randrange(2, 40))] for _ in range(n)])[:n]
+
+
+def _budgets(n: int) -> list[int]:
+    return [12 + 7 * (i % 4) for i in range(n)]  # different lengths: requests leave at different steps
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """arch -> (target, folder of medusa heads, draft-model folder, eagle folder)."""
+    root = tmp_path_factory.mktemp("batch")
+    out = {}
+    for arch in ARCHS:
+        model = build_model(arch, initializer_range=0.2)  # sharp attention: a wrong position or key changes tokens
+        target = Target(model, build_tokenizer(), name="specframe-test-batch")
+        heads = root / f"medusa-{arch}"
+        random_heads(4, 1, seed=0).save(heads, "specframe-test-batch")
+        eagle = root / f"eagle-{arch}"
+        random_drafter(model, layers=(1, 2)).save(eagle)
+        out[arch] = (target, heads, draft_dir(root, arch), eagle)
+    return out
+
+
+def _lineup(name: str, target: Target, heads, draft, eagle):
+    """(proposers, merge policy) of one strategy; fresh instances (each request owns its own)."""
+    info = target.info
+    make = {
+        "none": lambda: NoProposer(NoneConfig(), info),
+        "ngram": lambda: NgramProposer(NgramConfig(k=5), info),
+        "medusa": lambda: MedusaProposer(MedusaConfig(heads=str(heads)), info),
+        "draft-model": lambda: DraftModelProposer(DraftModelConfig(model=str(draft), k=3, min_confidence=0.0), info),
+        "eagle": lambda: EagleProposer(EagleConfig(weights=str(eagle)), info),
+    }
+    parts = name.split("+")
+    return [make[p]() for p in parts], (policy_of("priority") if len(parts) > 1 else None)
+
+
+def _engine(name, target, heads, draft, eagle, sampling=SamplingParams()):
+    proposers, merge = _lineup(name, target, heads, draft, eagle)
+    verifier = GreedyVerifier() if sampling.is_greedy else SpeculativeSamplingVerifier()
+    return Engine(target, proposers, verifier, merge=merge)
+
+
+class _CountRows:
+    """Wraps a model's forward: records the batch size of every call."""
+
+    def __init__(self, model):
+        self.model, self.sizes = model, []
+        self.inner = model.forward
+
+    def __enter__(self):
+        def spy(*args, **kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            self.sizes.append(int(ids.shape[0]))
+            return self.inner(*args, **kwargs)
+
+        self.model.forward = spy
+        return self
+
+    def __exit__(self, *exc):
+        self.model.forward = self.inner
+
+
+STRATEGIES = ["none", "ngram", "medusa", "draft-model", "ngram+medusa", "eagle"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLING], ids=["greedy", "sampled"])
+def test_every_request_of_a_batch_equals_it_decoded_alone(env, arch, strategy, sampling):
+    target, heads, draft, eagle = env[arch]
+    prompts, budgets = _prompts(9), _budgets(9)
+    alone = [_engine(strategy, target, heads, draft, eagle, sampling).generate(
+        p, max_new_tokens=b, sampling=sampling, seed=i) for i, (p, b) in enumerate(zip(prompts, budgets))]
+    items = [BatchRequest(_engine(strategy, target, heads, draft, eagle, sampling), p, b, sampling, seed=i)
+             for i, (p, b) in enumerate(zip(prompts, budgets))]
+    with _CountRows(target.model) as calls:
+        got = dict(decode_batch(target, items, batch_size=4))
+    assert sorted(got) == list(range(9))
+    for i in range(9):
+        assert got[i].token_ids == alone[i].token_ids, f"request {i}"
+        assert got[i].finish_reason == alone[i].finish_reason
+        assert got[i].metrics.target_forwards == alone[i].metrics.target_forwards  # same drafts, same acceptance
+        check_metrics(got[i])
+    batched = isinstance(new_batch(target), TransformersBatch)
+    assert batched == (arch != "qwen2-sliding")  # a sliding window takes no per-row mask: one forward per request
+    if batched:
+        assert max(calls.sizes) == 4  # up to batch_size rows in one forward
+        if strategy != "draft-model":  # (the draft model's own forwards are B = 1 too)
+            verify_forwards = [s for s in calls.sizes if s > 1]
+            # fewer forwards with several rows than the requests' verification forwards together
+            assert len(verify_forwards) < sum(r.metrics.target_forwards for r in got.values()) / 2
+    else:
+        assert set(calls.sizes) == {1}
+
+
+def test_batch_of_one_and_batch_of_all_agree(env):
+    target, heads, draft, eagle = env["llama"]
+    prompts, budgets = _prompts(6, seed=3), _budgets(6)
+    outs = []
+    for size in (1, 2, 6, 32):
+        items = [BatchRequest(_engine("ngram+medusa", target, heads, draft, eagle), p, b) for p, b in
+                 zip(prompts, budgets)]
+        outs.append({i: r.token_ids for i, r in decode_batch(target, items, size)})
+    assert all(o == outs[0] for o in outs[1:])
+
+
+def test_long_requests_compact_the_cache_and_stay_exact(env):
+    """Holes from rejected drafts fill the cache; compaction gathers each row's columns, the output is unchanged."""
+    target, heads, draft, eagle = env["llama"]
+    prompts = _prompts(5, seed=7)
+    alone = [_engine("medusa", target, heads, draft, eagle).generate(p, max_new_tokens=150).token_ids
+             for p in prompts]
+    batch = TransformersBatch(target)
+    compactions = []
+    real = batch._maybe_compact
+
+    def spy():
+        before = batch.width
+        real()
+        if batch.width < before:
+            compactions.append((before, batch.width))
+
+    batch._maybe_compact = spy
+    items = [BatchRequest(_engine("medusa", target, heads, draft, eagle), p, 150) for p in prompts]
+    got = {}
+    it = _decode_with(batch, target, items, 5)
+    for i, r in it:
+        got[i] = r.token_ids
+    assert [got[i] for i in range(5)] == alone
+    assert compactions, "no compaction happened"
+
+
+def _decode_with(batch, target, items, size):
+    import specframe.decode.batch as mod
+
+    real = mod.new_batch
+    mod.new_batch = lambda t: batch
+    try:
+        yield from decode_batch(target, items, size)
+    finally:
+        mod.new_batch = real
+
+
+def test_a_forward_that_raises_on_drafts_leaves_every_output_unchanged(env, monkeypatch, caplog):
+    target, heads, draft, eagle = env["llama"]
+    prompts, budgets = _prompts(5, seed=1), _budgets(5)
+    alone = [_engine("ngram", target, heads, draft, eagle).generate(p, max_new_tokens=b).token_ids
+             for p, b in zip(prompts, budgets)]
+    inner = target.model.forward
+    raised = []
+
+    def refuse_long(*args, **kwargs):
+        ids = kwargs["input_ids"]
+        if ids.shape[0] > 1 and ids.shape[1] > 3 and len(raised) < 3:
+            raised.append(ids.shape)
+            raise RuntimeError("refused")
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(target.model, "forward", refuse_long)
+    items = [BatchRequest(_engine("ngram", target, heads, draft, eagle), p, b) for p, b in zip(prompts, budgets)]
+    got = dict(decode_batch(target, items, 5))
+    assert raised
+    assert [got[i].token_ids for i in range(5)] == alone
+    assert any("raised RuntimeError" in r.message for r in caplog.records)
+
+
+def test_a_request_that_fails_to_start_gives_its_engine_back(env):
+    target, heads, draft, eagle = env["llama"]
+    released = []
+    items = [BatchRequest(_engine("none", target, heads, draft, eagle), PROMPT, 5, release=lambda: released.append(0)),
+             BatchRequest(_engine("none", target, heads, draft, eagle), [], 5, release=lambda: released.append(1))]
+    with pytest.raises(ConfigError, match="empty"):
+        list(decode_batch(target, items, 2))
+    assert sorted(released) == [0, 1]
+
+
+def test_batch_size_below_one_is_refused(env):
+    target = env["llama"][0]
+    with pytest.raises(ConfigError, match="batch_size must be >= 1"):
+        list(decode_batch(target, [], 0))
+
+
+def test_targets_without_a_batched_forward_decode_one_request_per_forward(env):
+    class Plain:  # no new_batch: e.g. a recorded trace
+        pass
+
+    assert isinstance(new_batch(Plain()), SequentialBatch)
+
+
+# --- faces -----------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sf(env):
+    import specframe
+
+    return specframe.load(target=env["llama"][0], max_new_tokens=16)
+
+
+def test_generate_batch_equals_generate_one_by_one(sf):
+    prompts = _prompts(5, seed=2)
+    one = [sf.generate_result(p, proposers="ngram", max_new_tokens=20).token_ids for p in prompts]
+    seen = []
+    res = sf.generate_batch_results(prompts, batch_size=3, proposers="ngram", max_new_tokens=20,
+                                    question_ids=list("abcde"), on_result=lambda i, r: seen.append(i))
+    assert [r.token_ids for r in res] == one
+    assert [r.question_id for r in res] == list("abcde")
+    assert sorted(seen) == list(range(5))
+    recs = sf.generate_batch(prompts[:2], batch_size=2, proposers="ngram", max_new_tokens=20)
+    assert [r["token_ids"] for r in recs] == one[:2]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(batch_size=0), "batch_size must be an integer >= 1"),
+    (dict(batch_size=True), "batch_size must be an integer >= 1"),
+    (dict(question_ids=[1]), "question_ids has 1 entries for 2 prompts"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
+])
+def test_generate_batch_bad_arguments(sf, kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        sf.generate_batch_results([PROMPT, PROMPT_2], **kwargs)
+
+
+def test_generate_batch_checks_every_prompt_first(sf, monkeypatch):
+    started = []
+    import specframe.decode.batch as mod
+
+    monkeypatch.setattr(mod, "decode_batch", lambda *a, **k: started.append(1) or iter(()))
+    long = [1] * (sf.target.max_context + 1)
+    with pytest.raises(PromptTooLongError, match="prompt 1 has"):
+        sf.generate_batch_results([PROMPT, long])
+    with pytest.raises(ConfigError, match="non-empty list"):
+        sf.generate_batch_results([])
+    with pytest.raises(ConfigError, match="prompt 0 is empty"):
+        sf.generate_batch_results([[]])
+    assert not started
+
+
+def test_cli_batch_size_output_in_prompt_order(tmp_path, monkeypatch, env):
+    from typer.testing import CliRunner
+
+    import specframe.api
+    import specframe.cli
+    from specframe.cli import app
+
+    target = env["llama"][0]
+    real_load = specframe.api.load
+    monkeypatch.setattr(specframe.cli, "load_with_progress", lambda cfg, reg: real_load(cfg, target=target))
+    monkeypatch.setattr("specframe.target.models.resolve_model", lambda name: None)
+    words = target.tokenizer.convert_ids_to_tokens
+    f = tmp_path / "q.jsonl"
+    prompts = _prompts(4, seed=5)
+    f.write_text("".join(json.dumps({"question_id": i, "category": "x", "turns": [" ".join(words(p))]}) + "\n"
+                         for i, p in enumerate(prompts)))
+    args = ["generate", "--prompts-file", str(f), "--proposer", "ngram", "--max-new-tokens", "10", "--no-chat",
+            "--json"]
+    one = CliRunner().invoke(app, args)
+    many = CliRunner().invoke(app, [*args, "--batch-size", "3"])
+    assert one.exit_code == 0 and many.exit_code == 0, many.output
+    ids = lambda out: [(r["question_id"], r["token_ids"]) for r in map(json.loads, out.stdout.splitlines())]
+    assert ids(many) == ids(one) and [q for q, _ in ids(many)] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--batch-size", "2", "--stream"], "--stream prints one answer"),
+])
+def test_cli_bad_batch_flags(tmp_path, no_model_load, extra, match):
+    from typer.testing import CliRunner
+
+    from specframe.cli import app
+
+    f = tmp_path / "q.jsonl"
+    f.write_text(json.dumps({"turns": ["aa ab"]}) + "\n")
+    res = CliRunner().invoke(app, ["generate", "--prompts-file", str(f), *extra])
+    assert res.exit_code != 0
+    assert "error:" in res.output and match in res.output
