@@ -234,15 +234,41 @@ class AdaptiveRouter(RouterBase):
         self.warned_labels = False  # draft_cost labels matching no proposer: said once per router
         self.known: dict[str, float] = {}  # this lineup's measured costs (see start)
 
-    def verify_cost(self, n: float) -> float:
-        """The verification cost v(n) this router plans with: its configured curve, else the target's measured one,
-        else the linear guess ``cost_slope`` (all :class:`specframe.CostCurve`)."""
+    def _v(self, n: float) -> float:
+        """v(n) of one forward over ``n`` tokens: its configured curve, else the target's measured one, else the linear
+        guess ``cost_slope`` (all :class:`specframe.CostCurve`)."""
         curve = self.curve or getattr(self.target, "cost", None) or self.linear
         # under sampling, decisions must not follow the thread governor: which drafts a step verifies decides how
         # many random draws it makes, so a seed would give other tokens under another load
         if not getattr(self, "greedy", True) and hasattr(curve, "v_fixed"):
             return curve.v_fixed(n)
         return curve.v(n)
+
+    def verify_cost(self, n: float) -> float:
+        """This request's cost of a step that verifies ``n`` of its tokens (its newest + drafts), in one-token
+        forwards. Alone: v(n). In a batch of ``B`` rows whose other rows are ``w`` tokens wide (see :meth:`on_batch`;
+        the forward pads every row to the widest, so it runs ``B * max(w, n)`` tokens): its equal share of the
+        forward without its drafts, plus all that its drafts add, ``v(B w) / B + v(B max(w, n)) - v(B w)``. So a
+        draft node costs what it adds to everyone's forward, weighed against the tokens the request gets per share:
+        speculation shrinks as the batch grows and stops where the forward is compute-bound."""
+        rows, width = getattr(self, "batch", (1, 1))
+        if rows <= 1:
+            return self._v(n)
+        base = self._v(rows * width)
+        return base / rows + self._v(rows * max(width, n)) - base
+
+    def forward_cost(self, n: float) -> float:
+        """v of the whole forward that verifies ``n`` tokens of this request (alone: v(n); in a batch:
+        ``v(B max(w, n))``), in one-token forwards: what a measured forward time is divided by to read T(1)."""
+        rows, width = getattr(self, "batch", (1, 1))
+        return self._v(n) if rows <= 1 else self._v(rows * max(width, n))
+
+    def on_batch(self, rows: int, width: int) -> None:
+        """The next step's forward is shared: ``rows`` requests (this one included), the others' rows ``width``
+        tokens wide (their newest token + draft at the last step). Greedy requests plan with it (:meth:`verify_cost`);
+        under sampling a router decides from its seed and counts alone, so a seed gives the same tokens in any batch,
+        and the batch is ignored."""
+        self.batch = (max(1, int(rows)), max(1, int(width))) if getattr(self, "greedy", True) else (1, 1)
 
     def start(self, proposers: Sequence[str], seed: int, greedy: bool = True) -> None:
         super().start(proposers, seed, greedy)
@@ -496,7 +522,8 @@ class AdaptiveRouter(RouterBase):
         long context, a profile taken under other conditions). Never below 0."""
         n = report.verified
         added = self.verify_cost(1 + n) - self.verify_cost(1 + max(n - s.drafted, 0))
-        if self.timed and self.t1_plain and self.t1 and n > 0 and report.forward_s > 0:
+        alone = getattr(self, "batch", (1, 1))[0] <= 1  # (in a batch the forward's excess is every row's)
+        if alone and self.timed and self.t1_plain and self.t1 and n > 0 and report.forward_s > 0:
             added += (report.forward_s / self.t1 - self.verify_cost(1 + n)) * min(s.drafted, n) / n
         return max(0.0, added)
 
@@ -511,7 +538,7 @@ class AdaptiveRouter(RouterBase):
         if self.timed and report.forward_s > 0 and (report.verified == 0 or not self.t1_plain):
             # t1 from one-token forwards once there are any: read through the curve, a tree forward that costs
             # more than the curve says would raise t1 and hide that excess from what its proposer is charged
-            t1 = report.forward_s / self.verify_cost(report.verified + 1)
+            t1 = report.forward_s / self.forward_cost(report.verified + 1)
             first_plain = report.verified == 0 and not self.t1_plain
             self.t1 = t1 if self.t1 is None or first_plain else a * self.t1 + (1 - a) * t1
             self.t1_plain = self.t1_plain or report.verified == 0

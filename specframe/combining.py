@@ -155,6 +155,11 @@ class Router(Protocol):
     def on_step(self, report: StepReport) -> None:
         """Feedback after each step (who drafted what, what was accepted, the forward's time)."""
 
+    # optional: ``on_batch(rows: int, width: int)``, called before ``route`` when the step's forward is shared with
+    # other requests (batched decoding): ``rows`` requests, this one included, the others' rows ``width`` tokens wide
+    # at the last step (the forward pads every row to the widest). A router that plans with costs should charge a
+    # draft what it adds to the whole forward (see the adaptive router's ``verify_cost``).
+
     def revise(self, budget: int, max_nodes: int, available: Sequence[bool],
                drafts: Sequence[DraftTree | None], budgets: Sequence[int]) -> Sequence[int]:
         """Called after each proposer that ran this step, in the engine's order, with the drafts so far

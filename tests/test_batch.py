@@ -311,3 +311,37 @@ def test_cli_bad_batch_flags(tmp_path, no_model_load, extra, match):
     res = CliRunner().invoke(app, ["generate", "--prompts-file", str(f), *extra])
     assert res.exit_code != 0
     assert "error:" in res.output and match in res.output
+
+
+# --- budgets over the batch ------------------------------------------------------------------------------------------
+
+
+def test_the_router_shrinks_drafts_as_the_batch_grows(env):
+    """A perfect drafter (the reference itself) on a cost curve that is flat up to 8 tokens per forward and
+    compute-bound beyond (v(n) = max(1, n / 8)): alone a request verifies its whole draft; in a batch of B rows the
+    forward runs B * (widest row) tokens, so each request's draft shrinks to what still fits in 8 tokens (B = 2: 3
+    nodes, B = 4: 1) and stops at B = 8 but for probes — and every output stays the reference."""
+    from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter
+
+    from .combining_helpers import ScriptedChain
+    from .support import hf_greedy
+
+    target = env["llama"][0]
+    curve = [max(1.0, n / 8) for n in range(1, 129)]
+    prompts = _prompts(8, seed=4)
+    refs = [hf_greedy(target.model, p, 24) for p in prompts]
+    nodes = {}
+    for size in (1, 2, 4, 8):
+        items = [BatchRequest(Engine(target, [ScriptedChain(target.info, ref, k=7)], GreedyVerifier(),
+                                     router=AdaptiveRouter(AdaptiveConfig(cost_curve=curve), target.info)), p, 24)
+                 for p, ref in zip(prompts, refs)]
+        got = dict(decode_batch(target, items, size))
+        assert [got[i].token_ids for i in range(8)] == refs
+        # every request runs with `size` rows throughout (8 requests, all the same length)
+        nodes[size] = sum(r.metrics.drafted_nodes for r in got.values()) / sum(
+            r.metrics.target_forwards for r in got.values())
+    assert nodes[1] > 5  # alone: (nearly) the whole 7-node draft
+    assert 2 <= nodes[2] <= 3 + 1e-9
+    assert 0.5 <= nodes[4] <= 1 + 1e-9
+    assert nodes[8] <= 0.25  # (only the router's one-node probes, which ask whether drafting pays again)
+    assert nodes[1] > nodes[2] > nodes[4] > nodes[8]

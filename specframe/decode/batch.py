@@ -76,6 +76,7 @@ class _Active:
     request: Any  # engine._Request
     index: int
     draft: tuple = field(default=())
+    size: int = 1  # its row's tokens in the last forward (newest + draft nodes)
 
 
 def decode_batch(target: Any, requests: Iterable[BatchRequest], batch_size: int,
@@ -109,8 +110,11 @@ def decode_batch(target: Any, requests: Iterable[BatchRequest], batch_size: int,
                     active.append(_Active(item, req, index))
                 if not active:
                     break
-                for a in active:
+                sizes = [a.size for a in active]
+                for i, a in enumerate(active):  # the router budgets each request's draft from the whole forward
+                    a.request.drafting.set_batch(len(active), max(sizes[:i] + sizes[i + 1 :], default=1))
                     a.draft = a.request.draft()
+                    a.size = 1 + a.draft[0].tree.num_nodes
                 batch.forward([(a.request.scorer, a.request.newest, a.draft[0].tree) for a in active])
                 for a in active:
                     a.request.verify(*a.draft)

@@ -83,6 +83,12 @@ class Drafting:
         self.router = lineup.router  # a lone proposer is routed too: its draft is trimmed to what pays on this machine
         # the merged tree's node budget; a lone proposer's draft has none beyond the step's
         self.max_nodes = int(self.policy.max_nodes) if self.policy is not None else 1 << 16
+        self.batch: tuple[int, int] | None = None  # (rows, others' width) of a shared forward: see set_batch
+
+    def set_batch(self, rows: int, width: int) -> None:
+        """The next step's forward is shared by ``rows`` requests, the others' rows ``width`` tokens wide (the router's
+        optional ``on_batch``; :mod:`specframe.decode.batch`)."""
+        self.batch = (rows, width)
 
     # --- per request ---------------------------------------------------------------------------------------
     def start(self, state: DecodeState, seed: int) -> None:
@@ -102,6 +108,8 @@ class Drafting:
             s.clear()
         if budget < 1 or self.off:
             return MergedDraft.single(_EMPTY, len(self.slots))
+        if self.batch is not None and self.router is not None and hasattr(self.router, "on_batch"):
+            self.router = self._plugin("router", self.router, "on_batch", *self.batch)
         budgets = self._route(budget)
         seen: list[DraftTree | None] = [None] * len(self.slots)
         for j, s in enumerate(self.slots):
