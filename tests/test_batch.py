@@ -345,3 +345,55 @@ def test_the_router_shrinks_drafts_as_the_batch_grows(env):
     assert 0.5 <= nodes[4] <= 1 + 1e-9
     assert nodes[8] <= 0.25  # (only the router's one-node probes, which ask whether drafting pays again)
     assert nodes[1] > nodes[2] > nodes[4] > nodes[8]
+
+
+# --- specframe bench with concurrency --------------------------------------------------------------------------------
+
+
+def test_bench_under_load_writes_the_table_plots_and_a_lossless_check(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from specframe.cli import app
+
+    monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path / "cache"))
+    q = tmp_path / "q.jsonl"
+    q.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]}) + "\n" for i, t in
+                         enumerate(["aa ab ac aa ab", "ba bb bc ba bb bd", "ca cb", "da db dc da db dc", "ea"])))
+    model_dir = tmp_path / "tiny-model"
+    build_model("llama", initializer_range=0.2).save_pretrained(model_dir)
+    build_tokenizer().save_pretrained(model_dir)
+    cfg = tmp_path / "b.yaml"
+    cfg.write_text(json.dumps({
+        "model": str(model_dir), "dtype": "float32", "threads": 1, "prepack": False, "chat": False,
+        "max_new_tokens": 10, "concurrency": [1, 3], "strategies": [
+            {"name": "ngram", "proposers": ["ngram"]}, {"name": "hf-greedy", "peer": "hf-greedy"}]}))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["bench", "--config", str(cfg), "--questions", str(q), "--output", str(out)])
+    assert res.exit_code == 0, (res.output, res.exception)
+    results = json.loads((out / "results.json").read_text())
+    load = {(r["strategy"], r["concurrency"]): r for r in results["load"]}
+    assert set(load) == {(s, c) for s in ("none", "ngram", "hf-greedy") for c in (1, 3)}
+    for r in load.values():
+        assert len(r["requests"]) == 5 and r["tokens"] == sum(x["new_tokens"] for x in r["requests"])
+        assert r["throughput"] == pytest.approx(r["tokens"] / r["wall_s"])
+    alone = [x["token_ids"] for x in load[("none", 1)]["requests"]]
+    for key in (("none", 3), ("ngram", 1), ("ngram", 3)):
+        assert [x["token_ids"] for x in load[key]["requests"]] == alone
+        assert all(x["ttft_s"] > 0 for x in load[key]["requests"])
+    assert [m for m in results["lossless"] if m["kind"] == "specframe"] == []
+    report = (out / "report.md").read_text()
+    assert "| ngram | 3 |" in report and "throughput_by_concurrency.png" in report
+    assert (out / "nodes_by_concurrency.png").stat().st_size > 0
+
+
+def test_bench_concurrency_refuses_peers_that_cannot_batch(tmp_path):
+    from specframe.bench.config import load_bench_config
+
+    cfg = tmp_path / "b.yaml"
+    cfg.write_text(json.dumps({"concurrency": [1, 4], "strategies": [
+        {"name": "lookup", "peer": "hf-prompt-lookup"}]}))
+    with pytest.raises(ConfigError, match="peer hf-prompt-lookup cannot decode batches"):
+        load_bench_config(cfg)
+    cfg.write_text(json.dumps({"concurrency": [0], "strategies": [{"name": "ngram", "proposers": ["ngram"]}]}))
+    with pytest.raises(ConfigError, match="concurrency must list distinct numbers >= 1"):
+        load_bench_config(cfg)

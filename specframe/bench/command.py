@@ -119,6 +119,14 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
     if resume:
         err.print(f"resuming: {len(journal.done)} finished runs kept from {journal.path}", markup=False, soft_wrap=True)
 
+    if cfg.concurrency is not None:
+        if resume:
+            raise ConfigError("--resume continues a per-question bench; a bench with `concurrency` runs whole batches: "
+                              "run it again without --resume")
+        by_strategy, _ = _load_strategies(cfg, registry, err)
+        _bench_load(cfg, chosen, by_strategy, output, err)
+        return
+
     # 2. load once, 3. run
     by_strategy, assistants = _load_strategies(cfg, registry, err)
     try:
@@ -139,6 +147,52 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
 
     # 4. write
     _write_results(output, results, cfg, len(chosen), err)
+
+
+def _bench_load(cfg, chosen, by_strategy, output, err) -> None:
+    """``concurrency``: run every strategy over all questions at each concurrency (:mod:`specframe.bench.load`),
+    check each request against ``none`` alone, write results.json, report.md and the plots, print the table."""
+    from rich.progress import Progress
+
+    from .config import BASELINE
+    from .load import lossless_records, load_table, run_load, write_load_plots
+    from .runner import lossless_check
+
+    runs = (len(cfg.concurrency) + 1) * len(cfg.strategies)
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("bench under load", total=runs)
+        load = run_load(cfg, chosen, by_strategy,
+                        advance=lambda s: progress.update(task, advance=1, description=f"bench {s:>20}"))
+    lossless = lossless_check(by_strategy[BASELINE], lossless_records(load), chosen, cfg.chat) \
+        if is_greedy_temperature(cfg.temperature) else None
+    env = _bench_environment(by_strategy, [])
+    results = {"config": cfg.model_dump(), "environment": env, "load": load, "lossless": lossless}
+    (output / "results.json").write_text(json.dumps(results, indent=1))
+    plots = write_load_plots(load, output)
+    m = env["machine"]
+    head = [f"# specframe bench under load — {cfg.model}", "",
+            f"{len(chosen)} questions, {cfg.max_new_tokens} new tokens at most, all arriving at the start; "
+            f"concurrency {cfg.concurrency}. Machine: {env['cpu']}, {m.get('cores')} usable cores, ISA "
+            f"{' '.join(m.get('isa', []) or [])}; torch {env['torch']}, transformers {env['transformers']}.", ""]
+    verdict = _lossless_verdict(lossless, cfg.dtype)
+    lines = head + load_table(load) + ["", f"Lossless check (each request against `none` decoding it alone): "
+                                       f"{verdict}."]
+    for x in lossless or []:
+        lines.append(f"- {x['strategy']}, question {x['question_id']}: first divergence at token "
+                     f"{x['first_divergence']} (top-2 logit gap {x['top2_logit_gap']:.4g}"
+                     f"{', a near-tie' if x['near_tie'] else ''})")
+    lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    (output / "report.md").write_text("\n".join(lines) + "\n")
+    from rich.table import Table
+
+    table = Table(title=f"throughput under load — {cfg.model} {cfg.dtype}, {len(chosen)} questions")
+    for col in load_table(load)[0].strip("|").split("|"):
+        table.add_column(col.strip())
+    for row in load_table(load)[2:]:
+        table.add_row(*[c.strip() for c in row.strip("|").split("|")])
+    print_table(table)
+    err.print(f"lossless check: {verdict}")
+    err.print(f"wrote {output}/results.json, report.md, {', '.join(plots)}")
 
 
 def _bench_inputs(config, questions, categories, limit_per_category, max_new_tokens, output, profile):

@@ -120,12 +120,23 @@ class BenchConfig(BaseModel):
     categories: list[str] | None = None
     limit_per_category: int | None = Field(None, ge=1)
     profile: ProfileConfig | None = None
+    concurrency: list[int] | None = Field(
+        None, min_length=1, description="Bench under load: decode all questions with up to C requests per forward for "
+        "each C (e.g. [1, 4, 8]); throughput, TTFT and TPOT per strategy and C (specframe.bench.load).")
     strategies: list[Strategy] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _names(self) -> "BenchConfig":
         if isinstance(self.threads, int) and not 1 <= self.threads <= MAX_THREADS:
             raise ValueError(f"threads must be in [1, {MAX_THREADS}] or auto")
+        if self.concurrency is not None:
+            if any(c < 1 for c in self.concurrency) or len(set(self.concurrency)) != len(self.concurrency):
+                raise ValueError(f"concurrency must list distinct numbers >= 1, got {self.concurrency}")
+            batched = ("hf-greedy",)
+            for s in self.strategies:
+                if s.peer is not None and s.peer not in batched:
+                    raise ValueError(f"strategy {s.name!r}: peer {s.peer} cannot decode batches; with `concurrency` "
+                                     f"the peers are {', '.join(batched)} (drop the strategy or `concurrency`)")
         from .grid import expand
 
         self.strategies = [point for s in self.strategies for point in expand(s)]

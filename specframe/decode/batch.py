@@ -94,6 +94,7 @@ def decode_batch(target: Any, requests: Iterable[BatchRequest], batch_size: int,
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     batch = new_batch(target)
+    t_run = time.perf_counter()
     waiting = enumerate(iter(requests))
     active: list[_Active] = []
     more = True
@@ -107,6 +108,7 @@ def decode_batch(target: Any, requests: Iterable[BatchRequest], batch_size: int,
                         break
                     index, item = nxt
                     req = _start(item, batch)
+                    req.writer.metrics.queue_s = req.t_start - t_run  # waited for a row this long
                     active.append(_Active(item, req, index))
                 if not active:
                     break
@@ -141,7 +143,6 @@ def _start(item: BatchRequest, batch: Any) -> Any:
         if item.release is not None:
             item.release()
         raise
-    req.t_joined = time.perf_counter()
     return req
 
 

@@ -304,6 +304,8 @@ class _Request:
         result = self.e.verifier.verify(merged.tree, scored.logits, self.sampling, self.state.generator)
         # 4. commit: stop checks per token; the KV cache, features and hidden state keep the accepted path
         accepted, committed = self._commit(merged, scored, result)
+        if committed and len(self.stops.generated) == len(committed):  # this step committed the first token
+            self.writer.first_token(time.perf_counter() - self.t_start)
         # 5. feedback: each proposer about its own draft, attribution, the merge policy and router
         finished = self.stops.finish_reason is not None
         report = self.drafting.feedback(merged, accepted, committed, finished, forward_s)

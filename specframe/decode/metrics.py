@@ -108,6 +108,8 @@ class RequestMetrics:
     proposer_disabled: bool = False  # too many faults: the rest of the request decoded from the target alone
     wall_s: float = 0.0
     prefill_s: float = 0.0
+    ttft_s: float = 0.0  # from the request's start (its prefill) to its first committed token
+    queue_s: float = 0.0  # batched decoding: waiting for a row of the batch before the start (0 alone)
     propose_s: float = 0.0
     forward_s: float = 0.0
     verify_s: float = 0.0  # verify + commit + rollback + stop checks + feedback
@@ -148,7 +150,7 @@ class RequestMetrics:
         d["tau"] = round(self.tau, 4)
         d["acceptance_rate"] = round(self.acceptance_rate, 4)
         d["tokens_per_s"] = round(self.tokens_per_s, 3)
-        for key in ("wall_s", "prefill_s", "propose_s", "forward_s", "verify_s"):
+        for key in ("wall_s", "prefill_s", "ttft_s", "queue_s", "propose_s", "forward_s", "verify_s"):
             d[key] = round(d[key], 6)
         d["other_s"] = round(max(0.0, self.wall_s - self.prefill_s - self.propose_s - self.forward_s - self.verify_s), 6)
         for label, pm in self.proposers.items():
@@ -223,6 +225,10 @@ class MetricsWriter:
             faults, self._step_faults = self._step_faults, 0
             self.observer.step(m.target_forwards - 1, "+".join(self.labels), report.verified, report.accepted,
                                tuple(committed), faults, finished, report.proposers)
+
+    def first_token(self, seconds: float) -> None:
+        """The first token was committed ``seconds`` after the request started."""
+        self.metrics.ttft_s = seconds
 
     def finish(self, wall_s: float) -> RequestMetrics:
         """The request's end: its wall time in seconds. Returns the metrics."""
