@@ -212,7 +212,7 @@ def replay_requests(engine_for: Callable[[], ContextManager[Any]], trace: Trace,
         m = res.metrics.to_dict()
         m["replay_s"] = m["wall_s"]
         m["wall_s"] = m["forward_s"] + m["propose_s"] if cost else 0.0
-        m["prefill_s"] = m["verify_s"] = m["other_s"] = 0.0
+        m["prefill_s"] = m["verify_s"] = m["other_s"] = m["ttft_s"] = m["queue_s"] = 0.0  # (modeled: wall times are not)
         m["tokens_per_s"] = round(m["new_tokens"] / m["wall_s"], 3) if m["wall_s"] else 0.0
         out.append({"token_ids": res.token_ids, "finish_reason": res.finish_reason, "metrics": m,
                     "question": r.index, "question_id": q.question_id, "category": q.category, "seed": r.seed,
