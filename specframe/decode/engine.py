@@ -126,40 +126,10 @@ class Engine:
         return self.lineup.verifier
 
     @torch.inference_mode()
-    def generate(
-        self,
-        prompt_ids: list[int],
-        *,
-        max_new_tokens: int,
-        sampling: SamplingParams = SamplingParams(),
-        seed: int = 0,
-        stop_strings: Sequence[str] = (),
-        on_text: Callable[[str], None] | None = None,
-        observer: Observers | None = None,
-        between_steps: Callable[[], Any] | None = None,
-        scorer: ScorerFactory | None = None,
-    ) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens after ``prompt_ids``.
-
-        ``observer`` receives one event per step (None: no events; see :meth:`Registry.observers`).
-        ``between_steps`` is called after every step (e.g. the thread governor's cheap, rate-limited load check); it
-        cannot change the output. ``scorer`` makes the request's scorer (:mod:`specframe.decode.scoring`; None: the live
-        target with a fresh KV cache; replay passes one backed by a recorded trace).
-
-        ``max_new_tokens`` beyond the room the prompt leaves in the context is cut to that room (no buffer is sized
-        by what was asked), so a huge budget means "until EOS or the context is full".
-
-        A stop string that is one of the tokenizer's special tokens is matched by its token id (see
-        :func:`~specframe.decode.stopping.special_stop_ids`).
-
-        Raises:
-            ConfigError: ``max_new_tokens < 1``, an empty prompt, or a stop string holding a special token and other
-                text.
-            PromptTooLongError: the prompt leaves no room in the target's context.
-        """
-        return self.request(prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                            stop_strings=stop_strings, on_text=on_text, observer=observer,
-                            between_steps=between_steps, scorer=scorer).run()
+    def generate(self, prompt_ids: list[int], *, max_new_tokens: int, **options: Any) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens after ``prompt_ids``: :meth:`request` (same arguments, same
+        errors), run at once."""
+        return self.request(prompt_ids, max_new_tokens=max_new_tokens, **options).run()
 
     def request(
         self,
@@ -174,8 +144,25 @@ class Engine:
         between_steps: Callable[[], Any] | None = None,
         scorer: ScorerFactory | None = None,
     ) -> "_Request":
-        """One request, checked and ready but not started: :meth:`generate` runs it at once; the batch loop
-        (:mod:`specframe.decode.batch`) steps several together. Arguments and raised errors as :meth:`generate`."""
+        """One request for up to ``max_new_tokens`` tokens after ``prompt_ids``, checked and ready but not started:
+        :meth:`generate` runs it at once; the batch loop (:mod:`specframe.decode.batch`) steps several together.
+
+        ``observer`` receives one event per step (None: no events; see :meth:`Registry.observers`).
+        ``between_steps`` is called after every step (e.g. the thread governor's cheap, rate-limited load check); it
+        cannot change the output. ``scorer`` makes the request's scorer (:mod:`specframe.decode.scoring`; None: the live
+        target with a fresh KV cache; replay passes one backed by a recorded trace; a batch passes its rows).
+
+        ``max_new_tokens`` beyond the room the prompt leaves in the context is cut to that room (no buffer is sized
+        by what was asked), so a huge budget means "until EOS or the context is full".
+
+        A stop string that is one of the tokenizer's special tokens is matched by its token id (see
+        :func:`~specframe.decode.stopping.special_stop_ids`).
+
+        Raises:
+            ConfigError: ``max_new_tokens < 1``, an empty prompt, or a stop string holding a special token and other
+                text.
+            PromptTooLongError: the prompt leaves no room in the target's context.
+        """
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if not prompt_ids:
