@@ -65,21 +65,8 @@ def main() -> int:
         t0 = time.perf_counter()
         alone = [sf.generate_result(p, max_new_tokens=b, seed=i, **kw) for i, (p, b) in enumerate(zip(ids, budgets))]
         t1 = time.perf_counter()
-        steps = []
-        real = sf.target.model.forward
-
-        def spy(*a, **k):
-            steps.append(int(k["input_ids"].shape[0]))
-            return real(*a, **k)
-
-        batched = []
-        if hasattr(sf.target, "model"):
-            sf.target.model.forward = spy
-        try:
-            batched = _batched(sf, ids, budgets, args.batch_size, kw)
-        finally:
-            if hasattr(sf.target, "model"):
-                sf.target.model.forward = real
+        steps = []  # one entry per batched verification forward
+        batched = _batched(sf, ids, budgets, args.batch_size, kw, steps)
         t2 = time.perf_counter()
         same = 0
         for i, (a, r) in enumerate(zip(alone, batched)):
@@ -96,13 +83,13 @@ def main() -> int:
                   f"(top-2 logit gap {float(top[0] - top[1]):.4g})", file=sys.stderr)
         tau = lambda rs: sum(len(r.token_ids) for r in rs) / max(1, sum(r.metrics.target_forwards for r in rs))
         fw_alone = sum(r.metrics.target_forwards for r in alone)
-        fw_batched = len(steps) - sum(len(p) > 1 for p in ids)  # the target's forwards less one prefill a request
+        fw_batched = len(steps)
         print(f"| {spec} | {same}/{len(ids)} | {tau(alone):.2f} | {tau(batched):.2f} | {fw_alone} | {fw_batched} | "
               f"{t1 - t0:.1f} | {t2 - t1:.1f} |", flush=True)
     return 1 if bad else 0
 
 
-def _batched(sf, ids, budgets, batch_size, kw):
+def _batched(sf, ids, budgets, batch_size, kw, steps):
     """The decode loop itself (each request its own budget and seed, as alone); each request's engine is taken as it
     joins and given back as it leaves."""
     from specframe.decode.batch import BatchRequest, decode_batch
@@ -115,7 +102,21 @@ def _batched(sf, ids, budgets, batch_size, kw):
             cm = sf.engine(kw["proposers"], None, kw.get("router"), sampling)
             yield BatchRequest(cm.__enter__(), p, b, sampling, seed=i, release=lambda cm=cm: cm.__exit__(None, None, None))
 
-    out = dict(decode_batch(sf.target, items(), batch_size))
+    import specframe.decode.batch as loop
+
+    real = loop.new_batch
+
+    def counted(target, rows):  # count the batch's forwards (one per step, whatever the engine)
+        batch = real(target, rows)
+        forward = batch.forward
+        batch.forward = lambda items: (steps.append(len(items)), forward(items))[1]
+        return batch
+
+    loop.new_batch = counted
+    try:
+        out = dict(decode_batch(sf.target, items(), batch_size))
+    finally:
+        loop.new_batch = real
     return [out[i] for i in range(len(ids))]
 
 

@@ -117,7 +117,7 @@ def test_every_request_of_a_batch_equals_it_decoded_alone(env, arch, strategy, s
         assert got[i].finish_reason == alone[i].finish_reason
         assert got[i].metrics.target_forwards == alone[i].metrics.target_forwards  # same drafts, same acceptance
         check_metrics(got[i])
-    batched = isinstance(new_batch(target), TransformersBatch)
+    batched = isinstance(new_batch(target, 4), TransformersBatch)
     assert batched == (arch != "qwen2-sliding")  # a sliding window takes no per-row mask: one forward per request
     if batched:
         assert max(calls.sizes) == 4  # up to batch_size rows in one forward
@@ -170,7 +170,7 @@ def _decode_with(batch, target, items, size):
     import specframe.decode.batch as mod
 
     real = mod.new_batch
-    mod.new_batch = lambda t: batch
+    mod.new_batch = lambda t, rows: batch
     try:
         yield from decode_batch(target, items, size)
     finally:
@@ -220,7 +220,7 @@ def test_targets_without_a_batched_forward_decode_one_request_per_forward(env):
     class Plain:  # no new_batch: e.g. a recorded trace
         pass
 
-    assert isinstance(new_batch(Plain()), SequentialBatch)
+    assert isinstance(new_batch(Plain(), 4), SequentialBatch)
 
 
 # --- faces -----------------------------------------------------------------------------------------------------------

@@ -196,3 +196,67 @@ def test_sampling_runs_and_a_seed_repeats(sf, prompts):
     runs = [sf.generate_result(ids, proposers=["ngram"], max_new_tokens=24, temperature=0.8, seed=5, router="none")
             for _ in range(2)]
     assert runs[0].token_ids == runs[1].token_ids and len(runs[0].token_ids) > 0
+
+
+# --- batched decoding: several requests in one llama_decode ----------------------------------------------------------
+
+
+def test_rows_of_several_sequences_equal_each_sequence_alone(sf):
+    """A batch holding several requests' ragged rows (each its own KV stream, rows padded to the longest) gives each
+    request the logits it gets alone, bit for bit; a unified cache would not (docs/batching.md)."""
+    from specframe.contracts import DraftTree
+    from specframe.target.llamacpp.batch import LlamaCppBatch
+
+    target = sf.target
+    rng = random.Random(2)
+    prompts = [[rng.randrange(100, target.vocab_size) for _ in range(rng.randrange(3, 60))] for _ in range(4)]
+    drafts = [[rng.randrange(100, target.vocab_size) for _ in range(k)] for k in (0, 3, 1, 6)]
+    alone = []
+    for p, d in zip(prompts, drafts):
+        ctx = target.take_context()
+        try:
+            target.forward(torch.tensor([p[:-1]]), ctx, logits_to_keep=1)
+            alone.append(ctx.decode([p[-1], *d], list(range(len(p) - 1, len(p) + len(d)))))
+        finally:
+            target.give_context(ctx)
+    batch = LlamaCppBatch(target, 4)
+    try:
+        rows = [batch.row(target, (), False) for _ in prompts]
+        for row, p in zip(rows, prompts):
+            row.prefill(torch.tensor([p[:-1]]))
+        for _ in range(2):  # the second after keeping nothing (a full rollback of every row's draft)
+            trees = [DraftTree.chain(d) if d else DraftTree.empty() for d in drafts]
+            batch.forward([(r, torch.tensor([[p[-1]]]), t) for r, p, t in zip(rows, prompts, trees)])
+            for r, t, want in zip(rows, trees, alone):
+                got = r.score(None, t).logits[0]
+                assert torch.equal(got, want), float((got - want).abs().max())
+                r.keep([])
+                r.n_past -= 1  # (keep() committed the newest token; score the same step again)
+                batch.ctx.remove(r.seq, r.n_past)
+    finally:
+        batch.close()
+
+
+@pytest.mark.parametrize("proposers", [[{"name": "none"}], [{"name": "ngram"}], [{"name": "draft-model"}]],
+                         ids=["none", "ngram", "draft-model"])
+def test_a_batch_on_llamacpp_equals_each_request_alone(sf, prompts, proposers):
+    texts = [*prompts, "Name three rivers.", "What is 17 * 23? Explain step by step.", "Say hi."]
+    ids = [sf.encode(t) for t in texts]
+    want = [_peer_tokens(sf, i, 24 + 8 * (j % 3)) for j, i in enumerate(ids)]
+    # different budgets: requests leave at different steps and the waiting ones join
+    from specframe.decode.batch import BatchRequest, decode_batch
+    from specframe.target.llamacpp.batch import LlamaCppBatch
+
+    assert isinstance(sf.target.new_batch(3), LlamaCppBatch)
+    items = []
+    held = []
+    for j, i in enumerate(ids):
+        cm = sf.engine(proposers, None, "none")
+        held.append(cm)
+        items.append(BatchRequest(cm.__enter__(), i, 24 + 8 * (j % 3)))
+    try:
+        out = dict(decode_batch(sf.target, items, 3))
+    finally:
+        for cm in held:
+            cm.__exit__(None, None, None)
+    assert [out[j].token_ids for j in range(len(ids))] == want

@@ -11,9 +11,10 @@ Finished requests leave and waiting ones join between steps (prefilled on their 
 cache); no other row is re-prefilled. A request's output is the same as decoding it alone: each row attends to its own
 keys at its own positions (:mod:`specframe.target.batch_kv`).
 
-Which batch a target gets: ``target.new_batch()`` when it has one (transformers targets with full-attention layers),
-otherwise :class:`SequentialBatch` — the same loop, each request scored by its own forward (llama.cpp, replay, sliding
-window models), so the face works on every engine.
+Which batch a target gets: ``target.new_batch(rows)`` when it has one (transformers targets with full-attention layers:
+:mod:`specframe.target.batch_kv`; llama.cpp verifying chains: :mod:`specframe.target.llamacpp.batch`), otherwise
+:class:`SequentialBatch` — the same loop, each request scored by its own forward (replay, sliding-window models,
+llama.cpp with token trees), so the face works on every engine.
 """
 
 from __future__ import annotations
@@ -63,10 +64,11 @@ class SequentialBatch:
         return None
 
 
-def new_batch(target: Any) -> Any:
-    """The target's batch (one forward for all rows) where it has one, else a :class:`SequentialBatch`."""
+def new_batch(target: Any, rows: int) -> Any:
+    """The target's batch for up to ``rows`` requests at once (one forward for all) where it has one, else a
+    :class:`SequentialBatch`."""
     make = getattr(target, "new_batch", None)
-    batch = make() if make is not None else None
+    batch = make(rows) if make is not None else None
     return batch if batch is not None else SequentialBatch(target)
 
 
@@ -93,7 +95,7 @@ def decode_batch(target: Any, requests: Iterable[BatchRequest], batch_size: int,
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    batch = new_batch(target)
+    batch = new_batch(target, batch_size)
     t_run = time.perf_counter()
     waiting = enumerate(iter(requests))
     active: list[_Active] = []
@@ -131,6 +133,9 @@ def decode_batch(target: Any, requests: Iterable[BatchRequest], batch_size: int,
     finally:
         for a in active:  # an error (or a consumer that stopped early): give every row back
             _leave(a)
+        close = getattr(batch, "close", None)
+        if close is not None:  # (a llama.cpp batch frees its context)
+            close()
 
 
 def _start(item: BatchRequest, batch: Any) -> Any:

@@ -142,9 +142,10 @@ class Target(TextSide):
 
         return new_cache(self.model.config)
 
-    def new_batch(self) -> Any:
-        """Several requests' rows in one KV cache, one forward per step for all (:mod:`specframe.target.batch_kv`);
-        None when a layer cannot take the per-row mask (a sliding window: see :func:`tree_obstacle`)."""
+    def new_batch(self, rows: int = 0) -> Any:
+        """Several requests' rows in one KV cache, one forward per step for all (:mod:`specframe.target.batch_kv`;
+        ``rows``, the most at once, sizes nothing here); None when a layer cannot take the per-row mask (a sliding
+        window: see :func:`tree_obstacle`)."""
         if not self.supports_trees:
             return None
         from .batch_kv import TransformersBatch

@@ -193,13 +193,15 @@ class LlamaContext(_Native):
         threads: CPU threads for one-token and batch decoding.
         n_seq_max: sequence ids a token may carry (token trees).
         flash_attention: llama.cpp's fused attention (off: its split-KV path depends on the batch shape).
+        unified: one KV cache for every sequence (token trees share the committed cells); False: a stream of
+            ``n_ctx / n_seq_max`` cells per sequence (batched requests: each attends to its own cells only).
 
     Raises:
         ConfigError: llama.cpp cannot create the context (e.g. no memory for ``n_ctx`` cells).
     """
 
     def __init__(self, model: LlamaModel, n_ctx: int, n_batch: int, threads: int, n_seq_max: int = 1,
-                 flash_attention: bool = False) -> None:
+                 flash_attention: bool = False, unified: bool = True) -> None:
         self.model, self.lib = model, model.lib
         params = self.lib.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -210,7 +212,7 @@ class LlamaContext(_Native):
                                   else self.lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         params.no_perf = True
         params.embeddings = False
-        params.kv_unified = True
+        params.kv_unified = unified  # False: one KV stream per sequence (n_ctx / n_seq_max cells each)
         params.swa_full = True  # sliding-window layers keep every cell: a rollback may need cells past the window
         ptr = self.lib.llama_init_from_model(model.ptr, params)
         if not ptr:

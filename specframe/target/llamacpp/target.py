@@ -120,6 +120,15 @@ class LlamaCppTarget(TextSide):
                               "eagle) need engine transformers")
         return LlamaCppScorer(self)
 
+    def new_batch(self, rows: int) -> Any:
+        """Up to ``rows`` requests in one ``llama_decode`` per step (:mod:`specframe.target.llamacpp.batch`); None
+        with token trees on (their sequence ids are the tree's: one decode per request then)."""
+        if self.supports_trees:
+            return None
+        from .batch import LlamaCppBatch
+
+        return LlamaCppBatch(self, rows)
+
     def new_cache(self) -> Any:  # (the contract's name for a request's KV state)
         return self.take_context()
 
