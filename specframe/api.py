@@ -31,6 +31,7 @@ from .config import (
     validation_line,
 )
 from .decode.drafting import FallbackPolicy
+from .decode.batch import BatchRequest
 from .decode.engine import Engine, GenerationResult, proposer_labels
 from .errors import ConfigError, SpecframeError
 from .decode.isolation import IsolationPolicy, UnbuiltProposer
@@ -74,6 +75,10 @@ class Specframe:
     weights are shared read-only. Each request's output and metrics are what it gives alone. Shared across the
     process: torch's thread count (the thread governor may change it during a run) and observer plugins, whose
     hooks are called from each request's own thread.
+
+    With ``batch_size`` > 1 (config), concurrent requests share each target forward instead: one loop thread decodes
+    them together (:mod:`specframe.decode.scheduler`), each still with its own proposers, draft and output; their
+    ``on_text`` callbacks and observer hooks then run on that thread. :meth:`close` stops it.
     """
 
     def __init__(self, config: SpecframeConfig, target: Any, registry: Registry) -> None:
@@ -83,6 +88,7 @@ class Specframe:
         self._pool = InstancePool(max_idle=POOL_IDLE)
         self._broken: OrderedDict[str, BaseException] = OrderedDict()  # key -> what its constructor raised
         self._lock = threading.Lock()
+        self._scheduler: Any = None  # the batch loop thread, made on the first request when batch_size > 1
 
     # --- plugin instances, one set per request ---------------------------------------------------------------
     def _build(self, kind: str, key: str, cls: type, cfg: Any) -> Any:
@@ -242,15 +248,23 @@ class Specframe:
                                      top_k=top_k, seed=seed, stop=stop)
         sampling = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
         ids = self._prompt_ids(prompt, chat)
-        with self.engine(proposers, merge, router, sampling) as engine:
-            governor = getattr(self.target, "governor", None)
-            load = governor.check() if governor is not None else None  # threads within the free cores
-            observer = self.registry.observers()  # None when no plugin observes: the loop then skips events
-            result = engine.generate(
-                ids, max_new_tokens=req.max_new_tokens, sampling=sampling, seed=req.seed,
-                stop_strings=tuple(req.stop), on_text=on_text, observer=observer,
-                between_steps=governor.check if governor is not None else None,  # a neighbour may start mid-request
-            )
+        governor = getattr(self.target, "governor", None)
+        observer = self.registry.observers()  # None when no plugin observes: the loop then skips events
+        if self.config.batch_size > 1:  # decoded together with other threads' requests (one forward per step)
+            held = self.engine(proposers, merge, router, sampling)
+            engine = held.__enter__()
+            load = governor.check() if governor is not None else None
+            item = BatchRequest(engine, ids, req.max_new_tokens, sampling, req.seed, tuple(req.stop), on_text,
+                                observer, release=lambda: held.__exit__(None, None, None))
+            result = self._batch_scheduler().submit(item).result()
+        else:
+            with self.engine(proposers, merge, router, sampling) as engine:
+                load = governor.check() if governor is not None else None  # threads within the free cores
+                result = engine.generate(
+                    ids, max_new_tokens=req.max_new_tokens, sampling=sampling, seed=req.seed,
+                    stop_strings=tuple(req.stop), on_text=on_text, observer=observer,
+                    between_steps=governor.check if governor is not None else None,  # a neighbour may start mid-request
+                )
         if observer is not None:
             observer.request(tuple(engine.labels), len(ids), tuple(result.token_ids), result.finish_reason,
                              result.metrics.to_dict())
@@ -258,6 +272,24 @@ class Specframe:
         if getattr(self.target, "settings", None) is not None:
             result.machine = {**self.machine_info(), "others_load": round(load or 0.0, 2)}
         return result
+
+    def _batch_scheduler(self) -> Any:
+        """The loop thread that decodes concurrent :meth:`generate_result` calls together (``batch_size`` > 1)."""
+        from .decode.scheduler import BatchScheduler
+
+        with self._lock:
+            if self._scheduler is None:
+                governor = getattr(self.target, "governor", None)
+                self._scheduler = BatchScheduler(self.target, self.config.batch_size,
+                                                 governor.check if governor is not None else None)
+            return self._scheduler
+
+    def close(self) -> None:
+        """Finish the requests in flight and stop the batch loop thread (``batch_size`` > 1); safe to call twice."""
+        with self._lock:
+            scheduler, self._scheduler = self._scheduler, None
+        if scheduler is not None:
+            scheduler.close()
 
     def generate_batch_results(
         self,
@@ -289,7 +321,7 @@ class Specframe:
                 checked before any is generated.
             PromptTooLongError: a prompt that leaves no room in the model's context (the message gives its index).
         """
-        from .decode.batch import BatchRequest, decode_batch
+        from .decode.batch import decode_batch
         from .errors import PromptTooLongError
 
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:

@@ -192,6 +192,8 @@ class SpecframeConfig(BaseModel):
     prepack: bool | Literal["auto"] = Field(
         "auto", description="Pre-pack linear weights for oneDNN (CPU); auto = where the machine profile measured it faster.")
     chat: bool = Field(True, description="Apply the tokenizer's chat template when it has one.")
+    batch_size: int = Field(1, ge=1, le=256, description="Requests decoded together, one target forward per step, "
+                            "when several threads generate at once (1: each request its own forwards; docs/batching.md).")
     max_new_tokens: MaxNewTokens = Field(128, description="Tokens to generate per prompt at most.")
     stop: list[str] = Field(default_factory=list, description="Stop strings (cut from the text).")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)

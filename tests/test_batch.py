@@ -397,3 +397,52 @@ def test_bench_concurrency_refuses_peers_that_cannot_batch(tmp_path):
     cfg.write_text(json.dumps({"concurrency": [0], "strategies": [{"name": "ngram", "proposers": ["ngram"]}]}))
     with pytest.raises(ConfigError, match="concurrency must list distinct numbers >= 1"):
         load_bench_config(cfg)
+
+
+# --- threads feeding one batch ---------------------------------------------------------------------------------------
+
+
+def test_threads_calling_generate_share_the_batch_and_get_their_own_outputs(env):
+    """With batch_size 4, six threads' requests are decoded together (forwards with several rows) and each gets what
+    it gets alone — streamed text included; a client whose on_text raises fails alone."""
+    import threading
+
+    import specframe
+
+    target = env["llama"][0]
+    alone_sf = specframe.load(target=target, max_new_tokens=20)
+    prompts = _prompts(6, seed=9)
+    want = [alone_sf.generate_result(p, proposers="ngram", max_new_tokens=20 + i).token_ids
+            for i, p in enumerate(prompts)]
+    sf = specframe.load(target=target, max_new_tokens=20, batch_size=4)
+    got, texts, errors = [None] * 6, [[] for _ in range(6)], []
+    barrier = threading.Barrier(7)
+
+    def worker(i):
+        barrier.wait()
+        try:
+            got[i] = sf.generate_result(prompts[i], proposers="ngram", max_new_tokens=20 + i,
+                                        on_text=texts[i].append)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    def bad_client():
+        barrier.wait()
+
+        def boom(piece):
+            raise OSError("the client hung up")
+
+        with pytest.raises(OSError, match="hung up"):
+            sf.generate_result(PROMPT, proposers="ngram", max_new_tokens=30, on_text=boom)
+
+    with _CountRows(target.model) as calls:
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)] + [threading.Thread(target=bad_client)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    sf.close()
+    assert not errors, errors
+    assert [r.token_ids for r in got] == want
+    assert ["".join(t) for t in texts] == [r.text for r in got]
+    assert max(calls.sizes) > 1  # requests of several threads shared forwards

@@ -30,7 +30,7 @@ from ..sampling import SamplingParams
 from .engine import Engine, GenerationResult, _default_scorer
 from .observe import Observers
 
-__all__ = ["BatchRequest", "SequentialBatch", "decode_batch", "new_batch"]
+__all__ = ["BatchLoop", "BatchRequest", "SequentialBatch", "decode_batch", "new_batch"]
 
 
 @dataclass
@@ -76,9 +76,90 @@ def new_batch(target: Any, rows: int) -> Any:
 class _Active:
     item: BatchRequest
     request: Any  # engine._Request
-    index: int
+    index: Any
     draft: tuple = field(default=())
     size: int = 1  # its row's tokens in the last forward (newest + draft nodes)
+
+
+class BatchLoop:
+    """The continuous-batching loop as steps: :meth:`admit` requests while there is :attr:`room`, :meth:`step`
+    them together, collect the finished. :func:`decode_batch` drives it over an iterable; the scheduler
+    (:mod:`specframe.decode.scheduler`) over requests arriving from any thread. Call from one thread only.
+
+    Args:
+        target: the target every request's engine runs on.
+        batch_size: requests in one forward at most.
+
+    Raises:
+        ConfigError: ``batch_size < 1``; the target cannot hold that many requests at once (llama.cpp's cells).
+    """
+
+    def __init__(self, target: Any, batch_size: int) -> None:
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+        self.batch = new_batch(target, batch_size)
+        self.t_start = time.perf_counter()
+        self.active: list[_Active] = []
+
+    @property
+    def room(self) -> int:
+        return self.batch_size - len(self.active)
+
+    def admit(self, item: BatchRequest, index: Any, arrived: float | None = None) -> None:
+        """Start ``item`` (its prefill, on its own) so that it joins the next step; ``arrived``: when it was asked
+        for (``perf_counter``; None: when the loop started), for its ``queue_s``.
+
+        Raises:
+            ConfigError, PromptTooLongError: the request's own checks (its engine is given back).
+            RuntimeError: no room.
+        """
+        if not self.room:
+            raise RuntimeError(f"the batch holds {self.batch_size} requests at most")
+        req = _start(item, self.batch)
+        req.writer.metrics.queue_s = req.t_start - (self.t_start if arrived is None else arrived)
+        self.active.append(_Active(item, req, index))
+
+    def step(self) -> list[tuple[Any, GenerationResult | BaseException]]:
+        """One step of every active request; returns ``(index, result)`` of those that finished, or ``(index,
+        exception)`` of one that failed on its own (a client's ``on_text`` that raised, say): it leaves alone, the
+        others go on. A target forward that fails for everyone raises."""
+        active = self.active
+        sizes = [a.size for a in active]
+        out: list[tuple[Any, GenerationResult | BaseException]] = []
+        failed: list[_Active] = []
+        for i, a in enumerate(active):  # the router budgets each request's draft from the whole forward
+            a.request.drafting.set_batch(len(active), max(sizes[:i] + sizes[i + 1 :], default=1))
+            a.draft = a.request.draft()
+            a.size = 1 + a.draft[0].tree.num_nodes
+        self.batch.forward([(a.request.scorer, a.request.newest, a.draft[0].tree) for a in active])
+        for a in active:
+            try:
+                a.request.verify(*a.draft)
+            except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
+                failed.append(a)
+                out.append((a.index, exc))
+        done = [a for a in active if a.request.finished and a not in failed]
+        self.active = [a for a in active if not a.request.finished and a not in failed]
+        for a in failed:
+            _leave(a)
+        for a in done:
+            try:
+                result: GenerationResult | BaseException = a.request.result()
+            except Exception as exc:  # noqa: BLE001 - (its last piece of streamed text went to a raising client)
+                result = exc
+            _leave(a)
+            out.append((a.index, result))
+        return out
+
+    def close(self) -> None:
+        """Give every active row back (an error, or a consumer that stopped early) and free the batch."""
+        for a in self.active:
+            _leave(a)
+        self.active = []
+        close = getattr(self.batch, "close", None)
+        if close is not None:  # (a llama.cpp batch frees its context)
+            close()
 
 
 def decode_batch(target: Any, requests: Iterable[BatchRequest], batch_size: int,
@@ -92,50 +173,30 @@ def decode_batch(target: Any, requests: Iterable[BatchRequest], batch_size: int,
     Raises:
         ConfigError: ``batch_size < 1``; a request's own checks (``max_new_tokens < 1``, an empty prompt).
         PromptTooLongError: a prompt that leaves no room in the target's context.
+        Exception: whatever a request's client callback (``on_text``) raised.
     """
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    batch = new_batch(target, batch_size)
-    t_run = time.perf_counter()
+    loop = BatchLoop(target, batch_size)
     waiting = enumerate(iter(requests))
-    active: list[_Active] = []
     more = True
     try:
         with torch.inference_mode():
-            while active or more:
-                while more and len(active) < batch_size:  # join: prefill on its own, enter the next forward
+            while loop.active or more:
+                while more and loop.room:  # join: prefill on its own, enter the next forward
                     nxt = next(waiting, None)
                     if nxt is None:
                         more = False
                         break
-                    index, item = nxt
-                    req = _start(item, batch)
-                    req.writer.metrics.queue_s = req.t_start - t_run  # waited for a row this long
-                    active.append(_Active(item, req, index))
-                if not active:
+                    loop.admit(nxt[1], nxt[0])
+                if not loop.active:
                     break
-                sizes = [a.size for a in active]
-                for i, a in enumerate(active):  # the router budgets each request's draft from the whole forward
-                    a.request.drafting.set_batch(len(active), max(sizes[:i] + sizes[i + 1 :], default=1))
-                    a.draft = a.request.draft()
-                    a.size = 1 + a.draft[0].tree.num_nodes
-                batch.forward([(a.request.scorer, a.request.newest, a.draft[0].tree) for a in active])
-                for a in active:
-                    a.request.verify(*a.draft)
-                done = [a for a in active if a.request.finished]
-                active = [a for a in active if not a.request.finished]
-                for a in done:
-                    result = a.request.result()
-                    _leave(a)
-                    yield a.index, result
+                for index, result in loop.step():
+                    if isinstance(result, BaseException):
+                        raise result
+                    yield index, result
                 if between_steps is not None:
                     between_steps()
     finally:
-        for a in active:  # an error (or a consumer that stopped early): give every row back
-            _leave(a)
-        close = getattr(batch, "close", None)
-        if close is not None:  # (a llama.cpp batch frees its context)
-            close()
+        loop.close()
 
 
 def _start(item: BatchRequest, batch: Any) -> Any:
