@@ -446,3 +446,32 @@ def test_threads_calling_generate_share_the_batch_and_get_their_own_outputs(env)
     assert [r.token_ids for r in got] == want
     assert ["".join(t) for t in texts] == [r.text for r in got]
     assert max(calls.sizes) > 1  # requests of several threads shared forwards
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("economize") is None,
+                    reason="economize (PyPI) is a peer, not a dependency: pip install economize")
+def test_bench_under_load_runs_economize_as_a_peer(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from specframe.cli import app
+
+    monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path / "cache"))
+    q = tmp_path / "q.jsonl"
+    q.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]}) + "\n" for i, t in
+                         enumerate(["aa ab ac aa ab", "ba bb bc ba bb bd", "ca cb"])))
+    model_dir = tmp_path / "tiny-model"
+    build_model("llama", initializer_range=0.2).save_pretrained(model_dir)
+    build_tokenizer().save_pretrained(model_dir)
+    cfg = tmp_path / "b.yaml"
+    cfg.write_text(json.dumps({
+        "model": str(model_dir), "dtype": "float32", "threads": 1, "prepack": False, "chat": False,
+        "max_new_tokens": 10, "concurrency": [1, 3], "strategies": [
+            {"name": "economize", "peer": "economize-batch"},
+            {"name": "economize-lookup", "peer": "economize-batch", "options": {"lookup": True}}]}))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["bench", "--config", str(cfg), "--questions", str(q), "--output", str(out)])
+    assert res.exit_code == 0, (res.output, res.exception)
+    load = {(r["strategy"], r["concurrency"]): r for r in json.loads((out / "results.json").read_text())["load"]}
+    alone = [x["token_ids"] for x in load[("none", 1)]["requests"]]
+    for key in (("economize", 1), ("economize", 3), ("economize-lookup", 3)):
+        assert [x["token_ids"] for x in load[key]["requests"]] == alone

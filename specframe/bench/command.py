@@ -84,6 +84,12 @@ def validate_bench_config(cfg: Any, registry: Any) -> None:
                 check_request(dtype, cfg.device, prepack)
             except ConfigError as exc:
                 raise ConfigError(f"strategy {s.name!r}: {exc}") from None
+    import importlib.util
+
+    for s in cfg.strategies:
+        if s.peer == "economize-batch" and importlib.util.find_spec("economize") is None:
+            raise ConfigError(f"strategy {s.name!r}: peer economize-batch needs the economize package (PyPI): "
+                              "pip install economize")
     for s in cfg.strategies:
         if s.peer == "hf-assisted":
             try:

@@ -18,7 +18,8 @@ from ..config import MAX_THREADS, LlamaCppSettings, MaxNewTokens, Seed, Temperat
 from ..errors import ConfigError
 from ..io.yamlfile import read_yaml
 
-HF_PEERS = ("hf-greedy", "hf-prompt-lookup", "hf-assisted")
+HF_PEERS = ("hf-greedy", "hf-prompt-lookup", "hf-assisted", "economize-batch")  # (economize: PyPI, on the HF model)
+BATCHED_PEERS = ("hf-greedy", "economize-batch")  # peers that decode batches (bench `concurrency`)
 LLAMACPP_PEERS = ("llamacpp-greedy", "llamacpp-prompt-lookup")  # (specframe.target.llamacpp.peers.PEERS)
 PEERS = HF_PEERS + LLAMACPP_PEERS
 BASELINE = "none"
@@ -38,9 +39,12 @@ class Strategy(BaseModel):
     router: dict[str, Any] | str | None = Field(
         None, description="Combined proposers: router, e.g. adaptive (the default) or none."
     )
-    peer: Literal["hf-greedy", "hf-prompt-lookup", "hf-assisted", "llamacpp-greedy", "llamacpp-prompt-lookup"] | None = Field(
+    peer: Literal["hf-greedy", "hf-prompt-lookup", "hf-assisted", "llamacpp-greedy", "llamacpp-prompt-lookup",
+                  "economize-batch"] | None = Field(
         None, description="Another library's own decoding instead of specframe: an HF transformers generate() mode "
-        "(hf-*, engine transformers) or llama-cpp-python's Llama.generate (llamacpp-*, engine llama.cpp)."
+        "(hf-*, engine transformers), llama-cpp-python's Llama.generate (llamacpp-*, engine llama.cpp), or economize's "
+        "decode_batch on the same HF model (economize-batch, bench `concurrency` only; options {lookup: true, "
+        "cycle_length: 5} for its prompt lookup)."
     )
     engine: Engine | None = Field(None, description="What runs this strategy's target (default: the bench's; "
                                   "llamacpp-* peers run on llama.cpp).")
@@ -132,11 +136,14 @@ class BenchConfig(BaseModel):
         if self.concurrency is not None:
             if any(c < 1 for c in self.concurrency) or len(set(self.concurrency)) != len(self.concurrency):
                 raise ValueError(f"concurrency must list distinct numbers >= 1, got {self.concurrency}")
-            batched = ("hf-greedy",)
             for s in self.strategies:
-                if s.peer is not None and s.peer not in batched:
+                if s.peer is not None and s.peer not in BATCHED_PEERS:
                     raise ValueError(f"strategy {s.name!r}: peer {s.peer} cannot decode batches; with `concurrency` "
-                                     f"the peers are {', '.join(batched)} (drop the strategy or `concurrency`)")
+                                     f"the peers are {', '.join(BATCHED_PEERS)} (drop the strategy or `concurrency`)")
+        else:
+            for s in self.strategies:
+                if s.peer == "economize-batch":
+                    raise ValueError(f"strategy {s.name!r}: peer economize-batch runs under `concurrency` only")
         from .grid import expand
 
         self.strategies = [point for s in self.strategies for point in expand(s)]

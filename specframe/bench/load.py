@@ -21,9 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from .config import BASELINE, BenchConfig
-
-BATCHED_PEERS = ("hf-greedy",)
+from .config import BASELINE, BATCHED_PEERS, BenchConfig
 
 
 def run_load(cfg: BenchConfig, chosen: list, by_strategy: dict[str, Any],
@@ -54,6 +52,8 @@ def _run(cfg: BenchConfig, s: Any, sf: Any, encoded: list[list[int]], c: int, ma
         torch.set_num_threads(settings.threads)
     if s.peer == "hf-greedy":
         return _hf_batched(sf.target, encoded, c, max_new)
+    if s.peer == "economize-batch":
+        return _economize(sf.target, encoded, c, max_new, s.options)
     t0 = time.perf_counter()
     ends: dict[int, float] = {}
     results = sf.generate_batch_results(
@@ -96,6 +96,39 @@ def _hf_batched(target: Any, encoded: list[list[int]], c: int, max_new: int) -> 
             n = cut
             requests.append({"token_ids": row[:cut], "new_tokens": n, "ttft_s": None,
                              "tpot_s": took / max(steps, 1), "tau": 1.0, "target_forwards": n, "drafted_nodes": 0,
+                             "nodes_per_step": 0.0})
+    return _figures(requests, time.perf_counter() - t0)
+
+
+def _economize(target: Any, encoded: list[list[int]], c: int, max_new: int, options: dict[str, Any]) -> dict[str, Any]:
+    """economize's ``decode_batch`` (PyPI) on the target's own HF model: groups of ``c`` prompts, each group until its
+    last row ends (economize batches the prompts it is given; rows do not join mid-run). ``options``: ``lookup``
+    (its prompt-lookup drafter) and ``cycle_length`` (tokens per verified cycle, default 5)."""
+    import economize
+
+    configs = []
+    if options.get("lookup"):
+        from economize.techniques.lookup.config import LookupConfig
+
+        configs.append(LookupConfig())
+    model = economize.apply(target.model, *configs)
+    decoding = economize.DecodeConfig(cycle_length=int(options.get("cycle_length", 5)) if configs else 1)
+    eos = sorted(target.eos_token_ids)
+    requests: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    for start in range(0, len(encoded), c):
+        group = [torch.tensor(p) for p in encoded[start : start + c]]
+        b0 = time.perf_counter()
+        with torch.inference_mode():
+            results = model.decode_batch(group, max_new, decoding=decoding, stop=eos or None)
+        took = time.perf_counter() - b0
+        for r in results:
+            row = r.tokens.tolist()
+            cut = next((j + 1 for j, t in enumerate(row) if t in eos), len(row))
+            cycles = len(r.acceptance) if r.acceptance else cut
+            requests.append({"token_ids": row[:cut], "new_tokens": cut, "ttft_s": None,
+                             "tpot_s": took / max(cut, 1), "tau": cut / max(cycles, 1), "target_forwards": cycles,
+                             "drafted_nodes": sum(d for d, _ in r.acceptance) if r.acceptance else 0,
                              "nodes_per_step": 0.0})
     return _figures(requests, time.perf_counter() - t0)
 
