@@ -20,7 +20,7 @@ import statistics
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-NS = (1, 2, 4, 8, 16, 32)  # tokens per forward the machine profile measures
+NS = (1, 2, 4, 8, 16, 32, 64, 128)  # tokens per forward the machine profile measures (batched steps: all rows)
 REF_ACCEPT = 0.6  # reference per-token acceptance for judging settings (between lookup and learned drafters)
 
 
@@ -54,7 +54,8 @@ class CostCurve:
         fixed: the same for a curve that never follows the thread count (the machine's own, at its most threads),
             for decisions that must not depend on the load — a router under sampling, where its decisions pick how
             many random draws a step makes (docs/machine.md, "What a seed pins down"). Default: ``t_ms``.
-        ns: the token counts of each row, ascending, starting at 1 (default :data:`NS`).
+        ns: the token counts of each row, ascending, starting at 1 (default :data:`NS`); a shorter row holds the
+            first ``len(row)`` of them.
 
     ``v(n)`` for any n >= 1 (a float) interpolates linearly between measured points and extends the last segment's
     slope past them; an empty curve is falsy and reads v(n) = 1.0.
@@ -104,7 +105,8 @@ class CostCurve:
     def _v(self, t_ms: dict[int, list[float]], n: float) -> float:
         if not t_ms:
             return 1.0
-        return sum(interpolate(self.ns, [t / row[0] for t in row], n) for row in t_ms.values()) / len(t_ms)
+        # a row may be shorter than ns (measured before NS grew): its points are the first ns
+        return sum(interpolate(self.ns[: len(row)], [t / row[0] for t in row], n) for row in t_ms.values()) / len(t_ms)
 
     def seconds(self, n: int) -> float:
         """Modeled seconds of a forward over ``n`` new tokens, T(1) * v(n) (0.0 for an empty curve)."""
