@@ -14,6 +14,7 @@ import difflib
 import logging
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -251,27 +252,102 @@ class Specframe:
         governor = getattr(self.target, "governor", None)
         observer = self.registry.observers()  # None when no plugin observes: the loop then skips events
         if self.config.batch_size > 1:  # decoded together with other threads' requests (one forward per step)
-            held = self.engine(proposers, merge, router, sampling)
-            engine = held.__enter__()
-            load = governor.check() if governor is not None else None
-            item = BatchRequest(engine, ids, req.max_new_tokens, sampling, req.seed, tuple(req.stop), on_text,
-                                observer, release=lambda: held.__exit__(None, None, None))
-            result = self._batch_scheduler().submit(item).result()
-        else:
-            with self.engine(proposers, merge, router, sampling) as engine:
-                load = governor.check() if governor is not None else None  # threads within the free cores
-                result = engine.generate(
-                    ids, max_new_tokens=req.max_new_tokens, sampling=sampling, seed=req.seed,
-                    stop_strings=tuple(req.stop), on_text=on_text, observer=observer,
-                    between_steps=governor.check if governor is not None else None,  # a neighbour may start mid-request
-                )
+            return self.submit(ids, proposers=proposers, max_new_tokens=max_new_tokens, temperature=temperature,
+                               top_p=top_p, top_k=top_k, seed=seed, stop=stop, question_id=question_id,
+                               on_text=on_text, merge=merge, router=router).result()
+        governor = getattr(self.target, "governor", None)
+        observer = self.registry.observers()  # None when no plugin observes: the loop then skips events
+        with self.engine(proposers, merge, router, sampling) as engine:
+            load = governor.check() if governor is not None else None  # threads within the free cores
+            result = engine.generate(
+                ids, max_new_tokens=req.max_new_tokens, sampling=sampling, seed=req.seed,
+                stop_strings=tuple(req.stop), on_text=on_text, observer=observer,
+                between_steps=governor.check if governor is not None else None,  # a neighbour may start mid-request
+            )
+        return self._finish(result, engine.labels, ids, observer, question_id, load)
+
+    def _finish(self, result: GenerationResult, labels: Sequence[str], ids: list[int], observer: Any,
+                question_id: Any, load: float | None) -> GenerationResult:
+        """The observers' request event, the question id and the machine record of a finished request."""
         if observer is not None:
-            observer.request(tuple(engine.labels), len(ids), tuple(result.token_ids), result.finish_reason,
+            observer.request(tuple(labels), len(ids), tuple(result.token_ids), result.finish_reason,
                              result.metrics.to_dict())
         result.question_id = question_id
         if getattr(self.target, "settings", None) is not None:
             result.machine = {**self.machine_info(), "others_load": round(load or 0.0, 2)}
         return result
+
+    def submit(
+        self,
+        prompt: str | list[int],
+        *,
+        cancel: Any = None,
+        proposers: Sequence[dict[str, Any] | str] | str | None = None,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] | str | None = None,
+        chat: bool | None = None,
+        question_id: Any = None,
+        on_text: Callable[[str], None] | None = None,
+        merge: dict[str, Any] | str | None = None,
+        router: dict[str, Any] | str | None = None,
+    ) -> Future:
+        """Queue one request for the batch loop thread (continuous batching with every other submitted request,
+        ``batch_size`` of the config at most per forward) and return at once: a
+        :class:`concurrent.futures.Future` of its :class:`GenerationResult`. ``cancel`` (a ``threading.Event``): set
+        it and the request leaves the batch before the next step (its future then raises ``CancelledError``).
+        ``on_text`` runs on the loop thread. Other arguments as in :meth:`generate_result`.
+
+        Raises (at once, before anything is queued):
+            ConfigError: a bad value or plugin option, an empty prompt.
+            PromptTooLongError: the prompt leaves no room in the model's context.
+        """
+        from .errors import PromptTooLongError
+
+        if on_text is not None and not callable(on_text):
+            raise ConfigError(f"on_text must be a function taking each new piece of text, got {on_text!r}")
+        req = self._request_settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                     top_k=top_k, seed=seed, stop=stop)
+        sampling = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
+        ids = self._prompt_ids(prompt, chat)
+        if not ids:
+            raise ConfigError("the prompt is empty: give at least one token")
+        if len(ids) >= self.target.max_context:
+            raise PromptTooLongError(f"the prompt has {len(ids)} tokens; the model's context is "
+                                     f"{self.target.max_context}: shorten it")
+        from .decode.stopping import special_stop_ids
+
+        special_stop_ids(tuple(req.stop), self.target.tokenizer)  # a stop string that cannot match fails now
+        governor = getattr(self.target, "governor", None)
+        observer = self.registry.observers()
+        held = self.engine(proposers, merge, router, sampling)
+        engine = held.__enter__()  # (a bad plugin option raises here, before anything is queued)
+        load = governor.check() if governor is not None else None
+        item = BatchRequest(engine, ids, req.max_new_tokens, sampling, req.seed, tuple(req.stop), on_text,
+                            observer, release=lambda: held.__exit__(None, None, None), cancel=cancel)
+        try:
+            inner = self._batch_scheduler().submit(item)
+        except BaseException:
+            held.__exit__(None, None, None)
+            raise
+        outer: Future = Future()
+
+        def done(f: Future) -> None:
+            try:
+                outer.set_result(self._finish(f.result(), engine.labels, ids, observer, question_id, load))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                outer.set_exception(exc)
+
+        inner.add_done_callback(done)
+        return outer
+
+    @property
+    def pending(self) -> int:
+        """Submitted requests not finished yet (queued or decoding)."""
+        return self._scheduler.pending if self._scheduler is not None else 0
 
     def _batch_scheduler(self) -> Any:
         """The loop thread that decodes concurrent :meth:`generate_result` calls together (``batch_size`` > 1)."""

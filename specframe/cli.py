@@ -437,9 +437,11 @@ def attach(app: typer.Typer) -> None:
     from .integrations.command import vllm_app
     from .learned.command import export_app
     from .replay.command import replay, trace_app
+    from .serve.command import serve
     from .training.command import train_app
 
-    for name, command in (("generate", generate), ("plugins", plugins), ("tune", tune), ("bench", bench)):
+    for name, command in (("generate", generate), ("plugins", plugins), ("tune", tune), ("bench", bench),
+                          ("serve", serve)):
         app.command(name)(command)
     app.add_typer(train_app, name="train")
     app.add_typer(datastore_app, name="datastore")

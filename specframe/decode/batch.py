@@ -20,6 +20,7 @@ llama.cpp with token trees), so the face works on every engine.
 from __future__ import annotations
 
 import time
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -48,6 +49,7 @@ class BatchRequest:
     observer: Observers | None = None
     release: Callable[[], None] | None = None
     tag: Any = None  # the caller's: comes back with the result
+    cancel: Any = None  # a threading.Event: once set, the request leaves the batch before the next step
 
 
 class SequentialBatch:
@@ -122,11 +124,18 @@ class BatchLoop:
 
     def step(self) -> list[tuple[Any, GenerationResult | BaseException]]:
         """One step of every active request; returns ``(index, result)`` of those that finished, or ``(index,
-        exception)`` of one that failed on its own (a client's ``on_text`` that raised, say): it leaves alone, the
-        others go on. A target forward that fails for everyone raises."""
-        active = self.active
-        sizes = [a.size for a in active]
+        exception)`` of one that failed on its own (a client's ``on_text`` that raised, say) or was cancelled
+        (:class:`concurrent.futures.CancelledError`, before the step): it leaves alone, the others go on. A target
+        forward that fails for everyone raises."""
         out: list[tuple[Any, GenerationResult | BaseException]] = []
+        for a in [a for a in self.active if a.item.cancel is not None and a.item.cancel.is_set()]:
+            self.active.remove(a)  # a client that went away frees its row at once
+            _leave(a)
+            out.append((a.index, CancelledError("the request was cancelled")))
+        active = self.active
+        if not active:
+            return out
+        sizes = [a.size for a in active]
         failed: list[_Active] = []
         for i, a in enumerate(active):  # the router budgets each request's draft from the whole forward
             a.request.drafting.set_batch(len(active), max(sizes[:i] + sizes[i + 1 :], default=1))

@@ -2,7 +2,7 @@
 over what the callers :meth:`~BatchScheduler.submit` (continuous batching across threads, as a server needs).
 
 A caller gets a :class:`concurrent.futures.Future`; its request joins the batch at the next step with room and leaves
-when it finishes. Everything the request calls back (``on_text``, observers) runs on the loop thread; a callback that
+when it finishes, or before the next step once its ``cancel`` event is set (a client that disconnected). Everything the request calls back (``on_text``, observers) runs on the loop thread; a callback that
 raises fails its own request only. A target forward that fails fails every request of that step; the loop then
 starts afresh for later ones.
 """
@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from typing import Any, Callable
 
 import torch
@@ -40,6 +40,12 @@ class BatchScheduler:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._pending = 0  # submitted and not finished (queued or in the batch)
+
+    @property
+    def pending(self) -> int:
+        """Requests submitted and not finished yet: queued or decoding."""
+        return self._pending
 
     def submit(self, item: BatchRequest) -> Future:
         """Queue ``item``; the future's result is its :class:`~specframe.decode.engine.GenerationResult` (or the
@@ -52,11 +58,17 @@ class BatchScheduler:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the batch scheduler is closed")
+            self._pending += 1
+            fut.add_done_callback(self._finished)
             self._queue.put((item, fut, time.perf_counter()))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="specframe-batch", daemon=True)
                 self._thread.start()
         return fut
+
+    def _finished(self, fut: Future) -> None:
+        with self._lock:
+            self._pending -= 1
 
     def close(self) -> None:
         """Finish what was submitted, then stop the loop thread."""
@@ -99,12 +111,16 @@ class BatchScheduler:
                     finished = loop.step()
                 except Exception as exc:  # noqa: BLE001 - the target failed: every request of the step fails
                     for a in loop.active:
-                        futures.pop(a.index).set_exception(exc)
+                        fut = futures.pop(a.index)
+                        if not fut.done():
+                            fut.set_exception(exc)
                     loop.close()
                     loop = None
                     continue
                 for index, result in finished:
                     fut = futures.pop(index)
+                    if fut.done():  # (cancelled by its caller)
+                        continue
                     if isinstance(result, BaseException):
                         fut.set_exception(result)
                     else:
@@ -118,9 +134,13 @@ class BatchScheduler:
 
     @staticmethod
     def _admit(loop: BatchLoop, futures: dict[int, Future], item: BatchRequest, fut: Future, arrived: float) -> None:
-        if not fut.set_running_or_notify_cancel():
+        gone = item.cancel is not None and item.cancel.is_set()
+        if gone or not fut.set_running_or_notify_cancel():  # cancelled while it waited for a row
             if item.release is not None:
                 item.release()
+            if gone and not fut.done():
+                fut.set_running_or_notify_cancel()
+                fut.set_exception(CancelledError("the request was cancelled"))
             return
         try:
             loop.admit(item, id(fut), arrived)

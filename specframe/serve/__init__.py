@@ -1,0 +1,1 @@
+"""``specframe serve``: the OpenAI API over the batched engine (docs/serving.md)."""

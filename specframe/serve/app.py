@@ -1,0 +1,246 @@
+"""The OpenAI-compatible HTTP app of ``specframe serve`` (FastAPI on Starlette; SSE via sse-starlette; metrics via
+prometheus-client).
+
+Every request is one :meth:`specframe.api.Specframe.submit` to the batch loop thread (continuous batching: requests
+join and leave between steps, up to the config's ``batch_size`` in each target forward), with its own strategy when
+the body carries ``"speculative"``. A streamed request's text pieces travel from the loop thread to its event stream
+through an asyncio queue; a client that goes away sets the request's cancel event, and it leaves the batch before the
+next step. Every refusal is a 4xx with the OpenAI error object ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import SpecframeError
+from .metrics import ServerMetrics
+from .schemas import ChatRequest, CompletionRequest
+
+__all__ = ["create_app", "error_body"]
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """The OpenAI error object."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+
+def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | None = None,
+               max_tokens_limit: int = 4096, max_pending: int = 64) -> FastAPI:
+    """The app serving ``sf`` (a loaded :class:`~specframe.api.Specframe` with ``batch_size`` >= 1).
+
+    Args:
+        model_name: the id ``/v1/models`` lists and requests may name (default: the config's model).
+        allowed: proposer names a request's ``speculative`` may use (None: every installed one).
+        max_tokens_limit: the most ``max_tokens`` a request may ask for.
+        max_pending: requests queued or decoding at most; more get a 429.
+    """
+    app = FastAPI(title="specframe", docs_url=None, redoc_url=None)
+    name = model_name or sf.config.model
+    metrics = ServerMetrics()
+    created = int(time.time())
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        kind = first.get("type", "")
+        if kind == "json_invalid":
+            message = f"the body is not valid JSON: {first.get('msg', '')}"
+        elif kind == "extra_forbidden":
+            message = f"unknown field {param!r}: specframe serve does not take it"
+        else:
+            message = f"{param or 'body'}: {first.get('msg', 'invalid value')}"
+        metrics.requests.labels(request.url.path, "400").inc()
+        return JSONResponse(error_body(message, param=param), status_code=400)
+
+    @app.exception_handler(_Refused)
+    async def _refused(request: Request, exc: _Refused) -> JSONResponse:
+        metrics.requests.labels(request.url.path, str(exc.status)).inc()
+        return JSONResponse(error_body(exc.message, exc.kind, exc.param, exc.code), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), status_code=exc.status_code)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "pending": sf.pending}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "specframe"}]}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        metrics.running.set(sf.pending)
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        return await _serve(body, request, body.prompt, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, request: Request) -> Any:
+        tok = getattr(sf.target, "tokenizer", None)
+        if tok is None or not getattr(tok, "chat_template", None):
+            raise _Refused(400, f"model {name} has no chat template: use /v1/completions", "messages")
+        ids = list(tok.apply_chat_template([m.model_dump(exclude_none=True) for m in body.messages],
+                                           add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+        return await _serve(body, request, ids, chat=True)
+
+    async def _serve(body: Any, request: Request, prompt: Any, chat: bool) -> Any:
+        endpoint = request.url.path
+        if body.model is not None and body.model != name:
+            raise _Refused(404, f"model {body.model!r} is not served here; this server serves {name!r}", "model",
+                           "model_not_found", "not_found_error")
+        limit = body.limit
+        if limit is not None and limit > max_tokens_limit:
+            raise _Refused(400, f"max_tokens {limit} is over this server's limit of {max_tokens_limit}", "max_tokens")
+        spec = body.speculative
+        if spec is not None and allowed is not None:
+            for p in spec.proposers:
+                pname = p if isinstance(p, str) else p.get("name")
+                if pname not in allowed:
+                    raise _Refused(400, f"proposer {pname!r} is not allowed here; allowed: {', '.join(sorted(allowed))}",
+                                   "speculative.proposers")
+        if sf.pending >= max_pending:
+            raise _Refused(429, f"the server has {sf.pending} requests in flight (its limit): retry later",
+                           code="rate_limit_exceeded", kind="rate_limit_error")
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+
+        def on_text(piece: str) -> None:  # (the loop thread)
+            loop.call_soon_threadsafe(pieces.put_nowait, piece)
+
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=limit, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
+            stop=body.stop or None, chat=False, cancel=cancel,  # (completions: the raw prompt; chat: ids already)
+            on_text=on_text if body.stream else None)
+        if spec is not None:
+            kwargs.update(proposers=spec.proposers, merge=spec.merge, router=spec.router)
+        try:
+            future = await run_in_threadpool(sf.submit, prompt, **kwargs)
+        except SpecframeError as exc:
+            raise _Refused(400, str(exc).strip().splitlines()[0]) from None
+        except TypeError as exc:
+            raise _Refused(400, str(exc)) from None
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        if not body.stream:
+            waiter = asyncio.ensure_future(asyncio.wrap_future(future))
+            waiter.add_done_callback(_retrieve)
+            watcher = asyncio.ensure_future(_until_disconnected(request))
+            await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not waiter.done():  # the client went away: its row is freed before the next step
+                cancel.set()
+                metrics.requests.labels(endpoint, "cancelled").inc()
+                return Response(status_code=499)
+            watcher.cancel()
+            result = waiter.result()
+            metrics.finished(result)
+            metrics.requests.labels(endpoint, "200").inc()
+            return _response(rid, chat, result)
+        include_usage = body.stream_options.include_usage if body.stream_options else True
+        return EventSourceResponse(_events(rid, chat, future, pieces, cancel, include_usage, endpoint),
+                                   ping=15, sep="\n")
+
+    async def _until_disconnected(request: Request) -> None:
+        while not await request.is_disconnected():
+            await asyncio.sleep(0.25)
+
+    async def _events(rid: str, chat: bool, future: Any, pieces: asyncio.Queue, cancel: threading.Event,
+                      include_usage: bool, endpoint: str) -> AsyncIterator[str]:
+        done = asyncio.wrap_future(future)
+        done.add_done_callback(_retrieve)  # a stream the client left still ends its future: nobody reads it
+        finished = False
+        try:
+            if chat:
+                yield json.dumps(_chunk(rid, chat, {"role": "assistant", "content": ""}, None))
+            while True:
+                getter = asyncio.ensure_future(pieces.get())
+                await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield json.dumps(_chunk(rid, chat, getter.result(), None))
+                    continue
+                getter.cancel()
+                while not pieces.empty():  # pieces the loop thread queued before the request finished
+                    yield json.dumps(_chunk(rid, chat, pieces.get_nowait(), None))
+                break
+            try:
+                result = done.result()
+            except Exception as exc:  # noqa: BLE001 - the stream has started: the error goes in it
+                yield json.dumps(error_body(str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__,
+                                            "server_error"))
+                metrics.requests.labels(endpoint, "500").inc()
+                finished = True
+                return
+            yield json.dumps(_chunk(rid, chat, "" if not chat else {}, result.finish_reason))
+            if include_usage:
+                yield json.dumps({**_chunk(rid, chat, None, None), "choices": [], "usage": _usage(result)})
+            yield "[DONE]"
+            metrics.finished(result)
+            metrics.requests.labels(endpoint, "200").inc()
+            finished = True
+        finally:
+            if not finished:  # the client went away mid-stream: free its row now
+                cancel.set()
+                metrics.requests.labels(endpoint, "cancelled").inc()
+
+    def _chunk(rid: str, chat: bool, piece: Any, finish: str | None) -> dict[str, Any]:
+        if chat:
+            delta = piece if isinstance(piece, dict) else {"content": piece}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": finish}
+        return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+                "model": name, "choices": [choice]}
+
+    def _response(rid: str, chat: bool, result: Any) -> dict[str, Any]:
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
+                      "finish_reason": result.finish_reason}
+        else:
+            choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                "model": name, "choices": [choice], "usage": _usage(result)}
+
+    return app
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    """Mark a request's outcome as read (a cancelled request's CancelledError has no reader left)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _usage(result: Any) -> dict[str, Any]:
+    """OpenAI's usage object, plus ``speculation``: τ, α, forwards and each proposer's drafted / accepted nodes."""
+    m = result.metrics
+    return {"prompt_tokens": m.prompt_tokens, "completion_tokens": m.new_tokens,
+            "total_tokens": m.prompt_tokens + m.new_tokens,
+            "speculation": {"tau": round(m.tau, 4), "acceptance_rate": round(m.acceptance_rate, 4),
+                            "target_forwards": m.target_forwards, "drafted_nodes": m.drafted_nodes,
+                            "accepted_nodes": m.accepted_nodes,
+                            "proposers": {label: {"drafted": pm.drafted_nodes, "accepted": pm.accepted_nodes}
+                                          for label, pm in m.proposers.items()}}}

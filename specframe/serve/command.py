@@ -1,0 +1,81 @@
+"""``specframe serve``: check the config, load the target once, serve the OpenAI API with uvicorn until SIGTERM or
+Ctrl-C (in-flight requests drain first, then the batch loop stops and the process exits 0)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..errors import ConfigError, SpecframeError
+
+
+def serve(
+    config: Optional[Path] = typer.Option(None, "--config", help="specframe YAML config (model, proposers, ...)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Built-in name, model directory or .gguf file."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8000, "--port", help="Port to listen on."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Requests in one target forward at most."),
+    max_pending: int = typer.Option(64, "--max-pending", help="Requests queued or decoding at most; more get 429."),
+    max_tokens: int = typer.Option(4096, "--max-tokens-limit", help="The most max_tokens a request may ask for."),
+    allow: Optional[List[str]] = typer.Option(
+        None, "--allow-proposer", help="A proposer requests may pick (repeatable; default: every installed one)."),
+    served_name: Optional[str] = typer.Option(None, "--served-model-name", help="The model id clients name."),
+) -> None:
+    """Serve the OpenAI API (completions, chat, streaming) over the batched engine (docs/serving.md)."""
+    from ..console import fail
+
+    try:
+        _serve(config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name)
+    except SpecframeError as exc:
+        fail(str(exc))
+
+
+def _serve(config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name) -> None:
+    from ..config import load_config, resolve_plugins
+    from ..console import err, load_with_progress
+    from ..registry import build_registry
+    from ..target.models import resolve_model
+
+    if not 1 <= batch_size <= 256:
+        raise ConfigError(f"--batch-size must be in [1, 256], got {batch_size}")
+    if max_pending < 1 or max_tokens < 1:
+        raise ConfigError("--max-pending and --max-tokens-limit must be >= 1")
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port must be in [1, 65535], got {port}")
+    try:
+        import fastapi  # noqa: F401
+        import sse_starlette  # noqa: F401
+        import uvicorn
+    except ImportError as exc:
+        raise ConfigError(f"specframe serve needs its server libraries ({exc.name} is missing): "
+                          "pip install 'specframe[serve]'") from None
+    cfg = load_config(config, model=model, batch_size=batch_size)
+    registry = build_registry()
+    resolve_plugins(cfg, registry)
+    for name in allow or ():
+        registry.proposer(name)  # an unknown name: one error line listing what is installed
+    resolve_model(cfg.model)
+    sf = load_with_progress(cfg, registry)
+    from .app import create_app
+
+    app = create_app(sf, model_name=served_name, allowed=set(allow) if allow else None, max_tokens_limit=max_tokens,
+                     max_pending=max_pending)
+    err.print(f"serving {served_name or cfg.model} on http://{host}:{port} (batch {batch_size}; OpenAI API: "
+              "/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)", markup=False, soft_wrap=True)
+    # uvicorn turns SIGTERM / SIGINT into a graceful shutdown, then hands the signal back to the handler that was
+    # there before it started: with a no-op one there, a drained server ends here and the process exits 0.
+    previous = {sig: signal.signal(sig, _drained) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=60)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        sf.close()
+    err.print("specframe serve: drained and stopped", markup=False)
+
+
+def _drained(signum: int, frame: object) -> None:
+    """The handler uvicorn re-raises a shutdown signal into once it has drained: nothing more to do."""

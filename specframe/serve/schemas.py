@@ -1,0 +1,85 @@
+"""The OpenAI request bodies ``specframe serve`` accepts (pydantic, unknown fields refused), and specframe's own
+``speculative`` field: the strategy of one request.
+
+Fields follow the OpenAI API reference (completions and chat completions). Accepted but without effect where
+specframe has nothing to do for them: ``user``, ``n: 1``, ``frequency_penalty`` / ``presence_penalty`` of 0,
+``logprobs`` null/false; anything else they take is refused with a 400 that names the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Speculative(BaseModel):
+    """``"speculative": {...}`` in a request body: which proposers draft for this request (names or configs, as in
+    specframe's config file), and for two or more the merge policy and router."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    proposers: list[Union[str, dict[str, Any]]] = Field(min_length=1)
+    merge: Optional[Union[str, dict[str, Any]]] = None
+    router: Optional[Union[str, dict[str, Any]]] = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = True
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: Optional[str] = None
+    max_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    top_k: Optional[int] = Field(None, ge=0)
+    seed: Optional[int] = Field(None, ge=0)
+    stop: Optional[Union[str, list[str]]] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    n: Literal[1] = 1
+    user: Optional[str] = None
+    frequency_penalty: Literal[0, 0.0] = 0
+    presence_penalty: Literal[0, 0.0] = 0
+    logprobs: Optional[Literal[False]] = None
+    speculative: Optional[Speculative] = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: Any) -> Any:
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > 4 or any(s == "" for s in stops):
+            raise ValueError("stop takes up to 4 non-empty strings")
+        return stops
+
+    @property
+    def limit(self) -> Optional[int]:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Common):
+    """``POST /v1/completions``: ``prompt`` is text or a list of token ids (one prompt: ``n`` and batches of prompts
+    are one request each)."""
+
+    prompt: Union[str, list[int]]
+    echo: Literal[False] = False
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+    name: Optional[str] = None
+
+
+class ChatRequest(_Common):
+    """``POST /v1/chat/completions``: the messages go through the model's chat template."""
+
+    messages: list[Message] = Field(min_length=1)

@@ -1,0 +1,233 @@
+"""specframe serve: the official openai client against a live server (uvicorn on a free localhost port) over a tiny
+model — completions and chat, streamed and not, token-identical to offline generation per strategy; refusals as 4xx
+OpenAI error objects; a client that leaves mid-stream frees its row and changes no other output; /metrics; and the
+command itself draining and exiting 0 on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+import specframe  # noqa: E402
+from specframe.target.hf import Target  # noqa: E402
+
+from .support import build_model, build_tokenizer  # noqa: E402
+
+# a word-level tokenizer's chat template: "<role> content" per message, then the assistant's turn
+TEMPLATE = ("{% for m in messages %}{{ 'aa ' if m['role'] == 'user' else 'ab ' }}{{ m['content'] }} {% endfor %}"
+            "{% if add_generation_prompt %}ac{% endif %}")
+WORDS = ["ba bb bc ba bb bd", "ca cb cc cd ca cb", "da db dc da db dc dd", "ea eb", "fa fb fc fa fb fc fa"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def sf():
+    tok = build_tokenizer()
+    tok.chat_template = TEMPLATE
+    target = Target(build_model("llama", initializer_range=0.2), tok, name="tiny")
+    sf = specframe.load(target=target, batch_size=4, max_new_tokens=24)
+    yield sf
+    sf.close()
+
+
+@pytest.fixture(scope="module")
+def server(sf):
+    import uvicorn
+
+    from specframe.serve.app import create_app
+
+    port = _free_port()
+    app = create_app(sf, model_name="tiny", allowed={"none", "ngram", "draft-model"}, max_tokens_limit=64,
+                     max_pending=32)
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    yield url
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0)
+
+
+STRATEGIES = {"none": ["none"], "ngram": ["ngram"], "ngram+draft-model": ["ngram", "draft-model"]}
+
+
+@pytest.fixture(scope="module")
+def draft_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("serve-draft")
+    build_model("llama", seed=1).save_pretrained(folder)
+    build_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def _proposers(name, draft_folder):
+    return [{"name": p, "model": draft_folder} if p == "draft-model" else {"name": p} for p in STRATEGIES[name]]
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_completions_equal_offline_generation_streamed_or_not(sf, client, strategy, draft_folder):
+    props = _proposers(strategy, draft_folder)
+    for text in WORDS:
+        want = sf.generate_result(text, proposers=props, max_new_tokens=20, chat=False)
+        got = client.completions.create(model="tiny", prompt=text, max_tokens=20, temperature=0,
+                                        extra_body={"speculative": {"proposers": props}})
+        assert got.choices[0].text == want.text
+        assert got.choices[0].finish_reason == want.finish_reason
+        assert got.usage.completion_tokens == len(want.token_ids)
+        spec = got.usage.model_extra["speculation"]
+        assert spec["target_forwards"] == want.metrics.target_forwards
+        assert set(spec["proposers"]) == set(want.metrics.proposers)
+        chunks = list(client.completions.create(model="tiny", prompt=text, max_tokens=20, temperature=0, stream=True,
+                                                extra_body={"speculative": {"proposers": props}}))
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == want.text
+        assert chunks[-1].usage.completion_tokens == len(want.token_ids)  # the final usage chunk
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == want.finish_reason
+
+
+def test_chat_uses_the_chat_template_streamed_or_not(sf, client):
+    messages = [{"role": "user", "content": "ba bb bc ba bb"}]
+    ids = sf.target.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                  return_dict=True)["input_ids"]
+    want = sf.generate_result(list(ids), proposers=["ngram"], max_new_tokens=16)
+    got = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0,
+                                         extra_body={"speculative": {"proposers": ["ngram"]}})
+    assert got.choices[0].message.content == want.text and got.choices[0].message.role == "assistant"
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0,
+                                                 stream=True, extra_body={"speculative": {"proposers": ["ngram"]}}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
+
+
+def test_models_health_and_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert httpx.get(server + "/health").json()["status"] == "ok"
+    client.completions.create(model="tiny", prompt="ba bb ba bb", max_tokens=8, temperature=0)
+    text = httpx.get(server + "/metrics").text
+    for name in ("specframe_requests_total", "specframe_generation_tokens_total",
+                 "specframe_time_to_first_token_seconds_bucket", "specframe_accepted_nodes_total",
+                 "specframe_drafted_nodes_by_position_total"):
+        assert name in text, name
+
+
+@pytest.mark.parametrize("body, status, needle", [
+    ("{not json", 400, "not valid JSON"),
+    ({"prompt": "aa", "max_tokens": 4, "frobnicate": 1}, 400, "unknown field 'frobnicate'"),
+    ({"prompt": "aa", "max_tokens": 400}, 400, "over this server's limit of 64"),
+    ({"prompt": "aa", "max_tokens": 4, "speculative": {"proposers": ["eagle"]}}, 400, "'eagle' is not allowed"),
+    ({"prompt": "aa", "max_tokens": 4, "speculative": {"proposers": [{"name": "ngram", "k": -3}]}}, 400, "k"),
+    ({"prompt": "aa", "max_tokens": 4, "temperature": 7}, 400, "temperature"),
+    ({"prompt": "aa", "max_tokens": 4, "n": 2}, 400, "n"),
+    ({"prompt": "aa " * 300, "max_tokens": 4}, 400, "context"),
+    ({"prompt": "aa", "max_tokens": 4, "model": "gpt-9"}, 404, "not served here"),
+    ({"prompt": [], "max_tokens": 4}, 400, "empty"),
+])
+def test_bad_requests_get_the_openai_error_object(server, body, status, needle):
+    data = body if isinstance(body, str) else json.dumps(body)
+    r = httpx.post(server + "/v1/completions", content=data, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert needle in err["message"] and set(err) == {"message", "type", "param", "code"}
+
+
+def test_a_full_server_answers_429(sf, server, monkeypatch):
+    monkeypatch.setattr(type(sf), "pending", property(lambda self: 32))
+    r = httpx.post(server + "/v1/completions", json={"prompt": "aa", "max_tokens": 4})
+    assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_a_client_leaving_mid_stream_frees_its_row_and_changes_no_other_output(sf, server, client):
+    want = [sf.generate_result(t, proposers=["ngram"], max_new_tokens=40, chat=False).text for t in WORDS[:3]]
+    got: list = [None] * 3
+
+    def worker(i):
+        got[i] = client.completions.create(model="tiny", prompt=WORDS[i], max_tokens=40, temperature=0,
+                                           extra_body={"speculative": {"proposers": ["ngram"]}}).choices[0].text
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    with httpx.stream("POST", server + "/v1/completions", json={"prompt": WORDS[4], "max_tokens": 64,
+                                                                "stream": True}) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i >= 3:
+                break  # leave after a few events
+    for t in threads:
+        t.join()
+    assert got == want
+    for _ in range(100):  # the left request's row is freed (before its 64 tokens were done)
+        if sf.pending == 0:
+            break
+        time.sleep(0.05)
+    assert sf.pending == 0
+
+
+def test_serve_command_drains_and_exits_0_on_sigterm(tmp_path):
+    model_dir = tmp_path / "tiny-model"
+    build_model("llama").save_pretrained(model_dir)
+    build_tokenizer().save_pretrained(model_dir)
+    port = _free_port()
+    env = {"SPECFRAME_CACHE": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    import os
+
+    env = {**os.environ, **env}
+    proc = subprocess.Popen([sys.executable, "-m", "specframe", "serve", "--model", str(model_dir), "--port", str(port),
+                             "--batch-size", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        result = {}
+
+        def slow():
+            result["r"] = httpx.post(url + "/v1/completions", json={"prompt": "ba bb", "max_tokens": 60}, timeout=60)
+
+        t = threading.Thread(target=slow)
+        t.start()
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        t.join()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+        assert result["r"].status_code == 200  # the request in flight was answered before the exit
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_serve_bad_flags_one_error_line(no_model_load):
+    from typer.testing import CliRunner
+
+    from specframe.cli import app
+
+    res = CliRunner().invoke(app, ["serve", "--batch-size", "0"])
+    assert res.exit_code != 0 and "error:" in res.output and "--batch-size" in res.output
+    res = CliRunner().invoke(app, ["serve", "--allow-proposer", "nosuch"])
+    assert res.exit_code != 0 and "error:" in res.output and "nosuch" in res.output
