@@ -64,7 +64,15 @@ def check(path: Path, registry) -> None:
 def _check(path: Path, registry) -> None:
     import yaml
 
-    if "strategies" in (yaml.safe_load(path.read_text()) or {}):
+    data = yaml.safe_load(path.read_text()) or {}
+    if "servers" in data:  # the serving bench: the specframe servers' strategies must name installed proposers
+        from specframe.config import SpecframeConfig
+
+        for ep in load_bench_config(path).servers:
+            if ep.speculative is not None:
+                resolve_plugins(SpecframeConfig.model_validate(ep.speculative), registry)
+        return
+    if "strategies" in data:
         validate_bench_config(load_bench_config(path), registry)
         return
     cfg = load_config(path)

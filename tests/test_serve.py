@@ -231,3 +231,52 @@ def test_serve_bad_flags_one_error_line(no_model_load):
     assert res.exit_code != 0 and "error:" in res.output and "--batch-size" in res.output
     res = CliRunner().invoke(app, ["serve", "--allow-proposer", "nosuch"])
     assert res.exit_code != 0 and "error:" in res.output and "nosuch" in res.output
+
+
+def test_serving_bench_against_the_live_server(server, tmp_path):
+    """``specframe bench --serve``: every question answered at each concurrency, tokens and τ from the usage object,
+    greedy answers identical across strategies and concurrencies, and the report, results and plot written."""
+    from typer.testing import CliRunner
+
+    from specframe.cli import app
+
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text("".join(json.dumps({"question_id": i, "category": "c", "turns": [w]}) + "\n"
+                             for i, w in enumerate(WORDS)))
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(f"max_new_tokens: 12\nconcurrency: [1, 3]\nservers:\n"
+                   f"  - {{name: none, url: {server}/v1, speculative: {{proposers: [none]}}}}\n"
+                   f"  - {{name: ngram, url: {server}/v1, speculative: {{proposers: [ngram]}}, api: completions}}\n")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["bench", "--config", str(cfg), "--questions", str(qfile), "--output", str(out),
+                                   "--serve", f"plain={server}"])
+    assert res.exit_code == 0, res.output
+    load = json.loads((out / "results.json").read_text())["serving"]
+    assert [(r["endpoint"], r["concurrency"]) for r in load] == [
+        ("none", 1), ("ngram", 1), ("plain", 1), ("none", 3), ("ngram", 3), ("plain", 3)]
+    for r in load:
+        assert r["failed"] == 0 and len(r["requests"]) == len(WORDS)
+        assert all(0 < q["new_tokens"] <= 12 and q["ttft_s"] > 0 for q in r["requests"])
+        assert r["tau"] is not None and r["tau"] >= 1.0
+    chat = [r for r in load if r["endpoint"] != "ngram"]  # chat requests: the same prompts, so the same answers
+    assert all(r["same_text"] == len(WORDS) for r in chat)
+    assert (out / "serving.png").stat().st_size > 0 and "| none | 1 |" in (out / "report.md").read_text()
+    # the ngram rows asked /v1/completions (the raw question): each equals offline generation without the template
+    texts = [q["text"] for q in next(r for r in load if r["endpoint"] == "ngram")["requests"]]
+    assert texts == [q["text"] for q in next(r for r in load if r["endpoint"] == "ngram" and r["concurrency"] == 3)
+                     ["requests"]]
+
+
+def test_serving_bench_refuses_an_endpoint_that_does_not_answer(tmp_path):
+    from typer.testing import CliRunner
+
+    from specframe.cli import app
+
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text(json.dumps({"question_id": 1, "category": "c", "turns": ["ba"]}) + "\n")
+    res = CliRunner().invoke(app, ["bench", "--serve", f"http://127.0.0.1:{_free_port()}", "--questions", str(qfile),
+                                   "--output", str(tmp_path / "o")])
+    assert res.exit_code != 0 and "error:" in res.output and "start the server first" in res.output
+    assert not (tmp_path / "o").exists()  # nothing written
+    res = CliRunner().invoke(app, ["bench", "--serve", "localhost:8000", "--questions", str(qfile)])
+    assert res.exit_code != 0 and "http://" in res.output

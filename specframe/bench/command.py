@@ -14,7 +14,7 @@ from ..sampling import is_greedy_temperature
 
 
 def bench(
-    config: Path = typer.Option(..., "--config", help="Bench YAML (see docs/bench.example.yaml)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Bench YAML (see docs/bench.example.yaml)."),
     questions: Optional[Path] = typer.Option(None, "--questions", help="Spec-Bench-format JSONL (overrides config)."),
     categories: Optional[List[str]] = typer.Option(None, "--categories", help="Category filter (repeatable or comma list)."),
     limit_per_category: Optional[int] = typer.Option(None, "--limit-per-category", help="First N questions per category."),
@@ -25,13 +25,26 @@ def bench(
         help="Measure the target's cost curve v(n) too (default: when the config has a `profile:` section)."),
     resume: bool = typer.Option(
         False, "--resume", help="Continue an interrupted run of the same config and questions from OUTPUT/records.jsonl."),
+    serve: Optional[List[str]] = typer.Option(
+        None, "--serve", help="[NAME=]URL of an OpenAI-compatible server to bench (repeatable; docs/serving.md)."),
+    concurrency: Optional[List[int]] = typer.Option(
+        None, "--concurrency", help="Requests in flight (repeatable; overrides the config's `concurrency`)."),
 ) -> None:
-    """Compare strategies side by side on Spec-Bench questions, against HF transformers peers."""
+    """Compare strategies side by side on Spec-Bench questions, against HF transformers peers, or OpenAI-compatible
+    servers against each other (--serve)."""
     from ..console import fail
     from ..errors import SpecframeError
 
     try:
-        _bench(config, questions, categories, limit_per_category, max_new_tokens, output, profile, resume)
+        if config is None and not serve:
+            raise ConfigError("give --config BENCH.yaml (or --serve URL for the serving bench)")
+        servers = None
+        if serve:
+            from .config import parse_serve_flag
+
+            servers = [parse_serve_flag(v) for v in serve]
+        _bench(config, questions, categories, limit_per_category, max_new_tokens, output, profile, resume,
+               servers=servers, concurrency=concurrency)
     except SpecframeError as exc:
         fail(exc)
 
@@ -98,7 +111,8 @@ def validate_bench_config(cfg: Any, registry: Any) -> None:
                 raise type(exc)(f"strategy {s.name!r}: assistant_model: {exc}") from None
 
 
-def _bench(config, questions, categories, limit_per_category, max_new_tokens, output, profile, resume=False) -> None:
+def _bench(config, questions, categories, limit_per_category, max_new_tokens, output, profile, resume=False,
+           servers=None, concurrency=None) -> None:
     """Validate everything, load each model once, run the strategies interleaved (each finished run appended to
     ``output/records.jsonl``, see :mod:`specframe.bench.journal`), then write results.json, report.md and the plots
     to ``output``. Ctrl-C keeps the finished runs and says how to resume."""
@@ -108,7 +122,13 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
     from .runner import lossless_check
 
     # 1. validate everything before any model loads
-    cfg, chosen = _bench_inputs(config, questions, categories, limit_per_category, max_new_tokens, output, profile)
+    cfg, chosen = _bench_inputs(config, questions, categories, limit_per_category, max_new_tokens, output, profile,
+                                servers, concurrency)
+    if cfg.servers is not None:
+        if resume:
+            raise ConfigError("--resume continues a per-question bench, not the serving bench: run it again")
+        _bench_serving(cfg, chosen, output, err)
+        return
     registry = build_registry()
     validate_bench_config(cfg, registry)
     try:  # an unwritable output fails now, not after the run
@@ -201,7 +221,64 @@ def _bench_load(cfg, chosen, by_strategy, output, err) -> None:
     err.print(f"wrote {output}/results.json, report.md, {', '.join(plots)}")
 
 
-def _bench_inputs(config, questions, categories, limit_per_category, max_new_tokens, output, profile):
+def _mkdir(output: Path) -> None:
+    try:  # an unwritable output fails now, not after the run
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--output {output}: cannot create the directory ({exc.strerror})") from None
+
+
+def _bench_serving(cfg, chosen, output, err) -> None:
+    """The serving bench (:mod:`specframe.bench.serving`): check every endpoint answers, send the questions at each
+    concurrency, write results.json, report.md and serving.png, print the table."""
+    from rich.progress import Progress
+
+    from .runner import environment
+    from .serving import check_endpoints, run_serving, serving_table, write_serving_plots
+
+    models = check_endpoints(cfg.servers)
+    _mkdir(output)
+    runs = (len(cfg.concurrency or [1]) + 1) * len(cfg.servers)
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("serving bench", total=runs)
+        load = run_serving(cfg, chosen, models,
+                           advance=lambda s: progress.update(task, advance=1, description=f"bench {s:>20}"))
+    env = environment()
+    from ..target.machine import fingerprint
+
+    env["client_machine"] = fingerprint()
+    results = {"config": cfg.model_dump(), "environment": env, "serving": load}
+    (output / "results.json").write_text(json.dumps(results, indent=1))
+    plots = write_serving_plots(load, output)
+    table = serving_table(load)
+    m = env["client_machine"]
+    lines = [f"# specframe serving bench — {', '.join(ep.name for ep in cfg.servers)}", "",
+             f"{len(chosen)} questions, {cfg.max_new_tokens} new tokens at most, temperature {cfg.temperature}, all "
+             f"sent at the start with up to C in flight; C in {cfg.concurrency or [1]}. Client machine: "
+             f"{m.get('cpu')}, {m.get('cores')} cores, ISA {' '.join(m.get('isa', []) or [])}.", "",
+             "| endpoint | URL | model |", "|---|---|---|"]
+    lines += [f"| {ep.name} | {ep.url} | {models[ep.name]} |" for ep in cfg.servers]
+    lines += ["", *table, "", "TTFT: sending to the first content chunk; TPOT: first chunk to the last / tokens after "
+              "the first; τ: tokens per target forward (specframe serve's usage); same answers: identical text to "
+              "the first row (greedy only).", "", "![serving.png](serving.png)"]
+    (output / "report.md").write_text("\n".join(lines) + "\n")
+    from rich.table import Table
+
+    t = Table(title=f"serving bench — {len(chosen)} questions")
+    for col in table[0].strip("|").split("|"):
+        t.add_column(col.strip())
+    for row in table[2:]:
+        t.add_row(*[c.strip() for c in row.strip("|").split("|")])
+    print_table(t)
+    failed = sum(r["failed"] for r in load)
+    if failed:
+        first = next(x["error"] for r in load for x in r["requests"] if x["error"])
+        err.print(f"warning: {failed} requests failed (first: {first})", markup=False, soft_wrap=True)
+    err.print(f"wrote {output}/results.json, report.md, {', '.join(plots)}")
+
+
+def _bench_inputs(config, questions, categories, limit_per_category, max_new_tokens, output, profile,
+                  servers=None, concurrency=None):
     """The bench config with the command line's overrides applied, and the questions it selects.
 
     Raises:
@@ -219,8 +296,9 @@ def _bench_inputs(config, questions, categories, limit_per_category, max_new_tok
     if output.exists() and not output.is_dir():
         raise ConfigError(f"--output {output} is a file: give a directory")
     cats = [c.strip() for entry in (categories or []) for c in entry.split(",") if c.strip()] or None
-    cfg = load_bench_config(config, max_new_tokens=max_new_tokens, limit_per_category=limit_per_category,
-                            questions=str(questions) if questions else None, categories=cats)
+    cfg = load_bench_config(config, servers, max_new_tokens=max_new_tokens, limit_per_category=limit_per_category,
+                            questions=str(questions) if questions else None, categories=cats,
+                            concurrency=list(concurrency) if concurrency else None)
     if profile and cfg.profile is None:
         cfg = cfg.model_copy(update={"profile": ProfileConfig()})
     elif profile is False:

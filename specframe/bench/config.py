@@ -92,6 +92,47 @@ class Strategy(BaseModel):
         return self
 
 
+class ServerEndpoint(BaseModel):
+    """One OpenAI-compatible endpoint of the serving bench (:mod:`specframe.bench.serving`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Row label in the report.")
+    url: str = Field(description="The API's base URL, ending in /v1 (e.g. http://127.0.0.1:8000/v1).")
+    model: str | None = Field(None, description="The model id to request (default: the first GET /models lists).")
+    api: Literal["chat", "completions"] | None = Field(
+        None, description="/v1/chat/completions (the server applies the chat template) or /v1/completions (the raw "
+        "question); default: chat when the bench's `chat` is true.")
+    speculative: dict[str, Any] | None = Field(
+        None, description="specframe serve only: the request's strategy, e.g. {proposers: [ngram]} (docs/serving.md).")
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="More body fields for every request.")
+    api_key: str = Field("none", description="Sent as the bearer token.")
+    timeout_s: float = Field(600.0, gt=0, description="Seconds one request may take.")
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {v!r}")
+        return v.rstrip("/")
+
+
+def parse_serve_flag(value: str) -> ServerEndpoint:
+    """``--serve [NAME=]URL``: an endpoint named NAME (default: the URL's host:port).
+
+    Raises:
+        ConfigError: a URL that is not http(s).
+    """
+    name, sep, url = value.partition("=")
+    if not sep or name.startswith(("http:", "https:")):
+        name, url = "", value
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"--serve {value}: give [NAME=]URL with an http:// or https:// URL ending in /v1")
+    if not url.rstrip("/").endswith("/v1"):
+        url = url.rstrip("/") + "/v1"
+    return ServerEndpoint(name=name or url.split("//", 1)[1].split("/", 1)[0], url=url)
+
+
 class ProfileConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -127,10 +168,26 @@ class BenchConfig(BaseModel):
     concurrency: list[int] | None = Field(
         None, min_length=1, description="Bench under load: decode all questions with up to C requests per forward for "
         "each C (e.g. [1, 4, 8]); throughput, TTFT and TPOT per strategy and C (specframe.bench.load).")
-    strategies: list[Strategy] = Field(min_length=1)
+    strategies: list[Strategy] = Field(default_factory=list, description="What to compare (in-process benches).")
+    servers: list[ServerEndpoint] | None = Field(
+        None, min_length=1, description="The serving bench: OpenAI-compatible endpoints to send the questions to "
+        "instead of `strategies` (specframe.bench.serving; `specframe bench --serve URL` adds one).")
 
     @model_validator(mode="after")
     def _names(self) -> "BenchConfig":
+        if self.servers is not None:
+            if self.strategies:
+                raise ValueError("give `servers` (the serving bench) or `strategies` (in-process), not both")
+            names = [s.name for s in self.servers]
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"server names must be unique; repeated: {', '.join(dupes)}")
+            if self.concurrency is not None and (any(c < 1 for c in self.concurrency)
+                                                 or len(set(self.concurrency)) != len(self.concurrency)):
+                raise ValueError(f"concurrency must list distinct numbers >= 1, got {self.concurrency}")
+            return self
+        if not self.strategies:
+            raise ValueError("strategies: give at least one (or `servers` for the serving bench)")
         if isinstance(self.threads, int) and not 1 <= self.threads <= MAX_THREADS:
             raise ValueError(f"threads must be in [1, {MAX_THREADS}] or auto")
         if self.concurrency is not None:
@@ -162,16 +219,20 @@ class BenchConfig(BaseModel):
         return self
 
 
-def load_bench_config(path: str | Path, **overrides: Any) -> BenchConfig:
-    """Read and validate a bench config; ``None`` overrides are ignored.
+def load_bench_config(path: str | Path | None, servers: list[ServerEndpoint] | None = None,
+                      **overrides: Any) -> BenchConfig:
+    """Read and validate a bench config; ``None`` overrides are ignored. ``servers`` (from ``--serve``) are added to
+    the config's own; with no ``path`` they are the whole config (the serving bench with its defaults).
 
     Raises:
         ConfigError: unreadable file, not UTF-8, bad YAML, a key given twice, unknown keys or out-of-range values.
     """
-    data = read_yaml(path, "bench config")
+    data = read_yaml(path, "bench config") if path is not None else {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
     data.update({k: v for k, v in overrides.items() if v is not None})
+    if servers:
+        data["servers"] = list(data.get("servers") or []) + [s.model_dump() for s in servers]
     try:
         return BenchConfig.model_validate(data)
     except ValidationError as exc:
