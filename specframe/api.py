@@ -57,6 +57,12 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [""])[0]
 
 
+def _check_chat(chat: Any) -> None:
+    """``chat`` must be True, False or None (the config's): a string or number is refused, not read as truthy."""
+    if chat is not None and not isinstance(chat, bool):
+        raise ConfigError(f"chat must be True or False (or None for the config's), got {chat!r}")
+
+
 def _check_keywords(function: str, given: dict[str, Any], known: Sequence[str]) -> None:
     """Raise TypeError naming ``function`` (as the caller called it) for an unknown keyword, with the closest one."""
     for name in given:
@@ -190,6 +196,12 @@ class Specframe:
             self._give_back(held)
 
     def encode(self, prompt: str, chat: bool | None = None) -> list[int]:
+        """Token ids of ``prompt``, in the chat template when ``chat`` (None: the config's ``chat``).
+
+        Raises:
+            ConfigError: ``chat`` is not a bool or None (``"false"`` would otherwise read as true).
+        """
+        _check_chat(chat)
         return self.target.encode_prompt(prompt, self.config.chat if chat is None else chat)
 
     @contextlib.contextmanager
@@ -462,6 +474,7 @@ class Specframe:
     def _prompt_ids(self, prompt: str | list[int], chat: bool | None) -> list[int]:
         """Text is encoded (with the chat template unless ``chat`` is False); token ids are checked and used as they
         are."""
+        _check_chat(chat)
         if isinstance(prompt, str):
             return self.encode(prompt, chat)
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

@@ -127,17 +127,45 @@ def resolve_model(name_or_path: str) -> ModelSource:
         return ModelSource(name_or_path, draft=draft, draft_of=base)
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return ModelSource(path.stem, gguf=path.resolve())
+        return ModelSource(path.stem, gguf=_checked_gguf(path))
     if path.is_dir() and (path / "config.json").is_file():
         return ModelSource(path.name, directory=path.resolve())
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            return ModelSource(ggufs[0].stem, gguf=ggufs[0].resolve())
+            return ModelSource(ggufs[0].stem, gguf=_checked_gguf(ggufs[0]))
+        if ggufs:
+            shown = ", ".join(g.name for g in ggufs[:6]) + (", ..." if len(ggufs) > 6 else "")
+            raise UnknownModelError(
+                f"model folder {name_or_path!r} holds {len(ggufs)} .gguf files ({shown}): give the file itself, "
+                f"e.g. --model {path / ggufs[0].name}")
+        raise UnknownModelError(
+            f"model folder {name_or_path!r} has neither a config.json (a transformers model) nor a .gguf file: give "
+            f"a transformers model directory, a .gguf file or a built-in name ({', '.join(builtin_names())})")
     raise UnknownModelError(
         f"unknown model {name_or_path!r}: use a built-in name ({', '.join(builtin_names())}) "
         "or the path of a transformers model directory or a .gguf file"
     )
+
+
+GGUF_MAGIC = b"GGUF"
+
+
+def _checked_gguf(path: Path) -> Path:
+    """``path`` resolved, once its first bytes are GGUF's magic.
+
+    Raises:
+        ConfigError: the file cannot be read or does not start with ``GGUF`` (a download error page, another format).
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as exc:
+        raise ConfigError(f"model file {path}: cannot read it ({exc.strerror})") from None
+    if head != GGUF_MAGIC:
+        raise ConfigError(f"model file {path} is not a GGUF file (it does not start with the GGUF magic bytes; it "
+                          f"starts with {head!r}): download it again, or give a transformers model directory")
+    return path.resolve()
 
 
 def cache_root() -> Path:
@@ -278,8 +306,13 @@ def convert_gguf(gguf: Path, entry: Path, log: Callable[[str], None]) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     def fill(tmp: Path) -> None:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        try:
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        except (ValueError, KeyError, OSError, RuntimeError) as exc:  # a GGUF transformers cannot read
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"transformers cannot convert {gguf.name} ({type(exc).__name__}: {first}); the "
+                              "llama.cpp engine may load it: --engine llama.cpp") from None
         safetensors.torch.save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config  # weights are de-quantised now
