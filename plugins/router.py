@@ -24,9 +24,9 @@ The cost curve ``v(n)`` (target forward time for ``n`` tokens over the time for 
 (a list v(1), v(2), ...), or ``cost_profile`` (a ``specframe bench --profile`` results.json; its
 ``profile.v``), or else this machine's measured profile for the target as it runs (``TargetInfo.cost``, see
 :mod:`specframe.target.profile`; it follows thread changes under load), or else the linear default
-``1 + cost_slope * (n - 1)``. Under sampling the measured curve is read at a fixed thread count (``v_fixed``: the
-machine's curve at its most threads), not the one the thread governor follows, so a seed gives the same tokens
-whatever the load. With a steep curve (no native bf16) drafts are trimmed hard, and where no prefix of
+``1 + cost_slope * (n - 1)``. Under sampling no measured curve is read (only ``cost_curve`` / ``cost_profile``, else
+the linear default): a measurement depends on the load it met and the thread governor follows the load, so a seed
+gives the same tokens whatever the load, and on any machine. With a steep curve (no native bf16) drafts are trimmed hard, and where no prefix of
 any draft raises ``E / C`` above plain decoding's ``1 / v(1)`` nothing is verified: speculation switches itself
 off, and the probes below switch it back on when drafts start to pay again.
 
@@ -237,12 +237,13 @@ class AdaptiveRouter(RouterBase):
     def _v(self, n: float) -> float:
         """v(n) of one forward over ``n`` tokens: its configured curve, else the target's measured one, else the linear
         guess ``cost_slope`` (all :class:`specframe.CostCurve`)."""
-        curve = self.curve or getattr(self.target, "cost", None) or self.linear
-        # under sampling, decisions must not follow the thread governor: which drafts a step verifies decides how
-        # many random draws it makes, so a seed would give other tokens under another load
-        if not getattr(self, "greedy", True) and hasattr(curve, "v_fixed"):
-            return curve.v_fixed(n)
-        return curve.v(n)
+        # under sampling, no timing may steer a decision: which drafts a step verifies decides how many random draws
+        # it makes, so a curve measured on this machine (under whatever load the measurement met, then followed by
+        # the thread governor) would give a seed other tokens elsewhere or later. The configured curve or the linear
+        # default only.
+        if not getattr(self, "greedy", True):
+            return (self.curve or self.linear).v(n)
+        return (self.curve or getattr(self.target, "cost", None) or self.linear).v(n)
 
     def verify_cost(self, n: float) -> float:
         """This request's cost of a step that verifies ``n`` of its tokens (its newest + drafts), in one-token
