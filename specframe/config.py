@@ -45,6 +45,7 @@ from pydantic import (
     Field,
     StrictInt,
     ValidationError,
+    WithJsonSchema,
     create_model,
     field_validator,
     model_validator,
@@ -60,11 +61,18 @@ from .sampling import check_max_new_tokens, check_seed, check_temperature, check
 # torch threads at most: far above any machine's cores, far below what overflows torch.set_num_threads (int32)
 MAX_THREADS = 1024
 
-Temperature = Annotated[float, BeforeValidator(check_temperature)]
-TopP = Annotated[float, BeforeValidator(check_top_p)]
-TopK = Annotated[int, BeforeValidator(check_top_k)]
-Seed = Annotated[int, BeforeValidator(check_seed)]
-MaxNewTokens = Annotated[int, BeforeValidator(check_max_new_tokens)]
+# each value type carries the bounds its check enforces into the JSON Schema (one source of truth: see config_schema)
+Temperature = Annotated[float, BeforeValidator(check_temperature), WithJsonSchema({"type": "number", "minimum": 0})]
+TopP = Annotated[float, BeforeValidator(check_top_p),
+                 WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": 1})]
+TopK = Annotated[int, BeforeValidator(check_top_k), WithJsonSchema({"type": "integer", "minimum": 0})]
+Seed = Annotated[int, BeforeValidator(check_seed),
+                 WithJsonSchema({"type": "integer", "minimum": 0, "maximum": 2**63 - 1})]
+MaxNewTokens = Annotated[int, BeforeValidator(check_max_new_tokens),
+                         WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 2**63 - 1})]
+Threads = Annotated[StrictInt | Literal["auto"], WithJsonSchema(
+    {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_THREADS}, {"const": "auto"}]})]
+StopStrings = Annotated[list[str], WithJsonSchema({"type": "array", "items": {"type": "string", "minLength": 1}})]
 
 
 class SamplingConfig(BaseModel):
@@ -186,7 +194,7 @@ class SpecframeConfig(BaseModel):
         "transformers", description="What runs the target: transformers (any HF model; the exactness reference) or "
         "llama.cpp (a GGUF on llama.cpp's CPU kernels; docs/llamacpp.md).")
     llamacpp: LlamaCppSettings = Field(default_factory=LlamaCppSettings, description="llama.cpp engine options.")
-    threads: StrictInt | Literal["auto"] = Field(
+    threads: Threads = Field(
         "auto", description="torch threads; auto = the fastest measured count that fits in the cores other "
         "processes leave free, re-checked during a run (docs/machine.md); at most 1024.")
     prepack: bool | Literal["auto"] = Field(
@@ -195,7 +203,7 @@ class SpecframeConfig(BaseModel):
     batch_size: int = Field(1, ge=1, le=256, description="Requests decoded together, one target forward per step, "
                             "when several threads generate at once (1: each request its own forwards; docs/batching.md).")
     max_new_tokens: MaxNewTokens = Field(128, description="Tokens to generate per prompt at most.")
-    stop: list[str] = Field(default_factory=list, description="Stop strings (cut from the text).")
+    stop: StopStrings = Field(default_factory=list, description="Stop strings (cut from the text).")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     isolation: IsolationConfig = Field(default_factory=IsolationConfig)
     verifier: str = Field("auto", description="auto = greedy at temperature 0, else speculative-sampling.")
@@ -472,4 +480,17 @@ def config_schema(registry: Any) -> dict[str, Any]:
     """The JSON Schema of a ``specframe.yaml`` with the installed plugins' options (draft 2020-12, by pydantic)."""
     schema = typed_config_model(registry).model_json_schema()
     schema["title"] = "specframe config"
+    props = schema["properties"]
+    # the shorthands the loader reads (_Shorthands): a proposer, merge policy or router by its name alone
+    names = lambda classes, *more: {"enum": sorted(classes) + list(more)}
+    item = props["proposers"].pop("items")
+    props["proposers"] = {k: v for k, v in props["proposers"].items() if k in ("default", "description", "title")}
+    props["proposers"]["anyOf"] = [names(registry.proposers), {"type": "array", "minItems": 1, "items": {
+        "anyOf": [names(registry.proposers), item]}}]
+    merge = {k: props["merge"].pop(k) for k in ("oneOf", "discriminator", "$ref", "anyOf") if k in props["merge"]}
+    props["merge"]["anyOf"] = [names(registry.merge_policies), merge]
+    router = props["router"].pop("anyOf")
+    props["router"]["anyOf"] = [names(registry.routers, "none"), {"const": False}, {
+        "type": "object", "properties": {"name": {"const": "none"}}, "required": ["name"],
+        "additionalProperties": False}, *router]
     return schema

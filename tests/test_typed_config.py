@@ -60,7 +60,9 @@ def test_the_example_config_validates_and_agrees_with_resolve_plugins(registry):
 
 def test_the_schema_lists_every_installed_proposer(registry):
     schema = config_schema(registry)
-    mapping = schema["properties"]["proposers"]["items"]["discriminator"]["mapping"]
+    by_name, listed = schema["properties"]["proposers"]["anyOf"]  # `proposers: ngram`, or a list
+    mapping = listed["items"]["anyOf"][1]["discriminator"]["mapping"]
     assert set(mapping) == set(registry.proposers) and {"ngram", "eagle", "none"} <= set(mapping)
+    assert set(by_name["enum"]) == set(registry.proposers) == set(listed["items"]["anyOf"][0]["enum"])
     out = CliRunner().invoke(cli.app, ["plugins", "--schema"])
     assert out.exit_code == 0 and json.loads(out.stdout)["title"] == "specframe config"
