@@ -53,10 +53,12 @@ def start_server(model: str, dtype: str, batch_size: int, port: int, allow: list
            "--batch-size", str(batch_size), "--served-model-name", model]
     for a in allow:
         cmd += ["--allow-proposer", a]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    log = cfg.with_name("serve.log")  # (a pipe nobody reads would fill and stall the server)
+    proc = subprocess.Popen(cmd, stderr=open(log, "w"), text=True)
+    proc.log = log
     for _ in range(1200):
         if proc.poll() is not None:
-            raise SystemExit(f"the server exited {proc.returncode}: {proc.stderr.read()}")
+            raise SystemExit(f"the server exited {proc.returncode}: {log.read_text()[-2000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                 return proc
