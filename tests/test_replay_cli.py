@@ -136,7 +136,7 @@ def _trace_copy(files: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("case", ["model", "dtype", "temperature", "truncated", "manifest", "max_new_tokens",
-                                  "features", "chat", "strategy dtype"])
+                                  "features", "chat", "strategy dtype", "strategy engine"])
 def test_bad_replay_input_is_one_error_line(files, tmp_path, case):
     traces = files / "trace"
     changes: dict = {}
@@ -170,6 +170,9 @@ def test_bad_replay_input_is_one_error_line(files, tmp_path, case):
     elif case == "strategy dtype":
         changes = {"strategies": [{"name": "ngram", "proposers": ["ngram"], "dtype": "bfloat16"}]}
         needles = ("strategy 'ngram' asks for bfloat16",)
+    elif case == "strategy engine":  # issue 39, 4: llama.cpp's continuation is not a transformers trace's
+        changes = {"strategies": [{"name": "ngram", "proposers": ["ngram"], "engine": "llama.cpp"}]}
+        needles = ("strategy 'ngram' runs on llama.cpp", "recorded on transformers")
     cfg = config(files, at=tmp_path, **changes)
     result = invoke("replay", "--traces", str(traces), "--config", str(cfg), "--output", str(tmp_path / "out"),
                     "--no-ray", *extra)

@@ -272,7 +272,15 @@ def _check_against_trace(cfg: Any, trace: Any, config: Path) -> int:
     if cfg.chat != trace.manifest["chat"]:
         raise TraceError(f"{config}: chat: {cfg.chat}, but the trace's prompts were encoded with chat: "
                          f"{trace.manifest['chat']}: set chat: {str(trace.manifest['chat']).lower()}")
+    from ..bench.config import strategy_engine
+
+    recorded = trace.manifest.get("engine", "transformers")  # (traces before the field: transformers only)
     for s in cfg.strategies:
+        engine = strategy_engine(cfg, s)
+        if engine != recorded:
+            raise TraceError(f"{config}: strategy {s.name!r} runs on {engine}, the trace was recorded on {recorded} "
+                             f"({trace.manifest.get('model')}, {trace.dtype}): its continuation is not that engine's "
+                             f"tokens; drop the strategy's engine, or bench it live (specframe bench)")
         if s.dtype not in (None, "auto", trace.dtype):
             raise TraceError(f"{config}: strategy {s.name!r} asks for {s.dtype}, the trace was recorded in "
                              f"{trace.dtype}: drop its dtype, or record a trace in {s.dtype}")

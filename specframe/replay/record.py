@@ -140,6 +140,7 @@ def _manifest(sf: Any, questions: list[TraceQuestion], max_new_tokens: int, chat
         "format": FORMAT, "version": VERSION, "specframe": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "model": target.name, "dtype": str(target.dtype).removeprefix("torch."),
+        "engine": getattr(target, "engine", "transformers"),
         "max_new_tokens": max_new_tokens, "chat": chat, "recorded_with": [dict(p) for p in proposers],
         "target": {"vocab_size": target.vocab_size, "eos_token_ids": sorted(target.eos_token_ids),
                    "max_context": target.max_context, "supports_trees": bool(target.supports_trees),
