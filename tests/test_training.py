@@ -268,6 +268,33 @@ def test_corpus_build_resume_and_refusal(tiny, tmp_path, monkeypatch):
     assert {p.name: p.read_bytes() for p in out.glob("shard-*")} == before
 
 
+def test_a_finished_corpus_needs_no_source_package(tiny, tmp_path, monkeypatch):
+    """Issue 39, 5: training from a finished corpus (the committed one) must not ask for the packages that built it."""
+    import specframe.training.corpus as corpus_mod
+
+    out = tmp_path / "corpus"
+    build_corpus(tiny, out, CS)
+    assert json.loads((out / "corpus.json").read_text())["finished"] == {"shards": 2, "turn2": 0}
+
+    def missing(*a, **k):
+        raise ConfigError("training source 'wordnet' needs wordnet-base: apt-get install wordnet-base")
+
+    monkeypatch.setattr(corpus_mod, "mix_prompts", missing)
+    monkeypatch.setattr(corpus_mod, "sources_record", missing)
+    assert build_corpus(tiny, out, CS) == out  # finished: no source read
+    (out / "shard-00001.jsonl.gz").unlink()  # unfinished again: now the sources are needed, and said so
+    with pytest.raises(ConfigError, match="wordnet-base"):
+        build_corpus(tiny, out, CS)
+
+
+def test_the_committed_corpora_are_marked_finished():
+    from specframe.training.corpus import finished_shards
+
+    root = Path(__file__).resolve().parents[1] / "data" / "smollm2-135m-instruct"
+    assert finished_shards(root / "corpus") == (375, 53)
+    assert finished_shards(root / "corpus-long") == (8, 0)
+
+
 def test_read_corpus_needs_corpus_json(tmp_path):
     (tmp_path / "shard-00000.jsonl").write_text('{"kind": "x", "prompt_ids": [1], "response_ids": [2]}\n')
     with pytest.raises(ConfigError, match="corpus.json"):

@@ -166,6 +166,10 @@ def build_corpus(target: Any, out: Path, settings: CorpusSettings,
     Raises:
         ConfigError: ``out`` holds a corpus built with other settings; a source package is missing.
     """
+    if (done := finished_shards(out, settings)) is not None:  # no source (nor its package) is read again
+        if progress:
+            progress(sum(done), sum(done))
+        return out
     items = mix_prompts(settings)
     want = {"settings": asdict(settings), "sources": sources_record(settings.mix), "format": 2}
     out.mkdir(parents=True, exist_ok=True)
@@ -198,13 +202,32 @@ def build_corpus(target: Any, out: Path, settings: CorpusSettings,
             tick()
 
     stage(_stage1, b1, dict(enumerate(ids)), 1)
-    if not second:
-        return out
-    firsts = {r["id"]: r for b in range(len(b1)) for r in _read(_stage1(out, b)) if "followup" in items[r["id"]]}
-    ids2 = {i: _second_turn(target, firsts[i], items[i]["text"], items[i]["followup"]) for i in second}
-    lengths = [len(ids2.get(i, ())) for i in range(len(items))]
-    stage(_stage2, _batches(lengths, second, settings.batch_size), ids2, 2)
+    b2: list[list[int]] = []
+    if second:
+        firsts = {r["id"]: r for b in range(len(b1)) for r in _read(_stage1(out, b)) if "followup" in items[r["id"]]}
+        ids2 = {i: _second_turn(target, firsts[i], items[i]["text"], items[i]["followup"]) for i in second}
+        lengths = [len(ids2.get(i, ())) for i in range(len(items))]
+        b2 = _batches(lengths, second, settings.batch_size)
+        stage(_stage2, b2, ids2, 2)
+    done_meta = json.loads(meta.read_text())
+    done_meta["finished"] = {"shards": len(b1), "turn2": len(b2)}
+    meta.write_text(json.dumps(done_meta, indent=1) + "\n")
     return out
+
+
+def finished_shards(out: Path, settings: CorpusSettings | None = None) -> tuple[int, int] | None:
+    """``(first-turn shards, second-turn shards)`` of a finished corpus in ``out`` (its ``corpus.json`` says so and
+    every shard is there), built with ``settings`` when given; None otherwise. Reads no source."""
+    try:
+        meta = json.loads((out / "corpus.json").read_text())
+        n1, n2 = int(meta["finished"]["shards"]), int(meta["finished"]["turn2"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if settings is not None and (meta.get("settings") != asdict(settings) or meta.get("format") != 2):
+        return None
+    if not all(_stage1(out, i).is_file() for i in range(n1)) or not all(_stage2(out, i).is_file() for i in range(n2)):
+        return None
+    return n1, n2
 
 
 def corpus_stats(out: Path) -> dict:

@@ -195,7 +195,7 @@ def _extra_corpus(path: Path, target_name: str) -> tuple[dict, list[dict]]:
     Raises:
         ConfigError: no corpus there, one of another target, or one not finished (a shard missing).
     """
-    from .corpus import CorpusSettings, corpus_batches
+    from .corpus import CorpusSettings, corpus_batches, finished_shards
 
     meta = path / "corpus.json"
     if not meta.is_file():
@@ -207,7 +207,7 @@ def _extra_corpus(path: Path, target_name: str) -> tuple[dict, list[dict]]:
         raise ConfigError(f"{meta} is not a specframe corpus description: rebuild it with `specframe train corpus`")
     if cs.model != target_name:
         raise ConfigError(f"--extra-corpus {path} holds answers of {cs.model!r}, not of {target_name!r}")
-    first, second = corpus_batches(cs)
+    first, second = finished_shards(path, cs) or corpus_batches(cs)  # (a finished corpus: no source is read)
     have1, have2 = len(list(path.glob("shard-*.jsonl.gz"))), len(list(path.glob("turn2-*.jsonl.gz")))
     if have1 < first or have2 < second:
         raise ConfigError(f"--extra-corpus {path} is not finished ({have1 + have2} of {first + second} shards): "
