@@ -109,6 +109,18 @@ def generate(
         _generate(flags)
     except SpecframeError as exc:
         fail(str(exc))
+    except BrokenPipeError:  # `specframe generate ... | head`: the reader had enough; not an error
+        _pipe_closed()
+
+
+def _pipe_closed() -> None:
+    """stdout's reader went away: stop quietly with exit status 0 (as ``cat | head`` does in a shell that does not
+    count SIGPIPE), with nothing more flushed into the closed pipe at exit."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise typer.Exit(0)
 
 
 @dataclass(frozen=True)

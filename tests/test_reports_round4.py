@@ -133,3 +133,25 @@ def test_every_shipped_config_passes_the_schema(schema_and_loader):
         assert not errors, (text[:200], errors)
         checked += 1
     assert checked >= 3
+
+
+@pytest.mark.parametrize("mode", [["--stream"], ["--json"], []])
+def test_generate_into_a_closed_pipe_exits_0(mode, tmp_path):
+    """``specframe generate ... | head -c 20``: the reader leaves early; the command ends quietly with status 0."""
+    import os
+    import subprocess
+    import sys
+
+    from .support import build_model, build_tokenizer
+
+    model_dir = tmp_path / "tiny"
+    build_model("llama").save_pretrained(model_dir)
+    build_tokenizer().save_pretrained(model_dir)
+    env = {**os.environ, "SPECFRAME_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "specframe", "generate", "ba bb bc", "--model", str(model_dir),
+                             "--max-new-tokens", "64", "--no-chat", "--threads", "1", *mode],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # the reader is gone before the first byte
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
