@@ -109,8 +109,8 @@ def test_every_request_of_a_batch_equals_it_decoded_alone(env, arch, strategy, s
         p, max_new_tokens=b, sampling=sampling, seed=i) for i, (p, b) in enumerate(zip(prompts, budgets))]
     items = [BatchRequest(_engine(strategy, target, heads, draft, eagle, sampling), p, b, sampling, seed=i)
              for i, (p, b) in enumerate(zip(prompts, budgets))]
-    with _CountRows(target.model) as calls:
-        got = dict(decode_batch(target, items, batch_size=4))
+    with _CountRows(target.model) as calls:  # (no gate: every row drafts as alone, so its forwards are alone's)
+        got = dict(decode_batch(target, items, batch_size=4, gate=False))
     assert sorted(got) == list(range(9))
     for i in range(9):
         assert got[i].token_ids == alone[i].token_ids, f"request {i}"
@@ -335,7 +335,7 @@ def test_the_router_shrinks_drafts_as_the_batch_grows(env):
         items = [BatchRequest(Engine(target, [ScriptedChain(target.info, ref, k=7)], GreedyVerifier(),
                                      router=AdaptiveRouter(AdaptiveConfig(cost_curve=curve), target.info)), p, 24)
                  for p, ref in zip(prompts, refs)]
-        got = dict(decode_batch(target, items, size))
+        got = dict(decode_batch(target, items, size, gate=False))  # (the router alone: no measured gate)
         assert [got[i].token_ids for i in range(8)] == refs
         # every request runs with `size` rows throughout (8 requests, all the same length)
         nodes[size] = sum(r.metrics.drafted_nodes for r in got.values()) / sum(
@@ -475,3 +475,38 @@ def test_bench_under_load_runs_economize_as_a_peer(tmp_path, monkeypatch):
     alone = [x["token_ids"] for x in load[("none", 1)]["requests"]]
     for key in (("economize", 1), ("economize", 3), ("economize-lookup", 3)):
         assert [x["token_ids"] for x in load[key]["requests"]] == alone
+
+
+def test_the_gate_turns_drafting_off_where_plain_steps_commit_more_per_second_and_probes_back():
+    from specframe.decode.batch_gate import SpeculationGate
+
+    gate = SpeculationGate(alpha=0.5, probe_every=5, probe_steps=2, margin=0.0)
+    rates = {True: 50.0, False: 100.0}  # at 8 rows, drafting steps commit 50 tokens/s, plain ones 100
+    modes = []
+    for _ in range(30):
+        mode = gate.draft_now(8)
+        modes.append(mode)
+        gate.observe(committed=10, seconds=10 / rates[mode])
+    assert modes[:4] == [True, True, False, False]  # each mode measured first
+    assert modes[4:8] == [False] * 4 and modes[8:10] == [True, True] and modes[10] is False  # off; a probe
+    assert modes.count(True) <= 4 + 2 * 5  # the probes stay a small share
+    assert gate.draft_now(1) is True  # alone: the router's own cost model decides
+    rates[True] = 400.0  # drafting starts to pay: the next probe turns it back on
+    for _ in range(12):
+        gate.observe(committed=10, seconds=10 / rates[mode := gate.draft_now(8)])
+    assert gate.ledgers[8].drafting is True and gate.draft_now(8) in (True, False)
+
+
+def test_with_the_gate_greedy_rows_equal_alone_and_sampled_rows_draft_as_alone(env):
+    target, heads, draft, eagle = env["llama"]
+    prompts, budgets = _prompts(9), _budgets(9)
+    for sampling in (SamplingParams(), SAMPLING):
+        alone = [_engine("ngram", target, heads, draft, eagle, sampling).generate(p, max_new_tokens=b,
+                 sampling=sampling, seed=i) for i, (p, b) in enumerate(zip(prompts, budgets))]
+        items = [BatchRequest(_engine("ngram", target, heads, draft, eagle, sampling), p, b, sampling, seed=i)
+                 for i, (p, b) in enumerate(zip(prompts, budgets))]
+        got = dict(decode_batch(target, items, batch_size=4))  # the gate on (the default)
+        for i in range(9):
+            assert got[i].token_ids == alone[i].token_ids, (sampling, i)
+            if sampling.temperature > 0:  # never gated: the same drafts, so the same draws
+                assert got[i].metrics.target_forwards == alone[i].metrics.target_forwards

@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 
 from ..errors import ConfigError
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, is_greedy_temperature
+from .batch_gate import SpeculationGate
 from .engine import Engine, GenerationResult, _default_scorer
 from .observe import Observers
 
@@ -91,18 +92,22 @@ class BatchLoop:
     Args:
         target: the target every request's engine runs on.
         batch_size: requests in one forward at most.
+        gate: measure whether drafting pays at each batch size and draft only where it does (greedy rows;
+            :mod:`specframe.decode.batch_gate`); False: every row drafts as its router says (speed-independent
+            forwards, as each request alone).
 
     Raises:
         ConfigError: ``batch_size < 1``; the target cannot hold that many requests at once (llama.cpp's cells).
     """
 
-    def __init__(self, target: Any, batch_size: int) -> None:
+    def __init__(self, target: Any, batch_size: int, gate: bool = True) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
         self.batch = new_batch(target, batch_size)
         self.t_start = time.perf_counter()
         self.active: list[_Active] = []
+        self.gate = SpeculationGate() if gate else None  # whether greedy rows draft at this batch size
 
     @property
     def room(self) -> int:
@@ -137,9 +142,13 @@ class BatchLoop:
             return out
         sizes = [a.size for a in active]
         failed: list[_Active] = []
+        t0 = time.perf_counter()
+        drafting = self.gate is None or self.gate.draft_now(len(active))
+        before = sum(len(a.request.stops.generated) for a in active)
         for i, a in enumerate(active):  # the router budgets each request's draft from the whole forward
             a.request.drafting.set_batch(len(active), max(sizes[:i] + sizes[i + 1 :], default=1))
-            a.draft = a.request.draft()
+            a.draft = a.request.draft(None if drafting or not is_greedy_temperature(a.item.sampling.temperature)
+                                      else 0)
             a.size = 1 + a.draft[0].tree.num_nodes
         self.batch.forward([(a.request.scorer, a.request.newest, a.draft[0].tree) for a in active])
         for a in active:
@@ -148,6 +157,8 @@ class BatchLoop:
             except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
                 failed.append(a)
                 out.append((a.index, exc))
+        if self.gate is not None:
+            self.gate.observe(sum(len(a.request.stops.generated) for a in active) - before, time.perf_counter() - t0)
         done = [a for a in active if a.request.finished and a not in failed]
         self.active = [a for a in active if not a.request.finished and a not in failed]
         for a in failed:
@@ -172,19 +183,21 @@ class BatchLoop:
 
 
 def decode_batch(target: Any, requests: Iterable[BatchRequest], batch_size: int,
-                 between_steps: Callable[[], Any] | None = None) -> Iterator[tuple[int, GenerationResult]]:
+                 between_steps: Callable[[], Any] | None = None,
+                 gate: bool = True) -> Iterator[tuple[int, GenerationResult]]:
     """Decode ``requests`` with at most ``batch_size`` in each forward; yields ``(index, result)`` as each finishes
     (index: its place in ``requests``), so results come in finishing order.
 
     Requests are taken from ``requests`` as rows free up (an iterator may keep producing them: continuous batching).
-    ``between_steps`` is called after every step (the thread governor's load check).
+    ``between_steps`` is called after every step (the thread governor's load check); ``gate`` as in
+    :class:`BatchLoop`.
 
     Raises:
         ConfigError: ``batch_size < 1``; a request's own checks (``max_new_tokens < 1``, an empty prompt).
         PromptTooLongError: a prompt that leaves no room in the target's context.
         Exception: whatever a request's client callback (``on_text``) raised.
     """
-    loop = BatchLoop(target, batch_size)
+    loop = BatchLoop(target, batch_size, gate)
     waiting = enumerate(iter(requests))
     more = True
     try:

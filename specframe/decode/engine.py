@@ -268,12 +268,14 @@ class _Request:
         """One verification step (the six calls of the module docstring); times go to the metrics writer."""
         self.verify(*self.draft())
 
-    def draft(self) -> tuple[MergedDraft, float, float]:
+    def draft(self, cap: int | None = None) -> tuple[MergedDraft, float, float]:
         """Step call 1: the merged draft, with the step's start and the drafting's end (``perf_counter`` seconds).
-        The batch loop drafts every request, runs one forward for all of them, then calls :meth:`verify` on each."""
+        The batch loop drafts every request, runs one forward for all of them, then calls :meth:`verify` on each.
+        ``cap``: draft nodes at most this step (0: no draft, the step commits the target's own token)."""
         t0 = time.perf_counter()
         # each step also commits one target token, so the draft may hold remaining - 1
-        merged = self.drafting.propose(self.state, self.stops.max_new_tokens - len(self.stops.generated) - 1)
+        budget = self.stops.max_new_tokens - len(self.stops.generated) - 1
+        merged = self.drafting.propose(self.state, budget if cap is None else min(cap, budget))
         return merged, t0, time.perf_counter()
 
     @property
