@@ -188,7 +188,9 @@ def test_a_client_leaving_mid_stream_frees_its_row_and_changes_no_other_output(s
 
 def test_serve_command_drains_and_exits_0_on_sigterm(tmp_path):
     model_dir = tmp_path / "tiny-model"
-    build_model("llama").save_pretrained(model_dir)
+    # wide enough that a long answer takes seconds: the stream is still going when SIGTERM comes
+    build_model("llama", hidden_size=512, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=8,
+                max_position_embeddings=2048).save_pretrained(model_dir)
     build_tokenizer().save_pretrained(model_dir)
     port = _free_port()
     env = {"SPECFRAME_CACHE": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
@@ -208,15 +210,32 @@ def test_serve_command_drains_and_exits_0_on_sigterm(tmp_path):
         result = {}
 
         def slow():
-            result["r"] = httpx.post(url + "/v1/completions", json={"prompt": "ba bb", "max_tokens": 60}, timeout=60)
+            result["r"] = httpx.post(url + "/v1/completions", json={"prompt": "ba bb", "max_tokens": 300}, timeout=120)
 
-        t = threading.Thread(target=slow)
-        t.start()
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGTERM)
-        t.join()
+        started = threading.Event()
+
+        def streamed():
+            with httpx.stream("POST", url + "/v1/completions", timeout=120,
+                              json={"prompt": "ca cb", "max_tokens": 300, "stream": True}) as r:
+                lines = []
+                for line in r.iter_lines():
+                    if line.startswith("data:"):
+                        lines.append(line)
+                        started.set()
+                result["lines"] = lines
+
+        threads = [threading.Thread(target=slow), threading.Thread(target=streamed)]
+        for t in threads:
+            t.start()
+        assert started.wait(60)
+        proc.send_signal(signal.SIGTERM)  # mid-stream
+        for t in threads:
+            t.join()
         assert proc.wait(timeout=60) == 0, proc.stderr.read()
-        assert result["r"].status_code == 200  # the request in flight was answered before the exit
+        assert result["r"].status_code == 200  # the requests in flight were answered before the exit
+        lines = result["lines"]
+        assert lines[-1] == "data: [DONE]" and '"usage"' in lines[-2]  # the stream too, whole
+        assert json.loads(lines[-2][5:])["usage"]["completion_tokens"] == 300
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -45,7 +45,7 @@ class _Refused(Exception):
 
 
 def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | None = None,
-               max_tokens_limit: int = 4096, max_pending: int = 64) -> FastAPI:
+               max_tokens_limit: int = 4096, max_pending: int = 64, drain_s: float = 55.0) -> FastAPI:
     """The app serving ``sf`` (a loaded :class:`~specframe.api.Specframe` with ``batch_size`` >= 1).
 
     Args:
@@ -53,6 +53,8 @@ def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | No
         allowed: proposer names a request's ``speculative`` may use (None: every installed one).
         max_tokens_limit: the most ``max_tokens`` a request may ask for.
         max_pending: requests queued or decoding at most; more get a 429.
+        drain_s: seconds a stream in flight at shutdown may take to finish (keep it under uvicorn's
+            ``timeout_graceful_shutdown``).
     """
     app = FastAPI(title="specframe", docs_url=None, redoc_url=None)
     name = model_name or sf.config.model
@@ -162,8 +164,9 @@ def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | No
             metrics.requests.labels(endpoint, "200").inc()
             return _response(rid, chat, result)
         include_usage = body.stream_options.include_usage if body.stream_options else True
+        # on SIGTERM a stream in flight runs to its end (sse-starlette would cut it at once): the drain
         return EventSourceResponse(_events(rid, chat, future, pieces, cancel, include_usage, endpoint),
-                                   ping=15, sep="\n")
+                                   ping=15, sep="\n", shutdown_grace_period=drain_s)
 
     async def _until_disconnected(request: Request) -> None:
         while not await request.is_disconnected():
