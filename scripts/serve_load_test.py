@@ -160,7 +160,11 @@ def main() -> int:
         rss0 = rss_kib(proc.pid)
         log: list = []
         t0 = time.perf_counter()
-        asyncio.run(_all(args, base, plans, offline, log))
+        half = args.requests // 2  # two rounds: RSS after each, so growth that levels off shows as such
+        asyncio.run(_all(args, base, [p[:half] for p in plans], offline, log))
+        time.sleep(1.0)
+        rss_half = rss_kib(proc.pid)
+        asyncio.run(_all(args, base, [p[half:] for p in plans], offline, log))
         took = time.perf_counter() - t0
         time.sleep(1.0)
         rss1 = rss_kib(proc.pid)
@@ -196,8 +200,9 @@ def main() -> int:
              "| requests | as required |", "|---|---|"]
     lines += [f"| {k} | {v['ok']}/{v['requests']} |" for k, v in sorted(kinds.items())]
     lines += [f"| in flight at SIGTERM, answered in full | {sum(x['ok'] for x in tail)}/{len(tail)} |", "",
-              f"Server RSS after the warm-up round: {rss0 / 1024:.1f} MiB; after the load: {rss1 / 1024:.1f} MiB "
-              f"({(rss1 - rss0) / 1024:+.1f} MiB). Requests in flight after the load: {pending}. Exit code on "
+              f"Server RSS after the warm-up round: {rss0 / 1024:.1f} MiB; after the first half of the load: "
+              f"{rss_half / 1024:.1f} MiB; after the second half: {rss1 / 1024:.1f} MiB (second half "
+              f"{(rss1 - rss_half) / 1024:+.1f} MiB). Requests in flight after the load: {pending}. Exit code on "
               f"SIGTERM: {code}."]
     report = "\n".join(lines)
     print(report)
@@ -208,7 +213,7 @@ def main() -> int:
         args.output.mkdir(parents=True, exist_ok=True)
         (args.output / "results.json").write_text(json.dumps(
             {"args": {k: str(v) for k, v in vars(args).items()}, "environment": environment(), "machine": m,
-             "rss_kib": [rss0, rss1], "exit_code": code, "seconds": took, "log": log, "sigterm_round": tail,
+             "rss_kib": [rss0, rss_half, rss1], "exit_code": code, "seconds": took, "log": log, "sigterm_round": tail,
              "metrics": metrics}, indent=1))
         (args.output / "report.md").write_text("# specframe serve under a bounded load\n\n" + report + "\n\n"
                                                f"Command: `python scripts/serve_load_test.py "

@@ -274,7 +274,7 @@ def test_serving_bench_against_the_live_server(server, tmp_path):
     assert [(r["endpoint"], r["concurrency"]) for r in load] == [
         ("none", 1), ("ngram", 1), ("plain", 1), ("none", 3), ("ngram", 3), ("plain", 3)]
     for r in load:
-        assert r["failed"] == 0 and len(r["requests"]) == len(WORDS)
+        assert r["failed"] == 0 and r["empty"] == 0 and len(r["requests"]) == len(WORDS)
         assert all(0 < q["new_tokens"] <= 12 and q["ttft_s"] > 0 for q in r["requests"])
         assert r["tau"] is not None and r["tau"] >= 1.0
     chat = [r for r in load if r["endpoint"] != "ngram"]  # chat requests: the same prompts, so the same answers

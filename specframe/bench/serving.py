@@ -8,7 +8,8 @@ from sending it to its first content chunk), TPOT (seconds from the first chunk 
 first), its tokens (the usage object's ``completion_tokens``; a server that sends no usage: one token per content
 chunk, as llama.cpp's server streams) and, from ``specframe serve``, τ (``usage.speculation``). Per (endpoint, C):
 throughput (tokens of all requests / wall seconds), TTFT and TPOT mean, p50 and p99, τ (tokens / target forwards
-over all requests) and failed requests. Greedy answers are compared with the first endpoint's at the smallest C.
+over all requests), failed requests and empty answers (no token: e.g. a server that drops a request when another
+arrives). Greedy answers are compared with the first endpoint's at the smallest C.
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ def _figures(requests: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     fwd = [r["forwards"] for r in ok]
     out: dict[str, Any] = {"wall_s": wall, "tokens": tokens, "throughput": tokens / wall if wall > 0 else 0.0,
                            "failed": len(requests) - len(ok),
+                           "empty": sum(1 for r in ok if r["new_tokens"] == 0),  # answered with no token at all
                            "tau": tokens / sum(fwd) if fwd and None not in fwd and sum(fwd) else None}
     for key in ("ttft_s", "tpot_s"):
         v = sorted(r[key] for r in ok if r[key] is not None)
@@ -168,7 +170,7 @@ def serving_table(load: list[dict[str, Any]]) -> list[str]:
     """report.md lines: per endpoint and C, throughput, TTFT and TPOT (mean / p50 / p99), τ, failures, answers."""
     fmt = lambda v, f, scale=1.0: "—" if v is None else format(v * scale, f)
     lines = ["| endpoint | C | throughput tok/s | TTFT mean / p50 / p99 s | TPOT mean / p50 / p99 ms | τ | failed | "
-             "same answers |", "|---|---|---|---|---|---|---|---|"]
+             "empty | same answers |", "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(load, key=lambda r: (r["concurrency"], [x["endpoint"] for x in load].index(r["endpoint"]))):
         ttft, tpot = r["ttft"] or {}, r["tpot"] or {}
         n = len(r["requests"])
@@ -177,7 +179,7 @@ def serving_table(load: list[dict[str, Any]]) -> list[str]:
             f"| {r['endpoint']} | {r['concurrency']} | {r['throughput']:.1f} | "
             f"{' / '.join(fmt(ttft.get(k), '.2f') for k in ('mean_s', 'p50_s', 'p99_s'))} | "
             f"{' / '.join(fmt(tpot.get(k), '.1f', 1e3) for k in ('mean_s', 'p50_s', 'p99_s'))} | "
-            f"{fmt(r['tau'], '.2f')} | {r['failed']} | {same} |")
+            f"{fmt(r['tau'], '.2f')} | {r['failed']} | {r.get('empty', 0)} | {same} |")
     return lines
 
 
