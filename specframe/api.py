@@ -261,8 +261,6 @@ class Specframe:
                                      top_k=top_k, seed=seed, stop=stop)
         sampling = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
         ids = self._prompt_ids(prompt, chat)
-        governor = getattr(self.target, "governor", None)
-        observer = self.registry.observers()  # None when no plugin observes: the loop then skips events
         if self.config.batch_size > 1:  # decoded together with other threads' requests (one forward per step)
             return self.submit(ids, proposers=proposers, max_new_tokens=max_new_tokens, temperature=temperature,
                                top_p=top_p, top_k=top_k, seed=seed, stop=stop, question_id=question_id,
