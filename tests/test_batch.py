@@ -136,7 +136,7 @@ def test_batch_of_one_and_batch_of_all_agree(env):
     for size in (1, 2, 6, 32):
         items = [BatchRequest(_engine("ngram+medusa", target, heads, draft, eagle), p, b) for p, b in
                  zip(prompts, budgets)]
-        outs.append({i: r.token_ids for i, r in decode_batch(target, items, size)})
+        outs.append({i: r.token_ids for i, r in decode_batch(target, items, size, gate=False)})
     assert all(o == outs[0] for o in outs[1:])
 
 
@@ -172,7 +172,7 @@ def _decode_with(batch, target, items, size):
     real = mod.new_batch
     mod.new_batch = lambda t, rows: batch
     try:
-        yield from decode_batch(target, items, size)
+        yield from decode_batch(target, items, size, gate=False)
     finally:
         mod.new_batch = real
 
@@ -194,7 +194,7 @@ def test_a_forward_that_raises_on_drafts_leaves_every_output_unchanged(env, monk
 
     monkeypatch.setattr(target.model, "forward", refuse_long)
     items = [BatchRequest(_engine("ngram", target, heads, draft, eagle), p, b) for p, b in zip(prompts, budgets)]
-    got = dict(decode_batch(target, items, 5))
+    got = dict(decode_batch(target, items, 5, gate=False))
     assert raised
     assert [got[i].token_ids for i in range(5)] == alone
     assert any("raised RuntimeError" in r.message for r in caplog.records)
@@ -490,9 +490,14 @@ def test_the_gate_turns_drafting_off_where_plain_steps_commit_more_per_second_an
     assert modes[:4] == [True, True, False, False]  # each mode measured first
     assert modes[4:8] == [False] * 4 and modes[8:10] == [True, True] and modes[10] is False  # off; a probe
     assert modes.count(True) <= 4 + 2 * 5  # the probes stay a small share
+    for _ in range(300):  # a verdict the probes keep confirming: they come ever less often (5, 10, 20, then every 40 steps)
+        mode = gate.draft_now(8)
+        modes.append(mode)
+        gate.observe(committed=10, seconds=10 / rates[mode])
+    assert modes[30:].count(True) <= 24 and gate.ledgers[8].every == 8 * 5  # (without backing off: 120)
     assert gate.draft_now(1) is True  # alone: the router's own cost model decides
-    rates[True] = 400.0  # drafting starts to pay: the next probe turns it back on
-    for _ in range(12):
+    rates[True] = 400.0  # drafting starts to pay: the next probe (within 40 steps now) turns it back on
+    for _ in range(45):
         gate.observe(committed=10, seconds=10 / rates[mode := gate.draft_now(8)])
     assert gate.ledgers[8].drafting is True and gate.draft_now(8) in (True, False)
 

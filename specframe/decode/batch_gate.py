@@ -7,7 +7,8 @@ cost curve leaves out the batched forward's own costs (each row's attention over
 the padding). So the batch loop keeps, per number of rows B, the committed tokens per second of steps that drafted
 and of steps that did not (moving averages over the step's whole wall time: drafting, the forward, verifying), and
 drafts at B only while drafting steps commit more per second. It probes the other mode now and then (``probe_every``
-steps, ``probe_steps`` in a row), so a verdict follows prompts and load.
+steps, ``probe_steps`` in a row; less often while the probes confirm the verdict), so a verdict follows prompts and
+load.
 
 Greedy rows only: under sampling, which drafts a step verifies decides how many random draws it makes, and no
 timing may change a seed's tokens, so sampling rows always draft as their router says. Greedy output does not depend
@@ -28,6 +29,7 @@ class _Ledger:
     drafting: bool = True
     since_probe: int = 0
     probing: int = 0  # steps left in the current probe of the other mode
+    every: int = 0  # steps between probes now: doubles while probes confirm the verdict (0: not set yet)
 
 
 class SpeculationGate:
@@ -39,10 +41,14 @@ class SpeculationGate:
         probe_steps: steps in a probe.
         margin: drafting must beat plain steps by this fraction to stay on (and plain steps beat drafting by it to
             switch drafting off): hysteresis against noise.
+        max_every: a probe that confirms the verdict doubles the steps to the next, up to ``max_every *
+            probe_every``; a flip starts again at ``probe_every``.
     """
 
-    def __init__(self, alpha: float = 0.25, probe_every: int = 24, probe_steps: int = 3, margin: float = 0.03) -> None:
+    def __init__(self, alpha: float = 0.25, probe_every: int = 24, probe_steps: int = 3, margin: float = 0.03,
+                 max_every: int = 8) -> None:
         self.alpha, self.probe_every, self.probe_steps, self.margin = alpha, probe_every, probe_steps, margin
+        self.max_every = max_every
         self.ledgers: dict[int, _Ledger] = {}
         self._last: tuple[int, bool] | None = None
 
@@ -61,7 +67,7 @@ class SpeculationGate:
             mode = not led.drafting
         else:
             led.since_probe += 1
-            if led.since_probe >= self.probe_every:
+            if led.since_probe >= (led.every or self.probe_every):
                 led.since_probe, led.probing = 0, self.probe_steps - 1
                 mode = not led.drafting
             else:
@@ -82,7 +88,11 @@ class SpeculationGate:
         if led.probing or min(led.steps.values()) < self.probe_steps:
             return
         on, off = led.rate[True], led.rate[False]
+        was = led.drafting
         if led.drafting and off > on * (1 + self.margin):
             led.drafting = False
         elif not led.drafting and on > off * (1 + self.margin):
             led.drafting = True
+        if mode != led.drafting or led.drafting != was:  # a probe (or a flip) just ended: back off or start over
+            led.every = self.probe_every if led.drafting != was else min(
+                2 * (led.every or self.probe_every), self.max_every * self.probe_every)
