@@ -472,9 +472,9 @@ class Specframe:
     def _prompt_ids(self, prompt: str | list[int], chat: bool | None) -> list[int]:
         """Text is encoded (with the chat template unless ``chat`` is False); token ids are checked and used as they
         are."""
-        _check_chat(chat)
         if isinstance(prompt, str):
-            return self.encode(prompt, chat)
+            return self.encode(prompt, chat)  # (checks chat)
+        _check_chat(chat)
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             bad = next((t for t in prompt if not 0 <= t < self.target.vocab_size), None)
             if bad is not None:
