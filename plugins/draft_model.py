@@ -60,9 +60,10 @@ from .weights import shipped, weights_folder
 log = logging.getLogger("specframe")
 
 
-class DraftModelConfig(ProposerConfig):
-    name: Literal["draft-model"] = "draft-model"
-    model: Optional[str] = Field(None, description="Draft model folder; default: the draft shipped for the target.")
+class ChainDraftConfig(ProposerConfig):
+    """Options of a proposer that drafts a chain with a causal LM of its own, one token per forward (draft-model,
+    and the target drafting with part of itself: :mod:`specframe_plugins.self_draft`)."""
+
     k: int = Field(4, ge=1, le=64, description="Draft length of the first step (and of every step when constant).")
     max_k: int = Field(8, ge=1, le=64, description="Longest draft the heuristic schedule may grow to.")
     schedule: Literal["heuristic", "constant"] = Field(
@@ -73,10 +74,15 @@ class DraftModelConfig(ProposerConfig):
     )
 
     @model_validator(mode="after")
-    def _order(self) -> "DraftModelConfig":
+    def _order(self) -> "ChainDraftConfig":
         if self.k > self.max_k:
-            raise ValueError(f"draft-model: k ({self.k}) must be <= max_k ({self.max_k})")
+            raise ValueError(f"{self.name}: k ({self.k}) must be <= max_k ({self.max_k})")
         return self
+
+
+class DraftModelConfig(ChainDraftConfig):
+    name: Literal["draft-model"] = "draft-model"
+    model: Optional[str] = Field(None, description="Draft model folder; default: the draft shipped for the target.")
 
 
 def check_vocabularies(target_tok: Any, draft_tok: Any) -> None:
@@ -159,41 +165,22 @@ def standalone_draft(folder: Path, target: TargetInfo) -> Path:
     return model_directory(resolve_model(target.name + DRAFT_SUFFIX))
 
 
-class DraftModelProposer(ProposerBase):
-    """A small LM drafts a chain with its own KV cache (see the module docstring)."""
+class ChainDrafter(ProposerBase):
+    """Drafts a chain with ``self.draft`` (a causal LM called as ``draft(ids [1, n] int64, cache) -> [Vd] logits``
+    after the last of ``ids``, with ``token_map`` (``[Vd]`` target ids, or None when its ids are the target's),
+    ``vocab`` and ``config``), keeping the draft's KV cache across steps (see the module docstring). A subclass
+    sets ``self.draft`` in its ``__init__`` and then calls :meth:`_init_drafting`."""
 
-    name = "draft-model"
-    Config = DraftModelConfig
     needs_hidden_states = False
     produces_trees = False
     provides_draft_probs = True
+    draft: Any
 
-    def __init__(self, config: DraftModelConfig, target: TargetInfo) -> None:
-        super().__init__(config, target)
-        folder = weights_folder(
-            config.model, target.name, "draft-model", "draft model is",
-            "set `model: DIR` (a transformers model folder sharing the target's tokenizer, or "
-            "`specframe train draft` output)",
-        )
-        if not (folder / "config.json").is_file():
-            raise ConfigError(f"draft model folder {folder} has no config.json")
-        # the draft's weights are loaded once per folder and placement and shared by every option set (k, schedule,
-        # ...) and every request: this object only holds the draft's KV cache and the request's schedule state
-        placement = (str(target.dtype), str(target.device))
-        if is_small_draft(folder) and target.model is None:
-            # an engine without torch weights (llama.cpp): the same draft exported as a standalone transformers
-            # model (its embeddings copied from the target), built once into the model cache
-            folder = standalone_draft(folder, target)
-        if is_small_draft(folder):
-            key = ("draft-model/small", folder_key(folder), *placement, id(target.model))
-            self.draft: Any = shared(key, lambda: _SmallDraft(folder, target))
-        else:
-            key = ("draft-model/hf", folder_key(folder), *placement, id(target.tokenizer))
-            self.draft = shared(key, lambda: _HFDraft(folder, target))
+    def _init_drafting(self) -> None:
         self.max_context = int(getattr(self.draft.config, "max_position_embeddings", 0) or 1 << 30)
         tm = self.draft.token_map
         self._token_map_list = None if tm is None else tm.tolist()
-        self.k = config.k
+        self.k = self.config.k
         self.speculating = True
         self._cache: Any = None
         self._seen: list[int] = []  # the token ids whose keys/values are in the draft's cache, in order
@@ -273,6 +260,37 @@ class DraftModelProposer(ProposerBase):
             self.k = min(self.k + 2, self.config.max_k)
         else:
             self.k = max(self.k - 1, 1)
+
+
+class DraftModelProposer(ChainDrafter):
+    """A small LM drafts a chain with its own KV cache (see the module docstring)."""
+
+    name = "draft-model"
+    Config = DraftModelConfig
+
+    def __init__(self, config: DraftModelConfig, target: TargetInfo) -> None:
+        super().__init__(config, target)
+        folder = weights_folder(
+            config.model, target.name, "draft-model", "draft model is",
+            "set `model: DIR` (a transformers model folder sharing the target's tokenizer, or "
+            "`specframe train draft` output)",
+        )
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"draft model folder {folder} has no config.json")
+        # the draft's weights are loaded once per folder and placement and shared by every option set (k, schedule,
+        # ...) and every request: this object only holds the draft's KV cache and the request's schedule state
+        placement = (str(target.dtype), str(target.device))
+        if is_small_draft(folder) and target.model is None:
+            # an engine without torch weights (llama.cpp): the same draft exported as a standalone transformers
+            # model (its embeddings copied from the target), built once into the model cache
+            folder = standalone_draft(folder, target)
+        if is_small_draft(folder):
+            key = ("draft-model/small", folder_key(folder), *placement, id(target.model))
+            self.draft: Any = shared(key, lambda: _SmallDraft(folder, target))
+        else:
+            key = ("draft-model/hf", folder_key(folder), *placement, id(target.tokenizer))
+            self.draft = shared(key, lambda: _HFDraft(folder, target))
+        self._init_drafting()
 
 
 @hookimpl

@@ -83,6 +83,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "new_cache": ".target.kv_cache", "cache_length": ".target.kv_cache", "rollback": ".target.kv_cache",
     "compact": ".target.kv_cache",
+    "skipping": ".target.layer_skip", "decoder_layers": ".target.layer_skip", "check_skip": ".target.layer_skip",
+    "cached_skip_choice": ".target.skip_search", "SkipChoice": ".target.skip_search",
     "TextBridge": ".crossvocab", "check_lossless": ".crossvocab", "shared_tokens": ".crossvocab",
     "EagleDrafter": ".learned.eagle_drafter", "KVBuffer": ".learned.eagle_drafter",
     "MedusaHeads": ".learned.medusa_heads",

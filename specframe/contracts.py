@@ -164,6 +164,10 @@ class VerifyOutcome:
     accepted_nodes: tuple[tuple[int, ...], ...]  # [B][A_b] accepted node indices of that draft
     committed: tuple[tuple[int, ...], ...]  # [B][C_b] tokens committed this step, after stop checks
     finished: bool  # a stop condition ended the request in this step
+    target_tokens: tuple[tuple[int, ...], ...] | None = None  # [B][1 + N_b] the target's most likely token (argmax
+    # of its logits) after the newest committed token (index 0) and after each node ``i`` of ``draft`` (index
+    # ``i + 1``), given the path to that node; filled only for a proposer that declares ``reads_target_tokens``
+    # (Jacobi / lookahead decoding reads its next guesses from them), else None
 
     @property
     def num_accepted(self) -> int:
@@ -279,6 +283,7 @@ class Capabilities:
     produces_trees: bool = False
     provides_draft_probs: bool = False
     feature_layers: tuple[int, ...] = ()  # [F] hidden_states indices it reads, ascending; () = none
+    reads_target_tokens: bool = False  # its VerifyOutcome carries the target's argmax at each of its nodes
 
     @staticmethod
     def of(proposer: Any) -> "Capabilities":
@@ -289,6 +294,7 @@ class Capabilities:
             bool(getattr(proposer, "produces_trees", False)),
             bool(getattr(proposer, "provides_draft_probs", False)),
             tuple(sorted({int(i) for i in (getattr(proposer, "feature_layers", None) or ())})),
+            bool(getattr(proposer, "reads_target_tokens", False)),
         )
 
 
@@ -301,6 +307,7 @@ class ProposerBase:
     produces_trees: ClassVar[bool] = False
     provides_draft_probs: ClassVar[bool] = False
     reads_features: ClassVar[bool] = False
+    reads_target_tokens: ClassVar[bool] = False
 
     def __init__(self, config: ProposerConfig, target: TargetInfo) -> None:
         self.config = config

@@ -155,3 +155,62 @@ def test_generate_into_a_closed_pipe_exits_0(mode, tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_a_bench_output_folder_holding_someone_elses_report_is_refused_before_anything_runs(tmp_path):
+    import json
+
+    from specframe.cli import app
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.md").write_text("# my own notes\n")
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["hi"]}) + "\n")
+    from pathlib import Path
+
+    args = ["bench", "--config", str(Path(__file__).resolve().parents[1] / "docs" / "bench.example.yaml"), "--questions", str(questions), "--output", str(out)]
+    line = _one_error_line(CliRunner().invoke(app, args))
+    assert "already holds a report.md that specframe bench did not write" in line
+    assert (out / "report.md").read_text() == "# my own notes\n"
+    (out / "results.json").write_text(json.dumps({"config": {}, "environment": {}}))  # a bench's own folder: rerun
+    from specframe.bench.command import _check_output_is_ours
+
+    _check_output_is_ours(out)
+
+
+def test_a_train_resume_with_a_changed_setting_is_refused_before_any_stage_and_names_it(tmp_path, monkeypatch):
+    from dataclasses import asdict, replace
+
+    import torch
+
+    from specframe.training import recipe
+    from specframe.training.draft import DraftSettings
+
+    out = tmp_path / "td"
+    out.mkdir()
+    before = DraftSettings()
+    torch.save({"settings": {"draft": asdict(before), "records": 5}, "step": 3}, out / "ckpt.pt")
+    monkeypatch.setattr(recipe, "build_corpus", lambda *a, **k: pytest.fail("the corpus stage ran"))
+    monkeypatch.setattr(recipe, "teacher_pass", lambda *a, **k: pytest.fail("the teacher stage ran"))
+    with pytest.raises(ConfigError, match=rf"other settings: lr {before.lr!r} \(now 0\.123\): run the same command"):
+        recipe.run_recipe("draft", None, "t", out, tmp_path / "corpus", None, replace(before, lr=0.123),
+                          lambda *a: None)
+
+
+def test_an_unloadable_gguf_on_llamacpp_is_one_error_line_with_nothing_before_it(tmp_path):
+    """llama.cpp's own "error loading model" line used to reach stderr before specframe's error: now its reason is
+    part of the one line."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("llama_cpp")
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + bytes(64))
+    env = {**os.environ, "SPECFRAME_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "specframe", "generate", "hi", "--model", str(bad), "--engine",
+                           "llama.cpp", "--threads", "1"], capture_output=True, text=True, env=env, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: llama.cpp cannot load {bad}")

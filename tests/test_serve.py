@@ -123,6 +123,21 @@ def test_chat_uses_the_chat_template_streamed_or_not(sf, client):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
 
 
+def test_chat_content_as_text_parts_and_the_developer_role_read_as_openai_reads_them(sf, client, server):
+    """The official client's list form of content (``[{"type": "text", ...}]``) and the ``developer`` role (what
+    newer clients send for the system message) give the same answer as plain text and ``system``; an image part is
+    a 400 saying the model reads text only."""
+    plain = [{"role": "system", "content": "ca cb"}, {"role": "user", "content": "ba bb bc ba bb"}]
+    parts = [{"role": "developer", "content": [{"type": "text", "text": "ca cb"}]},
+             {"role": "user", "content": [{"type": "text", "text": "ba bb "}, {"type": "text", "text": "bc ba bb"}]}]
+    want = client.chat.completions.create(model="tiny", messages=plain, max_tokens=12, temperature=0)
+    got = client.chat.completions.create(model="tiny", messages=parts, max_tokens=12, temperature=0)
+    assert got.choices[0].message.content == want.choices[0].message.content
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]
+    r = httpx.post(server + "/v1/chat/completions", json={"messages": image, "max_tokens": 4})
+    assert r.status_code == 400 and "reads text only" in r.json()["error"]["message"], r.text
+
+
 def test_models_health_and_metrics(server, client):
     assert [m.id for m in client.models.list().data] == ["tiny"]
     assert httpx.get(server + "/health").json()["status"] == "ok"

@@ -469,7 +469,7 @@ def test_medusa_trains_saves_and_keeps_greedy_output(tiny, tiny_free, tmp_path):
     heads = summary["heads"]
     assert any(p.abs().sum() > 0 for p in heads.parameters())  # moved away from the zero initialisation
 
-    with pytest.raises(ConfigError, match="other settings"):  # ckpt.pt of this run, other settings
+    with pytest.raises(ConfigError, match=r"other settings: lr 0\.01 \(now 0\.001\)"):  # ckpt.pt of this run
         train_medusa(tiny, pattern_records(), out, replace(MS, lr=1e-3))
 
     finish_medusa(heads, out, "tiny")

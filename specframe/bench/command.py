@@ -295,6 +295,7 @@ def _bench_inputs(config, questions, categories, limit_per_category, max_new_tok
         raise ConfigError(f"--limit-per-category must be >= 1, got {limit_per_category}")
     if output.exists() and not output.is_dir():
         raise ConfigError(f"--output {output} is a file: give a directory")
+    _check_output_is_ours(output)
     cats = [c.strip() for entry in (categories or []) for c in entry.split(",") if c.strip()] or None
     cfg = load_bench_config(config, servers, max_new_tokens=max_new_tokens, limit_per_category=limit_per_category,
                             questions=str(questions) if questions else None, categories=cats,
@@ -312,6 +313,24 @@ def _bench_inputs(config, questions, categories, limit_per_category, max_new_tok
         has = f"the file has: {', '.join(found)}" if found else "the file's questions have no `category`"
         raise ConfigError(f"--categories {cfg.categories} match no question; {has}")
     return cfg, chosen
+
+
+def _check_output_is_ours(output: Path) -> None:
+    """A bench writes report.md, results.json and PNGs into ``--output``: refuse a folder whose report.md or
+    results.json a bench did not write (no bench ``results.json`` beside it), before anything runs.
+
+    Raises:
+        ConfigError: names the file and what to do.
+    """
+    ours = False
+    try:
+        ours = {"config", "environment"} <= set(json.loads((output / "results.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        pass
+    for name in ("report.md", "results.json"):
+        if (output / name).exists() and not ours:
+            raise ConfigError(f"--output {output} already holds a {name} that specframe bench did not write (no bench "
+                              "results.json beside it): give a new or empty folder, or move the file away")
 
 
 def _load_strategies(cfg, registry, err) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -40,10 +40,11 @@ class _Slot:
     """One proposer in one request: its guard and this step's draft."""
 
     __slots__ = ("proposer", "label", "guard", "trees_ok", "branches", "draft", "asked", "budget", "draft_s", "fault",
-                 "proposed")
+                 "proposed", "reads_tokens")
 
-    def __init__(self, proposer: Any, label: str, guard: FaultGuard, branches: bool, trees_ok: bool) -> None:
-        self.proposer, self.label, self.guard = proposer, label, guard
+    def __init__(self, proposer: Any, label: str, guard: FaultGuard, branches: bool, trees_ok: bool,
+                 reads_tokens: bool = False) -> None:
+        self.proposer, self.label, self.guard, self.reads_tokens = proposer, label, guard, reads_tokens
         self.branches = branches  # declares trees: may return them
         self.trees_ok = trees_ok  # and verifier and target take them: they are verified as trees
         self.clear()
@@ -77,7 +78,8 @@ class Drafting:
             guard = FaultGuard(p.name, label, lineup.origins.get(label, ""), lineup.isolation, writer)
             if getattr(p, "build_error", None) is not None:  # an UnbuiltProposer: left out of the whole request
                 guard.unbuilt()
-            self.slots.append(_Slot(p, label, guard, caps.produces_trees, caps.produces_trees and self.merged_trees_ok))
+            self.slots.append(_Slot(p, label, guard, caps.produces_trees, caps.produces_trees and self.merged_trees_ok,
+                                    caps.reads_target_tokens))
         self.off = False  # the target refused a chain draft: no more drafts this request (see restrict)
         self.policy = lineup.merge if len(self.slots) > 1 else None
         self.router = lineup.router  # a lone proposer is routed too: its draft is trimmed to what pays on this machine
@@ -162,14 +164,21 @@ class Drafting:
 
     # --- 5. feedback (the engine's step 5) -----------------------------------------------------------------
     def feedback(self, merged: MergedDraft, path: Sequence[int], committed: Sequence[int], finished: bool,
-                 forward_s: float) -> StepReport:
+                 forward_s: float, logits: Any = None) -> StepReport:
         """Attribution, then each enabled proposer's ``on_verified`` about its own draft, then the policy's and
-        router's feedback. Returns the step's report (for the metrics writer and observers)."""
+        router's feedback. Returns the step's report (for the metrics writer and observers). ``logits``: the
+        step's ``[B, N + 1, V]`` target logits, whose argmax goes to the proposers that read target tokens."""
         depths = merged.depths()
         single = len(self.slots) == 1  # the identity merge: the merged tree is the draft
+        best: list[int] | None = None  # the target's argmax after the root and each merged node (when read)
+        if logits is not None and any(s.reads_tokens and not s.guard.disabled for s in self.slots):
+            best = logits[0].argmax(-1).tolist()
         steps = []
         for j, s in enumerate(self.slots):
             kept = merged.kept(j)
+            tokens = None
+            if best is not None and s.reads_tokens:
+                tokens = ((best[0], *(best[1 + m] for m in merged.node_of[j][:kept])),)
             if single:
                 own, alone, by_depth = tuple(path), len(path), _count_depths(depths)
             else:
@@ -177,7 +186,8 @@ class Drafting:
                 alone = merged.alone(j, path)
                 by_depth = _count_depths(depths[m] for m in merged.node_of[j])
             t0 = time.perf_counter()
-            self._call(s, "on_verified", VerifyOutcome(s.draft.truncate(kept), (own,), (tuple(committed),), finished))
+            self._call(s, "on_verified", VerifyOutcome(s.draft.truncate(kept), (own,), (tuple(committed),), finished,
+                                                       tokens))
             steps.append(ProposerStep(s.label, s.asked, s.budget, s.proposed, kept, by_depth, len(own), alone,
                                       s.draft_s, s.fault, time.perf_counter() - t0))
         report = StepReport(tuple(steps), merged.tree.num_nodes, len(path), forward_s)

@@ -297,7 +297,7 @@ class _Request:
             self.writer.first_token(time.perf_counter() - self.t_start)
         # 5. feedback: each proposer about its own draft, attribution, the merge policy and router
         finished = self.stops.finish_reason is not None
-        report = self.drafting.feedback(merged, accepted, committed, finished, forward_s)
+        report = self.drafting.feedback(merged, accepted, committed, finished, forward_s, scored.logits)
         if self.stream and committed and not finished:  # the last piece comes from run(), cut at a stop string
             self.stream.update(self.stops.generated)
         # 6. record: metrics and the observers' step event

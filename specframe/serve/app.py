@@ -107,7 +107,7 @@ def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | No
         tok = getattr(sf.target, "tokenizer", None)
         if tok is None or not getattr(tok, "chat_template", None):
             raise _Refused(400, f"model {name} has no chat template: use /v1/completions", "messages")
-        ids = list(tok.apply_chat_template([m.model_dump(exclude_none=True) for m in body.messages],
+        ids = list(tok.apply_chat_template([m.for_template() for m in body.messages],
                                            add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
         return await _serve(body, request, ids, chat=True)
 

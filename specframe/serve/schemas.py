@@ -71,12 +71,41 @@ class CompletionRequest(_Common):
     echo: Literal[False] = False
 
 
-class Message(BaseModel):
+class TextPart(BaseModel):
+    """One part of a message's content in the list form (``[{"type": "text", "text": "..."}]``): text parts only."""
+
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["system", "user", "assistant"]
-    content: str
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    """A chat message. ``content`` is text or a list of text parts (joined, as OpenAI's API reads them); the role
+    ``developer`` (OpenAI's newer name for the system message) is read as ``system``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[TextPart]]
     name: Optional[str] = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            kinds = sorted({str(p.get("type")) for p in v if isinstance(p, dict)} - {"text"})
+            if kinds:
+                raise ValueError(f"this model reads text only: content parts of type {', '.join(kinds)} cannot be used")
+        return v
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as a chat template takes it: role (``developer`` as ``system``), text content, name."""
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": text}
+        if self.name is not None:
+            out["name"] = self.name
+        return out
 
 
 class ChatRequest(_Common):

@@ -7,8 +7,11 @@ longer draft, a rejected node, padding from joining). Each step appends ``n_max`
 ``1 + nodes`` of the step; shorter rows are padded), and every row's queries get a ``[n_max, W + n_max]`` mask: its
 valid past, then its newest token and draft nodes (causal for a chain, ancestors for a tree). Positions are explicit
 (the row's committed length + the node's depth), so a node's key is rotated at the position it will keep, and keeping
-the accepted path is marking its columns valid — no copy. When holes reach half the width the cache is compacted
-(each row's valid columns gathered to the right).
+the accepted path is marking its columns valid — no copy. When holes reach an eighth of the width (and 16 columns)
+the cache is compacted (each row's valid columns gathered to the right): every step's cache update copies every
+column, holes included (a ``DynamicCache`` grows by concatenation), so a hole costs on every later step what a valid
+column costs, while a compaction costs about one step's copy. (Gathering at half the width let a batch of tree
+drafts carry twice the columns it needed: at B = 8 with ngram+medusa, about nine holes per row per drafting step.)
 
 Exactness: a row's logits are computed from the same keys and values at the same positions as the row decoded alone;
 masked columns add exact zeros to the softmax. Arithmetic over a different number of key columns and a larger matrix
@@ -265,10 +268,11 @@ class TransformersBatch:
             self._maybe_compact()
 
     def _maybe_compact(self) -> None:
-        """Gather each row's valid columns to the right when holes are half the width or more."""
+        """Gather each row's valid columns to the right when the holes every row shares are an eighth of the width
+        (and at least 16 columns; see the module docstring)."""
         w = self.width
         longest = int(self.valid.sum(1).max()) if len(self.rows) else 0
-        if w < 64 or 2 * longest > w:
+        if w - longest < max(16, w // 8):
             return
         idx = torch.zeros((len(self.rows), longest), dtype=torch.long)
         valid = torch.zeros((len(self.rows), longest), dtype=torch.bool)

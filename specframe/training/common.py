@@ -100,6 +100,46 @@ class PieceDone(Exception):
         self.step, self.total = step, total
 
 
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix or "settings": d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def refuse_changed(path: Path, saved: Any, now: dict, only: tuple[str, ...] | None = None) -> None:
+    """Refuse to resume from the checkpoint ``path`` when the settings it was made with (``saved``) differ from
+    ``now`` (only the top-level keys ``only``, when given), naming each changed setting.
+
+    Raises:
+        ConfigError: "... was made with other settings: lr 0.001 (now 0.002), ...".
+    """
+    if only is not None:
+        saved = {k: v for k, v in (saved or {}).items() if k in only} if isinstance(saved, dict) else saved
+        now = {k: v for k, v in now.items() if k in only}
+    if saved == now:
+        return
+    old, new = _flat(saved), _flat(now)
+    changed = [f"{k.split('.', 1)[-1]} {old.get(k, 'unset')!r} (now {new.get(k, 'unset')!r})"
+               for k in sorted(set(old) | set(new)) if old.get(k, "unset") != new.get(k, "unset")]
+    raise ConfigError(f"{path} was made with other settings: {', '.join(changed) or 'unreadable'}: run the same "
+                      "command as before to resume it, or use another --output folder (or delete it) to start over")
+
+
+def check_resume(out: Path, key: str, settings: dict, records: int | None = None) -> None:
+    """Before any costly stage: refuse early when ``out/ckpt.pt`` was made with other recipe settings (``key``:
+    the recipe's entry in the checkpoint's settings) or, given ``records``, another number of training records
+    (see :func:`refuse_changed`)."""
+    path = out / "ckpt.pt"
+    if not path.exists():
+        return
+    state = torch.load(path, weights_only=False, map_location="cpu")
+    now = {key: settings} if records is None else {key: settings, "records": records}
+    refuse_changed(path, state.get("settings"), now, only=tuple(now))
+
+
 class Checkpoint:
     """``ckpt.pt`` in the output folder: model + optimizer state, step, and the settings it was made with."""
 
@@ -112,11 +152,7 @@ class Checkpoint:
         if not self.path.exists():
             return None
         state = torch.load(self.path, weights_only=False, map_location="cpu")  # (made on another device, perhaps)
-        if state.get("settings") != self.settings:
-            raise ConfigError(
-                f"{self.path} was made with other settings ({state.get('settings')}): "
-                "use another --output folder or delete it to start over"
-            )
+        refuse_changed(self.path, state.get("settings"), self.settings)
         return state
 
     def save(self, **state: Any) -> None:

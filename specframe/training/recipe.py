@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import ConfigError
+from .common import check_resume
 from .corpus import CorpusSettings, build_corpus, mix_prompts, read_corpus
 from .data import log_folder, repo_path
 from .draft import DraftSettings, finish_draft, train_draft
@@ -100,9 +101,11 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
     if kind not in RECIPES:
         raise ConfigError(f"unknown recipe {kind!r}: use one of {', '.join(RECIPES)}")
     t0 = time.perf_counter()
+    check_resume(output, kind, asdict(settings))  # a changed setting is refused before any stage runs
     build_corpus(target, corpus, corpus_settings, progress=lambda d, n: bar("corpus", d, n, ""))
     t_corpus = time.perf_counter() - t0
     records, n_main, extras = _training_records(corpus, settings, extra_corpora, target_name)
+    check_resume(output, kind, asdict(settings), len(records))  # before the teacher pass
     teacher = None  # medusa takes its hidden states in its own forward: the teacher's top-K is not needed for it
     if kind == "draft" and settings.soft_labels:
         teacher = teacher_pass(target, corpus, records, progress=lambda d, n: bar("teacher", d, n, ""))

@@ -61,17 +61,24 @@ def import_llama_cpp() -> Any:
 
 
 _log_callback: Any = None  # kept referenced: llama.cpp calls it from C
+_held = threading.local()  # .lines: llama.cpp's error lines kept (not logged) while a model loads in this thread
 
 
 def _quiet_log(llama_cpp: Any) -> None:
     """Route llama.cpp's own log (model loading, cache notes) to the ``specframe.llama.cpp`` logger at debug level,
-    errors (ggml level 4) at error level, instead of stderr."""
+    errors (ggml level 4) at error level, instead of stderr — except while :func:`_holding_errors` keeps them for
+    the error specframe raises."""
     global _log_callback
     out = logging.getLogger("specframe.llama.cpp")
 
     @llama_cpp.llama_log_callback
     def callback(level: int, text: bytes, user_data: Any) -> None:
-        out.log(logging.ERROR if level == 4 else logging.DEBUG, "%s", text.decode("utf-8", "replace").rstrip())
+        line = text.decode("utf-8", "replace").rstrip()
+        held = getattr(_held, "lines", None)
+        if level == 4 and held is not None:
+            held.append(line)
+            return
+        out.log(logging.ERROR if level == 4 else logging.DEBUG, "%s", line)
 
     _log_callback = callback
     llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
@@ -151,10 +158,18 @@ class LlamaModel(_Native):
         params = self.lib.llama_model_default_params()
         params.n_gpu_layers = 0
         params.use_extra_bufts = bool(extra_buffers)
-        ptr = self.lib.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
+        _held.lines = []  # llama.cpp's reason goes into the one error line, not to stderr before it
+        try:
+            ptr = self.lib.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
+        finally:
+            held, _held.lines = _held.lines, None
         if not ptr:
-            raise ConfigError(f"llama.cpp cannot load {self.path} (not a GGUF file of a model it supports, or "
-                              "damaged): give a GGUF that llama.cpp loads")
+            why = next((line.split("error loading model:", 1)[-1].strip() for line in reversed(held)
+                        if "error loading model" in line), held[-1].strip() if held else "")
+            raise ConfigError(f"llama.cpp cannot load {self.path} ({why or 'not a GGUF file of a model it supports'}; "
+                              "not a GGUF of a model it supports, or damaged): give a GGUF that llama.cpp loads")
+        for line in held:  # (a load that worked despite them: logged as before)
+            logging.getLogger("specframe.llama.cpp").error("%s", line)
         self.ptr = ptr
         self.contexts: weakref.WeakSet = weakref.WeakSet()  # open contexts made from this model
         self.vocab = self.lib.llama_model_get_vocab(ptr)
