@@ -50,7 +50,8 @@ from .draft_model import ChainDraftConfig, ChainDrafter
 class LayerSkipConfig(ChainDraftConfig):
     name: Literal["layer-skip"] = "layer-skip"
     skip: Optional[list[int]] = Field(
-        None, description="Decoder layers to skip (1 .. layers - 1); default: searched on calibration prompts, cached.")
+        None, description="Decoder layers to skip (1 .. layers - 1); default: searched on calibration prompts, cached "
+                          "(with k, unless k is given).")
     max_skip_fraction: float = Field(0.5, gt=0.0, lt=1.0, description="The search skips at most this share of layers.")
 
 
@@ -89,13 +90,23 @@ class LayerSkipProposer(ChainDrafter):
     def __init__(self, config: LayerSkipConfig, target: TargetInfo) -> None:
         super().__init__(config, target)
         model = _model(target, self.name)
+        self.chosen_k = None  # the searched k, used unless the config gives k
         if config.skip is not None:
             skip = frozenset(config.skip)
         else:
-            skip = shared(("layer-skip/choice", id(model), config.k, config.max_skip_fraction),
-                          lambda: frozenset(cached_skip_choice(target, config.k, config.max_skip_fraction).skip))
+            longest = config.k if "k" in config.model_fields_set else config.max_k
+            choice = shared(("layer-skip/choice", id(model), longest, config.max_skip_fraction),
+                            lambda: cached_skip_choice(target, longest, config.max_skip_fraction))
+            skip = frozenset(choice.skip)
+            if "k" not in config.model_fields_set:
+                self.chosen_k = min(choice.k, config.max_k)
         self.draft = _SelfDraft(model, skip)
         self._init_drafting()
+
+    def start(self, state: DecodeState) -> None:
+        super().start(state)
+        if self.chosen_k is not None:
+            self.k = self.chosen_k
 
     def propose(self, state: DecodeState, budget: int) -> DraftTree:
         if not self.draft.skip:  # no set that pays was found: the draft would be the target itself

@@ -559,3 +559,22 @@ def test_with_the_gate_greedy_rows_equal_alone_and_sampled_rows_draft_as_alone(e
             assert got[i].token_ids == alone[i].token_ids, (sampling, i)
             if sampling.temperature > 0:  # never gated: the same drafts, so the same draws
                 assert got[i].metrics.target_forwards == alone[i].metrics.target_forwards
+
+
+def test_the_load_bench_checks_a_llamacpp_strategy_against_llamacpp_decoding_alone():
+    """A llama.cpp strategy's requests are compared with llama.cpp's own plain decoding at the smallest concurrency,
+    not with transformers' `none` (another model's arithmetic: every request would "diverge")."""
+    from specframe.bench.load import lossless_records
+    from specframe.bench.runner import lossless_check
+
+    hf = {"engine": "transformers", "dtype": "bfloat16", "prepack": True}
+    gguf = {"engine": "llama.cpp", "dtype": "auto", "prepack": False}
+
+    def rec(strategy, c, tokens, settings, plain):
+        return {"strategy": strategy, "concurrency": c, "kind": "specframe", "plain": plain, "settings": settings,
+                "requests": [{"question": 0, "question_id": 7, "token_ids": tokens}]}
+
+    load = [rec("none", 1, [1, 2, 3], hf, True), rec("llamacpp-none", 1, [1, 5, 6], gguf, True),
+            rec("llamacpp-none", 8, [1, 5, 6], gguf, True), rec("llamacpp-ngram", 8, [1, 5, 6], gguf, False),
+            rec("ngram", 8, [1, 2, 3], hf, False)]
+    assert lossless_check(None, lossless_records(load), [], chat=False) == []

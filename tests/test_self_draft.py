@@ -92,7 +92,7 @@ def test_the_search_skips_first_the_layer_that_changes_nothing_and_stops_where_s
     assert choice.path[0][0] == (3,) and choice.path[0][1] == 1.0  # the dead layer: every argmax kept
     assert len(choice.path) == 3  # 0.5 x 6 layers
     assert choice.speed == max(s for _, _, s in choice.path) and choice.speed > 1.0
-    assert choice.speed == pytest.approx(chain_speed(choice.agreement, 4, lambda n: 1.0 + 0.05 * (n - 1),
+    assert choice.speed == pytest.approx(chain_speed(choice.agreement, choice.k, lambda n: 1.0 + 0.05 * (n - 1),
                                                      _cost(model, choice.skip)))
 
 

@@ -38,12 +38,22 @@ def run_load(cfg: BenchConfig, chosen: list, by_strategy: dict[str, Any],
     for c in cfg.concurrency:
         for s in strategies:
             rec = _run(cfg, s, by_strategy[s.name], encoded, c, cfg.max_new_tokens)
-            rec.update(strategy=s.name, concurrency=c, kind="peer" if s.peer else "specframe")
+            rec.update(strategy=s.name, concurrency=c, kind="peer" if s.peer else "specframe",
+                       plain=s.peer is None and s.proposers == [{"name": BASELINE}],
+                       settings=_settings(by_strategy[s.name]))
             for i, r in enumerate(rec["requests"]):
                 r.update(question=i, question_id=chosen[i].question_id, category=chosen[i].category)
             out.append(rec)
             advance(f"{s.name} ×{c}")
     return out
+
+
+def _settings(sf: Any) -> dict[str, Any] | None:
+    """The engine, dtype and weight layout a strategy's target runs with (outputs compare only within one)."""
+    st = getattr(sf.target, "settings", None)
+    if st is None:
+        return None
+    return {"engine": getattr(sf.target, "engine", "transformers"), "dtype": st.dtype, "prepack": st.prepack}
 
 
 def _run(cfg: BenchConfig, s: Any, sf: Any, encoded: list[list[int]], c: int, max_new: int) -> dict[str, Any]:
@@ -146,7 +156,9 @@ def _figures(requests: list[dict[str, Any]], wall: float) -> dict[str, Any]:
 
 def lossless_records(load: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The per-request records in :func:`~specframe.bench.runner.lossless_check`'s form: ``none`` at the smallest
-    concurrency is the reference (named ``none``); every other (strategy, C) is named ``strategy ×C``."""
+    concurrency is the reference (named ``none``), and for an engine, dtype or layout ``none`` did not run, that
+    run's plain decoding at the smallest concurrency (a llama.cpp strategy is checked against llama.cpp decoding
+    alone); every other (strategy, C) is named ``strategy ×C``."""
     low = min(r["concurrency"] for r in load)
     out = []
     for rec in load:
@@ -154,7 +166,8 @@ def lossless_records(load: list[dict[str, Any]]) -> list[dict[str, Any]]:
             f"{rec['strategy']} ×{rec['concurrency']}"
         for r in rec["requests"]:
             out.append({"strategy": name, "kind": rec["kind"], "question": r["question"],
-                        "question_id": r["question_id"], "seed": 0, "repeat": 0, "token_ids": r["token_ids"]})
+                        "question_id": r["question_id"], "seed": 0, "repeat": 0, "token_ids": r["token_ids"],
+                        "settings": rec.get("settings"), "plain": bool(rec.get("plain")) and rec["concurrency"] == low})
     return out
 
 

@@ -13,8 +13,8 @@ chain draft over plain decoding (Leviathan et al. 2022, eq. 1 and sec. 3.4):
 
 with v(n) the target's cost curve (the machine's fixed curve: a choice that changes sampled draws must not follow
 the load) and d(S) a draft token's cost relative to one target token, counted in weights read: the kept layers plus
-the embeddings and LM head, over all layers plus the same. The set with the highest speed wins (the empty set
-stands for "does not pay": speed 1). Deterministic for a model, dtype and machine; the result is cached as JSON
+the LM head, over all layers plus the same. Each set is scored at its best k from 1 to the configured one; the set
+with the highest speed wins (the empty set stands for "does not pay": speed 1). Deterministic for a model, dtype and machine; the result is cached as JSON
 under ``$SPECFRAME_CACHE/machine/layer-skip/``.
 """
 
@@ -37,7 +37,7 @@ log = logging.getLogger("specframe")
 __all__ = ["CALIBRATION_PROMPTS", "SkipChoice", "cached_skip_choice", "calibrate", "chain_speed", "search_skip",
            "skip_cache_path"]
 
-VERSION = 1  # of the search: a cached choice from another version is searched again
+VERSION = 2  # of the search: a cached choice from another version is searched again
 CALIBRATION_PROMPTS = (  # one per kind of request people send: explain, code, reason, write, summarise
     "Explain why the sky is blue in a few sentences.",
     "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
@@ -76,14 +76,12 @@ def _weights(module: Any) -> int:
 
 
 def _draft_cost(model: Any, skip: frozenset[int]) -> float:
-    """A draft token's cost relative to a target token, in weights read (module docstring)."""
-    layers = decoder_layers(model)
-    per = [_weights(layer) for layer in layers]
-    rest = _weights(model.get_input_embeddings()) + _weights(model.get_output_embeddings())
-    if model.get_output_embeddings().weight is model.get_input_embeddings().weight:
-        rest = _weights(model.get_input_embeddings()) * 2  # (tied: read once to embed, once for the head)
+    """A draft token's cost relative to a target token, in weights read (module docstring): the kept layers and the
+    LM head (embedding a token reads one row: not counted)."""
+    per = [_weights(layer) for layer in decoder_layers(model)]
+    head = _weights(model.get_output_embeddings())
     kept = sum(w for i, w in enumerate(per) if i not in skip)
-    return (kept + rest) / (sum(per) + rest)
+    return (kept + head) / (sum(per) + head)
 
 
 @torch.inference_mode()
@@ -116,11 +114,12 @@ def _argmax(model: Any, ids: torch.Tensor, skip: frozenset[int]) -> torch.Tensor
 
 def search_skip(model: Any, ids: torch.Tensor, scored: torch.Tensor, k: int, v: Callable[[float], float],
                 max_fraction: float = 0.5, tick: Callable[[], None] = lambda: None) -> SkipChoice:
-    """The greedy search of the module docstring on a calibration batch (:func:`calibrate`).
+    """The greedy search of the module docstring on a calibration batch (:func:`calibrate`); each set is scored at
+    its best draft length from 1 to ``k``, which the choice carries.
 
     Args:
         ids: ``[S, L]`` int64 calibration sequences; scored: ``[S, L]`` bool, the positions counted.
-        k: the draft length the choice is scored for.
+        k: the longest draft length a set is scored for.
         v: the target's cost curve, v(n) = T(n) / T(1).
         max_fraction: skip at most this fraction of the layers.
         tick: called after each candidate set is tried (a progress bar).
@@ -145,11 +144,12 @@ def search_skip(model: Any, ids: torch.Tensor, scored: torch.Tensor, k: int, v: 
             break
         a, _, layer = max(tried)
         skip = skip | {layer}
-        speed = chain_speed(a, k, v, _draft_cost(model, skip))
+        cost = _draft_cost(model, skip)
+        speed, best_k = max((chain_speed(a, j, v, cost), j) for j in range(1, k + 1))
         path.append((tuple(sorted(skip)), a, speed))
         if speed > best.speed:
-            best = SkipChoice(tuple(sorted(skip)), a, speed, n, k)
-    return SkipChoice(best.skip, best.agreement, best.speed, n, k, tuple(path))
+            best = SkipChoice(tuple(sorted(skip)), a, speed, n, best_k)
+    return SkipChoice(best.skip, best.agreement, best.speed, n, best.k, tuple(path))
 
 
 def skip_cache_path(key: dict[str, Any]) -> Path:
@@ -209,8 +209,13 @@ def cached_skip_choice(target: Any, k: int, max_fraction: float = 0.5) -> SkipCh
     v = target.cost.v_fixed if target.cost else (lambda n: 1.0)
     choice = search_skip(model, ids, scored, k, v, max_fraction)
     save_choice(path, choice, key)
-    log.warning("layer-skip: skips layers %s of %d (agreement %.2f, estimated %.2fx plain decoding)",
-                list(choice.skip), choice.layers, choice.agreement, choice.speed)
+    if choice.skip:
+        log.warning("layer-skip: skips layers %s of %d, k = %d (agreement %.2f, estimated %.2fx plain decoding)",
+                    list(choice.skip), choice.layers, choice.k, choice.agreement, choice.speed)
+    else:
+        top = max(choice.path, key=lambda p: p[2]) if choice.path else ((), 1.0, 1.0)
+        log.warning("layer-skip: no set of layers to skip pays on this model and machine (best: %d layers, "
+                    "agreement %.2f, estimated %.2fx plain decoding): it drafts nothing", len(top[0]), top[1], top[2])
     return choice
 
 
