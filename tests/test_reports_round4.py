@@ -214,3 +214,15 @@ def test_an_unloadable_gguf_on_llamacpp_is_one_error_line_with_nothing_before_it
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"error: llama.cpp cannot load {bad}")
+
+
+def test_a_prompts_file_with_a_byte_order_mark_and_windows_line_ends_reads_as_without(tmp_path):
+    import json
+
+    from specframe.io.prompts import read_prompts
+
+    lines = [json.dumps({"question_id": i, "category": "qa", "turns": [t]}) for i, t in enumerate(["Hi there.", "2+2?"])]
+    plain, windows = tmp_path / "p.jsonl", tmp_path / "w.jsonl"
+    plain.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    windows.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode() + b"\r\n")
+    assert read_prompts(windows) == read_prompts(plain) and read_prompts(plain)[0].text == "Hi there."

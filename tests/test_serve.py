@@ -158,6 +158,7 @@ def test_models_health_and_metrics(server, client):
     ({"prompt": "aa", "max_tokens": 4, "temperature": 7}, 400, "temperature"),
     ({"prompt": "aa", "max_tokens": 4, "n": 2}, 400, "n"),
     ({"prompt": "aa " * 300, "max_tokens": 4}, 400, "context"),
+    ({"prompt": "aa " * 250, "max_tokens": 20}, 400, "maximum context length is 256 tokens; the request asks for 270"),
     ({"prompt": "aa", "max_tokens": 4, "model": "gpt-9"}, 404, "not served here"),
     ({"prompt": [], "max_tokens": 4}, 400, "empty"),
 ])

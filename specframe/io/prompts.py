@@ -28,7 +28,7 @@ def read_prompts(path: str | Path) -> list[Prompt]:
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # (a byte-order mark, as Windows editors write, is dropped)
     except OSError as exc:
         raise PromptsFileError(f"cannot read prompts file {p}: {exc.strerror}") from None
     except UnicodeDecodeError:

@@ -119,6 +119,14 @@ def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | No
         limit = body.limit
         if limit is not None and limit > max_tokens_limit:
             raise _Refused(400, f"max_tokens {limit} is over this server's limit of {max_tokens_limit}", "max_tokens")
+        if isinstance(prompt, str):
+            prompt = await run_in_threadpool(sf.encode, prompt, False)  # (the raw prompt: no chat template)
+        context = int(sf.target.max_context)
+        if limit is not None and prompt and len(prompt) < context < len(prompt) + limit:
+            # (as vLLM and OpenAI answer: a completion that cannot fit is refused, not cut short silently)
+            raise _Refused(400, f"this model's maximum context length is {context} tokens; the request asks for "
+                                f"{len(prompt) + limit} ({len(prompt)} in the prompt, {limit} in the completion): "
+                                "shorten the prompt or lower max_tokens", "max_tokens")
         spec = body.speculative
         if spec is not None and allowed is not None:
             for p in spec.proposers:
