@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from contextlib import nullcontext
 from typing import Literal
 
 from pydantic import Field
@@ -93,7 +94,7 @@ class LookaheadProposer(ProposerBase):
             self.window = self._fill(self._root + 1)
         trie = TokenTrie(max_nodes=budget)
         self._chain = trie.add(self.window)
-        with _POOLS_LOCK if self.config.shared_pool else _NoLock():
+        with _POOLS_LOCK if self.config.shared_pool else nullcontext():
             grams = list(self.pool.get(tokens[-1], ()))[: self.config.guesses]
         for gram in grams:
             if trie.full:
@@ -120,7 +121,7 @@ class LookaheadProposer(ProposerBase):
         if len(self.levels) < n or self.config.guesses == 0:
             return
         levels = list(self.levels)
-        with _POOLS_LOCK if self.config.shared_pool else _NoLock():
+        with _POOLS_LOCK if self.config.shared_pool else nullcontext():
             for q in sorted(levels[0]):
                 gram = []
                 for j in range(n):
@@ -136,14 +137,6 @@ class LookaheadProposer(ProposerBase):
                     bucket.remove(rest)
                 bucket.insert(0, rest)
                 del bucket[self.config.guesses :]
-
-
-class _NoLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 @hookimpl

@@ -61,6 +61,8 @@ def check_skip(skip: Iterable[int], num_layers: int) -> frozenset[int]:
 
 def _install(layers: Any) -> None:
     """Make each layer skippable (once per layer; the weights are shared by every proposer and request)."""
+    if getattr(layers[-1], _MARK, None) is not None:  # (installed: every draft forward passes here)
+        return
     with _installing:
         for index, layer in enumerate(layers):
             if getattr(layer, _MARK, None) is not None:

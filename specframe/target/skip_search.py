@@ -205,7 +205,11 @@ def cached_skip_choice(target: Any, k: int, max_fraction: float = 0.5) -> SkipCh
         return choice
     log.warning("layer-skip: searching which layers to skip on %d calibration prompts (once for this model, dtype "
                 "and machine; cached in %s)", len(CALIBRATION_PROMPTS), path.parent)
-    ids, scored = calibrate(model, [_encode(tok, p) for p in CALIBRATION_PROMPTS])
+    from .hf import TextSide
+
+    text = TextSide()
+    text.tokenizer = tok  # (the prompts encode as every engine's target encodes them)
+    ids, scored = calibrate(model, [text.encode_prompt(p) for p in CALIBRATION_PROMPTS])
     v = target.cost.v_fixed if target.cost else (lambda n: 1.0)
     choice = search_skip(model, ids, scored, k, v, max_fraction)
     save_choice(path, choice, key)
@@ -217,11 +221,3 @@ def cached_skip_choice(target: Any, k: int, max_fraction: float = 0.5) -> SkipCh
         log.warning("layer-skip: no set of layers to skip pays on this model and machine (best: %d layers, "
                     "agreement %.2f, estimated %.2fx plain decoding): it drafts nothing", len(top[0]), top[1], top[2])
     return choice
-
-
-def _encode(tok: Any, text: str) -> list[int]:
-    if getattr(tok, "chat_template", None):
-        out = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
-                                      return_dict=False)
-        return list(out)
-    return list(tok(text)["input_ids"])
