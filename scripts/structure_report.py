@@ -24,6 +24,11 @@ Prints, for the tree at ROOT (default: this checkout):
   ``TargetInfo.cost``; the specframe modules that plugins/ and
   contrib/ import; identifiers (not strings) that still use a name the glossary replaced (docs/how-it-works.md,
   "Vocabulary"); class names defined in two specframe modules.
+- (issue 41) the largest modules and classes (lines; a class's methods and, for a config model, its fields); per
+  plugin method (the proposer's, merge policy's and router's contract members) its call sites a grep finds,
+  ``.name(`` outside a ``def``, and the places that call it by its name in a string (``getattr(obj, "name")``, or the
+  name handed to a dispatching helper); ``getattr(obj, "attr", default)`` reads; string constants holding a NUL
+  (keys spelled in strings); config models that allow extra keys; tracked files by room (git ls-files).
 """
 
 from __future__ import annotations
@@ -299,6 +304,90 @@ def same_name_classes(root: Path) -> list[str]:
     return [f"{k} ({', '.join(v)})" for k, v in sorted(seen.items()) if len(v) > 1]
 
 
+PLUGIN_METHODS = ("start", "propose", "on_verified", "plan", "route", "revise", "on_step", "on_batch")
+SOURCE = ("specframe", "plugins", "contrib")
+
+
+def _sources(root: Path) -> list[tuple[Path, ast.AST, str]]:
+    out = []
+    for path in _modules(root, SOURCE):
+        text = path.read_text()
+        out.append((path, ast.parse(text), text))
+    return out
+
+
+def largest(root: Path, top: int = 8) -> dict[str, list[str]]:
+    """The ``top`` largest modules (lines) and classes (lines, methods, annotated fields)."""
+    files, classes = [], []
+    for path, tree, text in _sources(root):
+        rel = str(path.relative_to(root))
+        files.append((text.count("\n"), rel))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                methods = sum(isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) for b in node.body)
+                fields = sum(isinstance(b, ast.AnnAssign) for b in node.body)
+                classes.append((node.end_lineno - node.lineno + 1, f"{rel}:{node.name}", methods, fields))
+    files.sort(reverse=True)
+    classes.sort(reverse=True)
+    return {"largest_files": [f"{r} ({n})" for n, r in files[:top]],
+            "largest_classes": [f"{r} ({n} lines, {m} methods, {f} fields)" for n, r, m, f in classes[:top]]}
+
+
+def plugin_calls(root: Path) -> dict[str, dict[str, int]]:
+    """Per plugin method: direct call sites (``x.name(...)``) and calls by name in a string, in specframe/ (the
+    engine and the tools that drive plugins; the plugins' own bodies are not their callers)."""
+    out = {m: {"direct": 0, "by_string": 0} for m in PLUGIN_METHODS}
+    for path in _modules(root, ("specframe",)):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if isinstance(f, ast.Attribute) and f.attr in out and not (isinstance(f.value, ast.Name)
+                                                                        and f.value.id == "super"):
+                out[f.attr]["direct"] += 1
+            for a in node.args:
+                if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value in out:
+                    out[a.value]["by_string"] += 1
+    return out
+
+
+def loose_reads(root: Path) -> dict[str, int]:
+    """``getattr(obj, "attr", default)`` calls and NUL-holding string constants per folder; config models with
+    ``extra="allow"``."""
+    out = {"getattr_default": 0, "nul_keys": 0, "extra_allow_models": 0}
+    for _, tree, _ in _sources(root):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
+                    and len(node.args) == 3:
+                out["getattr_default"] += 1
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "\0" in node.value:
+                out["nul_keys"] += 1
+            elif isinstance(node, ast.keyword) and node.arg == "extra" and isinstance(node.value, ast.Constant) \
+                    and node.value.value == "allow":
+                out["extra_allow_models"] += 1
+    return out
+
+
+def rooms(root: Path) -> dict[str, int]:
+    """Tracked files per top folder (run records are the files under docs/results, data/ or lab/)."""
+    import subprocess
+
+    try:
+        names = subprocess.run(["git", "-C", str(root), "ls-files"], capture_output=True, text=True,
+                               check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    out: dict[str, int] = {"all": len(names)}
+    for n in names:
+        top = n.split("/")[0] if "/" in n else "."
+        out[top] = out.get(top, 0) + 1
+    out["run_records"] = sum(n.startswith(("docs/results/", "data/", "lab/")) for n in names)
+    out["docs_yaml"] = sum(n.startswith("docs/") and n.count("/") == 1 and n.endswith(".yaml") for n in names)
+    out["scripts"] = sum(n.startswith("scripts/") and n.endswith((".py", ".sh")) for n in names)
+    return out
+
+
 def main(argv: list[str]) -> None:
     args = [a for a in argv if not a.startswith("--")]
     root = Path(args[0] if args else Path(__file__).resolve().parents[1]).resolve()
@@ -318,6 +407,10 @@ def main(argv: list[str]) -> None:
         "plugin_imports": plugin_imports(root),
         "glossary_old_names": old_names(root),
         "same_name_classes": same_name_classes(root),
+        **largest(root),
+        "plugin_method_calls": plugin_calls(root),
+        **loose_reads(root),
+        "rooms": rooms(root),
     }
     if "--json" in argv:
         print(json.dumps(report, indent=1))
@@ -333,6 +426,14 @@ def main(argv: list[str]) -> None:
     print(f"glossary_old_names: {sum(old.values())}  " + ", ".join(f"{k} ({v})" for k, v in old.items()))
     fl = report["functions_over_60_lines"]
     print(f"functions_over_60_lines: {len(fl)}  " + ", ".join(f"{n} ({k})" for n, k in fl))
+    for key in ("largest_files", "largest_classes"):
+        print(f"{key}: " + ", ".join(report[key]))
+    calls = report["plugin_method_calls"]
+    print("plugin_method_calls (direct / by string): " + ", ".join(f"{m} {c['direct']}/{c['by_string']}"
+                                                                   for m, c in calls.items()))
+    print(f"getattr_default: {report['getattr_default']}  nul_keys: {report['nul_keys']}  "
+          f"extra_allow_models: {report['extra_allow_models']}")
+    print("rooms: " + ", ".join(f"{k} {v}" for k, v in report["rooms"].items()))
 
 
 if __name__ == "__main__":

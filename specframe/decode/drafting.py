@@ -167,12 +167,14 @@ class Drafting:
                  forward_s: float, logits: Any = None) -> StepReport:
         """Attribution, then each enabled proposer's ``on_verified`` about its own draft, then the policy's and
         router's feedback. Returns the step's report (for the metrics writer and observers). ``logits``: the
-        step's ``[B, N + 1, V]`` target logits, whose argmax goes to the proposers that read target tokens."""
+        step's ``[B, N + 1, V]`` target logits, whose argmax goes to the proposers that read target tokens (or, in a
+        replay, ``[B, N + 1]`` int64: the recorded tokens themselves)."""
         depths = merged.depths()
         single = len(self.slots) == 1  # the identity merge: the merged tree is the draft
         best: list[int] | None = None  # the target's argmax after the root and each merged node (when read)
         if logits is not None and any(s.reads_tokens and not s.guard.disabled for s in self.slots):
-            best = logits[0].argmax(-1).tolist()
+            row = logits[0]  # [N + 1, V] scores, or [N + 1] int64 tokens (a replay's recorded continuation)
+            best = (row if row.dim() == 1 else row.argmax(-1)).tolist()
         steps = []
         for j, s in enumerate(self.slots):
             kept = merged.kept(j)
