@@ -33,7 +33,7 @@ def main() -> None:
     from specframe.target.kv_cache import rollback
     from specframe.replay.trace import read_trace
     from specframe.sampling import SamplingParams
-    from specframe.tree import tree_attention_mask, tree_position_ids
+    from specframe.token_tree import tree_attention_mask, tree_position_ids
     from specframe_plugins.medusa import MedusaConfig, MedusaProposer
 
     trace = read_trace(args.traces)

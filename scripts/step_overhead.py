@@ -22,13 +22,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 try:  # this layout (issue 27's floors) ...
     from specframe.decode.engine import Engine
     from specframe.target.hf import Target
-    from specframe.verify import GreedyVerifier
+    from specframe.acceptance import GreedyVerifier
 except ImportError:  # ... or a checkout from before it
     from specframe.engine import Engine
     from specframe.target import Target
     from specframe.verifiers import GreedyVerifier
 from specframe_plugins.autoregressive import NoneConfig, NoProposer
-from specframe_plugins.merge import PriorityConfig, PriorityPolicy
+from specframe_plugins.merge_policies import PriorityConfig, PriorityPolicy
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
 

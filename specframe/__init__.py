@@ -36,7 +36,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from .combining import (
+from .contracts.combining import (
     MergePolicy,
     MergePolicyBase,
     MergePolicyConfig,
@@ -72,10 +72,10 @@ from .errors import (
 )
 from .hookspecs import hookimpl
 from .sampling import SamplingParams, probs_from_logits
-from .sharing import folder_key, shared
+from .shared_weights import folder_key, shared
 from .target.cost import CostCurve, v_at
-from .tree import children_of, node_depths
-from .trie import TokenTrie
+from .token_tree import children_of, node_depths
+from .token_tree import TokenTrie
 
 __version__ = "0.1.0"
 
@@ -85,7 +85,7 @@ _LAZY = {
     "compact": ".target.kv_cache",
     "skipping": ".target.layer_skip", "decoder_layers": ".target.layer_skip", "check_skip": ".target.layer_skip",
     "cached_skip_choice": ".target.skip_search", "SkipChoice": ".target.skip_search",
-    "TextBridge": ".crossvocab", "check_lossless": ".crossvocab", "shared_tokens": ".crossvocab",
+    "TextBridge": ".learned.crossvocab", "check_lossless": ".learned.crossvocab", "shared_tokens": ".learned.crossvocab",
     "EagleDrafter": ".learned.eagle_drafter", "KVBuffer": ".learned.eagle_drafter",
     "MedusaHeads": ".learned.medusa_heads",
     "Eagle3Drafter": ".learned.eagle3", "load_eagle3": ".learned.eagle3",

@@ -38,7 +38,7 @@ from .errors import ConfigError, SpecframeError
 from .decode.isolation import IsolationPolicy, UnbuiltProposer
 from .registry import Registry, build_registry
 from .sampling import SamplingParams
-from .sharing import InstancePool
+from .instance_pool import InstancePool
 
 log = logging.getLogger("specframe")
 
@@ -78,7 +78,7 @@ class Specframe:
 
     Threads: one ``Specframe`` may serve requests from several threads at once. Each request gets its own proposer,
     merge policy, router and verifier instances (from a bounded pool, reused by later requests; see
-    :mod:`specframe.sharing`), its own KV cache and generator; the target model, the tokenizer and loaded proposer
+    :mod:`specframe.instance_pool`), its own KV cache and generator; the target model, the tokenizer and loaded proposer
     weights are shared read-only. Each request's output and metrics are what it gives alone. Shared across the
     process: torch's thread count (the thread governor may change it during a run) and observer plugins, whose
     hooks are called from each request's own thread.

@@ -51,7 +51,7 @@ from pydantic import (
     model_validator,
 )
 
-from .combining import MergePolicyConfig, RouterConfig, merge_key
+from .contracts.combining import MergePolicyConfig, RouterConfig, merge_key
 from .contracts import ProposerConfig
 from .errors import ConfigError, UnknownRouterError
 from .io.yamlfile import read_yaml

@@ -67,12 +67,12 @@ def specframe_register_merge_policies(register: Callable[[type], None]) -> None:
 
     :param register: call ``register(cls)`` once per class. ``cls.name`` selects it (``merge: {name: NAME}`` in
         config), ``cls.Config`` is its pydantic config model (a subclass of
-        :class:`specframe.combining.MergePolicyConfig`, which holds ``name`` and ``max_nodes``;
-        ``extra="forbid"``); ``cls(config, target_info)`` follows :class:`specframe.combining.MergePolicy`:
+        :class:`specframe.contracts.combining.MergePolicyConfig`, which holds ``name`` and ``max_nodes``;
+        ``extra="forbid"``); ``cls(config, target_info)`` follows :class:`specframe.contracts.combining.MergePolicy`:
         ``plan(drafts, max_nodes)`` returns ``(proposer index, quota)`` pairs in insertion order, and
         ``start``/``on_step`` receive the proposer labels and each step's
-        :class:`specframe.combining.StepReport`. The merge itself, with its exactness rules, is core
-        (:func:`specframe.decode.merge.merge_drafts`): a policy cannot break exactness, only spend the budget well or
+        :class:`specframe.contracts.combining.StepReport`. The merge itself, with its exactness rules, is core
+        (:func:`specframe.decode.merged_tree.merge_drafts`): a policy cannot break exactness, only spend the budget well or
         badly.
 
     Dispatch: every implementation is called; return values are ignored.
@@ -87,8 +87,8 @@ def specframe_register_routers(register: Callable[[type], None]) -> None:
 
     :param register: call ``register(cls)`` once per class. ``cls.name`` selects it (``router: NAME`` or
         ``router: {name: NAME, ...}`` in config; ``none`` is reserved for "no router"), ``cls.Config`` is its
-        pydantic config model (a subclass of :class:`specframe.combining.RouterConfig`, ``extra="forbid"``);
-        ``cls(config, target_info)`` follows :class:`specframe.combining.Router`: ``start(labels, seed, greedy)``,
+        pydantic config model (a subclass of :class:`specframe.contracts.combining.RouterConfig`, ``extra="forbid"``);
+        ``cls(config, target_info)`` follows :class:`specframe.contracts.combining.Router`: ``start(labels, seed, greedy)``,
         ``route(budget, max_nodes, available)`` -> node budget per proposer (0 = skip), ``on_step(report)``.
         Routing cannot change the output's distribution; to keep sampled output reproducible under a seed, a
         router decides from the seed and feedback counts only (no global RNG, not the request's generator, no
@@ -106,7 +106,7 @@ def specframe_observe_step(event: "StepEvent") -> None:
 
     :param event: a frozen :class:`specframe.decode.observe.StepEvent` — ``request_id``, ``step``, ``proposer``,
         ``drafted`` (nodes the target verified), ``accepted``, ``committed`` (token ids), ``faults``,
-        ``finished``, ``attribution`` (one :class:`specframe.combining.ProposerStep` per proposer: drafted,
+        ``finished``, ``attribution`` (one :class:`specframe.contracts.combining.ProposerStep` per proposer: drafted,
         accepted (credited), wasted nodes, draft time).
 
     Dispatch: every implementation is called as a plain function, newest registration last; return values are

@@ -26,8 +26,8 @@ from typing import Any, Literal, get_args, get_origin
 
 import pluggy
 
-from . import __version__, hookspecs, verify
-from .combining import MergePolicyConfig, RouterConfig
+from . import __version__, acceptance, hookspecs
+from .contracts.combining import MergePolicyConfig, RouterConfig
 from .contracts import ProposerConfig
 from .errors import (
     DuplicateRegistrationError,
@@ -293,7 +293,7 @@ def _check_component(cls: type, kind: str, base: type, methods: tuple[str, ...],
     config = getattr(cls, "Config", None)
     if not (isinstance(config, type) and issubclass(config, base)):
         raise PluginContractError(
-            f"{kind} {name!r} from {where}: `Config` must be a subclass of specframe.combining.{base.__name__}, "
+            f"{kind} {name!r} from {where}: `Config` must be a subclass of specframe.contracts.combining.{base.__name__}, "
             f"got {config!r}"
         )
     if config.model_config.get("extra") != "forbid":
@@ -382,8 +382,8 @@ def build_registry(*, entry_points: bool = True, extra_plugins: tuple[object, ..
     """
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    plugins = [PluginInfo("specframe.verifiers", "specframe", __version__, verify.__name__)]
-    _register(pm, verify, plugins[0].name, plugins[0].describe())
+    plugins = [PluginInfo("specframe.verifiers", "specframe", __version__, acceptance.__name__)]
+    _register(pm, acceptance, plugins[0].name, plugins[0].describe())
     if entry_points:
         _load_entry_points(pm, plugins)
     installed = {info.name for info in plugins}

@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 
 from specframe import DraftTree, ProposerBase, ProposerConfig
-from specframe.combining import ProposerStep
+from specframe.contracts.combining import ProposerStep
 from specframe.target.hf import Target
-from specframe_plugins.merge import ConfidenceConfig, ConfidencePolicy, PriorityConfig, PriorityPolicy
+from specframe_plugins.merge_policies import ConfidenceConfig, ConfidencePolicy, PriorityConfig, PriorityPolicy
 
 from .support import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, hf_greedy
 

@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
 from specframe.decode.engine import Engine, GenerationResult
 from specframe.sampling import SamplingParams
 from specframe.target.hf import Target
-from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.autoregressive import NoneConfig, NoProposer
 
 # Tiny models spend their time in thread wake-ups, not arithmetic: one thread is ~20x faster on 2 cores.

@@ -14,7 +14,7 @@ from specframe.errors import ConfigError, PromptTooLongError
 from specframe.sampling import SamplingParams
 from specframe.target.batch_kv import TransformersBatch
 from specframe.target.hf import Target
-from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.autoregressive import NoneConfig, NoProposer
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.eagle import EagleConfig, EagleProposer
@@ -276,12 +276,12 @@ def test_cli_batch_size_output_in_prompt_order(tmp_path, monkeypatch, env):
     from typer.testing import CliRunner
 
     import specframe.api
-    import specframe.cli
+    import specframe.cli.app
     from specframe.cli import app
 
     target = env["llama"][0]
     real_load = specframe.api.load
-    monkeypatch.setattr(specframe.cli, "load_with_progress", lambda cfg, reg: real_load(cfg, target=target))
+    monkeypatch.setattr(specframe.cli.app, "load_with_progress", lambda cfg, reg: real_load(cfg, target=target))
     monkeypatch.setattr("specframe.target.models.resolve_model", lambda name: None)
     words = target.tokenizer.convert_ids_to_tokens
     f = tmp_path / "q.jsonl"

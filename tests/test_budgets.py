@@ -12,7 +12,7 @@ from specframe import cli
 from specframe.config import RequestSettings
 from specframe.decode.engine import Engine
 from specframe.target.hf import Target
-from specframe.verify import GreedyVerifier
+from specframe.acceptance import GreedyVerifier
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
 from .support import PROMPT, build_model, build_tokenizer, plain_generate

@@ -14,7 +14,7 @@ from specframe.decode.engine import Engine
 from specframe.sampling import SamplingParams, probs_from_logits
 from specframe.target.hf import Target
 from specframe.testing.calls import CallLog
-from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter

@@ -8,11 +8,11 @@ import logging
 import pytest
 
 from specframe import ProposerBase, ProposerConfig
-from specframe.combining import MergePolicyBase, MergePolicyConfig, RouterBase, RouterConfig
+from specframe.contracts.combining import MergePolicyBase, MergePolicyConfig, RouterBase, RouterConfig
 from specframe.decode.engine import Engine
 from specframe.sampling import SamplingParams
-from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
-from specframe_plugins.merge import PriorityConfig, PriorityPolicy
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe_plugins.merge_policies import PriorityConfig, PriorityPolicy
 
 from .combining_helpers import N_NEW, ScriptedChain, combining_envs, policy_of
 from .support import PROMPT

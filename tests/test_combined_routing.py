@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from specframe import DraftTree
-from specframe.combining import RouterBase, RouterConfig
+from specframe.contracts.combining import RouterBase, RouterConfig
 from specframe.decode.engine import Engine
 from specframe.testing.calls import CallLog
-from specframe.verify import GreedyVerifier
+from specframe.acceptance import GreedyVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter

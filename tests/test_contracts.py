@@ -11,7 +11,7 @@ from specframe.errors import ConfigError, DraftError
 from specframe.decode.metrics import RequestMetrics
 from specframe.sampling import SamplingParams
 from specframe.decode.stopping import StopChecker, TextStream
-from specframe.decode.validate import check_draft
+from specframe.decode.draft_checks import check_draft
 
 # --- DraftTree ----------------------------------------------------------------------------------------------------
 

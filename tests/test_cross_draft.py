@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
 from specframe import DecodeState
-from specframe.crossvocab import TextBridge, check_lossless, piece_texts, shared_tokens
+from specframe.learned.crossvocab import TextBridge, check_lossless, piece_texts, shared_tokens
 from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
 from specframe.sampling import SamplingParams, probs_from_logits
@@ -25,7 +25,7 @@ from specframe.testing import Kit
 from specframe.testing.calls import CallLog
 from specframe.testing.stats import tv_test_fixed
 from specframe.testing.tiny import first_two_tokens
-from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 
 from .support import (
     PROMPT,

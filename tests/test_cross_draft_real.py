@@ -34,7 +34,7 @@ def pair():
 
 
 def test_the_gemma_prompt_becomes_a_smollm2_prompt(pair):
-    from specframe.crossvocab import TextBridge
+    from specframe.learned.crossvocab import TextBridge
 
     gemma, smol = pair
     gemma = copy.deepcopy(gemma)
@@ -60,7 +60,7 @@ def test_the_gemma_prompt_becomes_a_smollm2_prompt(pair):
 
 
 def test_the_shared_vocabulary_and_the_round_trip(pair):
-    from specframe.crossvocab import check_lossless, shared_tokens
+    from specframe.learned.crossvocab import check_lossless, shared_tokens
 
     gemma, smol = pair
     check_lossless(smol, gemma, len(gemma), "smollm2")  # byte-level BPE spells any text

@@ -27,7 +27,7 @@ from specframe.testing import Kit
 from specframe.testing.calls import CallLog
 from specframe.testing.stats import tv_test_fixed
 from specframe.testing.tiny import first_two_tokens
-from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer, check_vocabularies
 
 from .support import ARCHS, PROMPT, PROMPT_2, VOCAB, WORDS, build_model, build_tokenizer, check_metrics, hf_greedy

@@ -20,9 +20,9 @@ from specframe.sampling import SamplingParams
 from specframe.target.hf import Target
 from specframe.testing import Kit
 from specframe.training.eagle import EagleSettings, finish_eagle, train_eagle
-from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.eagle import EagleConfig, EagleProposer
-from specframe_plugins.merge import PriorityConfig, PriorityPolicy
+from specframe_plugins.merge_policies import PriorityConfig, PriorityPolicy
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
 from .support import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, check_metrics, hf_greedy

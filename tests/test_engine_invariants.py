@@ -18,7 +18,7 @@ from specframe.errors import ConfigError, PromptTooLongError
 from specframe.target.kv_cache import cache_length, rollback
 from specframe.sampling import SamplingParams
 from specframe.target.hf import Target
-from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.autoregressive import NoneConfig, NoProposer
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
@@ -319,7 +319,7 @@ def test_nothing_after_a_stop_is_counted(model, tokenizer, reference, monkeypatc
     """A draft block accepted past the stop: only its nodes up to the stop count as accepted — in the request's
     metrics, acceptance by position, each proposer's credit, its on_verified feedback and observer events."""
     from specframe.decode.observe import Observers
-    from specframe_plugins.merge import PriorityConfig, PriorityPolicy
+    from specframe_plugins.merge_policies import PriorityConfig, PriorityPolicy
 
     j = first_new_token_index(reference, 2)
     stops: dict = {}

@@ -25,7 +25,7 @@ import specframe.target.machine as machine
 import specframe.target.profile as tune
 from specframe import DraftTree
 from specframe.config import load_config
-from specframe.combining import ProposerStep, StepReport
+from specframe.contracts.combining import ProposerStep, StepReport
 from specframe.contracts import TargetInfo
 from specframe.errors import ConfigError
 from specframe.target.machine import LoadMonitor, LoadSample, cgroup_cpu_quota, choose_threads, usable_cores

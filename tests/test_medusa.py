@@ -24,8 +24,8 @@ from specframe.target.hf import Target
 from specframe.testing import ConformanceError, Kit, NotApplicable
 from specframe.testing.calls import CallLog
 from specframe.testing.tiny import last_hidden
-from specframe.tree import node_depths
-from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.token_tree import node_depths
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.medusa import MedusaConfig, MedusaProposer, grow_tree
 
 from .support import ARCHS, PROMPT, PROMPT_2, build_model, build_tokenizer, check_metrics, hf_greedy

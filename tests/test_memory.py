@@ -17,7 +17,8 @@ import specframe
 from specframe.learned.eagle_drafter import EagleSpec, init_from_target, new_drafter
 from specframe.learned.medusa_heads import MedusaHeads
 from specframe.registry import build_registry
-from specframe.sharing import InstancePool, folder_key, shared
+from specframe.instance_pool import InstancePool
+from specframe.shared_weights import folder_key, shared
 from specframe.target.hf import Target
 
 from .support import PROMPT, VOCAB, build_model, build_tokenizer

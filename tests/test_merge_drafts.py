@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from specframe import DraftTree
-from specframe.decode.merge import MergedDraft, check_plan, merge_drafts
+from specframe.decode.merged_tree import MergedDraft, check_plan, merge_drafts
 from specframe.sampling import SamplingParams
-from specframe.verify import SpeculativeSamplingVerifier
+from specframe.acceptance import SpeculativeSamplingVerifier
 
 from .combining_helpers import chain, tree
 from .support import VOCAB

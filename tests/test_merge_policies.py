@@ -9,10 +9,16 @@ import pytest
 
 import specframe
 from specframe import DraftTree, hookimpl
-from specframe.combining import MergePolicyBase, MergePolicyConfig, RouterBase, StepReport
+from specframe.contracts.combining import MergePolicyBase, MergePolicyConfig, RouterBase, StepReport
 from specframe.errors import ConfigError
 from specframe.registry import build_registry
-from specframe_plugins.merge import ConfidenceConfig, ConfidencePolicy, PriorityConfig, PriorityPolicy, share_budget
+from specframe_plugins.merge_policies import (
+    ConfidenceConfig,
+    ConfidencePolicy,
+    PriorityConfig,
+    PriorityPolicy,
+    share_budget,
+)
 
 from .combining_helpers import N_NEW, chain, combining_envs, step
 from .support import PROMPT

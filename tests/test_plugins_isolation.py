@@ -17,7 +17,7 @@ from specframe.errors import ConfigError
 from specframe.decode.isolation import IsolationPolicy
 from specframe.registry import build_registry
 from specframe.sampling import SamplingParams
-from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 N_NEW = 20
@@ -285,7 +285,7 @@ def test_a_proposer_that_refuses_its_config_while_built_is_one_error_line(specfr
 
 @pytest.mark.parametrize("kind", ["merge policy", "router"])
 def test_a_merge_policy_or_router_that_raises_while_built_is_replaced(specframe_tiny_target, references, kind, caplog):
-    from specframe.combining import MergePolicyBase, MergePolicyConfig, RouterBase, RouterConfig
+    from specframe.contracts.combining import MergePolicyBase, MergePolicyConfig, RouterBase, RouterConfig
 
     class BadMergeConfig(MergePolicyConfig):
         policy: str = "bad"

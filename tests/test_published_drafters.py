@@ -29,7 +29,7 @@ from specframe.learned.medusa_published import load_medusa, save_medusa
 from specframe.sampling import SamplingParams
 from specframe.target.hf import Target
 from specframe.testing import Kit
-from specframe.verify import GreedyVerifier
+from specframe.acceptance import GreedyVerifier
 from specframe_plugins.eagle import EagleConfig, EagleProposer
 from specframe_plugins.medusa import MedusaConfig, MedusaProposer
 

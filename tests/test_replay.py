@@ -224,7 +224,7 @@ def test_recorded_hidden_states_are_what_the_live_engine_hands_medusa(medusa_env
 
     from specframe.decode.engine import Engine
     from specframe.replay.driver import fixed_engine, replay_requests
-    from specframe.verify import GreedyVerifier
+    from specframe.acceptance import GreedyVerifier
 
     target = sf.target
     live = Engine(target, [Spy(MedusaConfig(heads=str(zero)), target.info)], GreedyVerifier())

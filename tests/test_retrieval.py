@@ -25,8 +25,8 @@ from specframe.target.hf import Target
 from specframe.testing import Kit, NotApplicable
 from specframe.testing.kit import PROMPTS as KIT_PROMPTS
 from specframe.testing.tiny import reference_greedy
-from specframe.tree import node_depths
-from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.token_tree import node_depths
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.retrieval import (
     RetrievalConfig,
     RetrievalProposer,

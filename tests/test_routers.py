@@ -13,7 +13,7 @@ import torch
 from pydantic import ValidationError
 
 from specframe import DraftTree
-from specframe.combining import ProposerStep, StepReport
+from specframe.contracts.combining import ProposerStep, StepReport
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter, _prefix_levels, load_cost_curve
 
 from .combining_helpers import chain, step, tree

@@ -1,6 +1,6 @@
 """Speculative sampling preserves the target distribution (Leviathan et al. 2022, Theorem 1), checked statistically.
 
-Each check is one batched call of :func:`specframe.verify.sampling_chain` over N = 200 000 rows (independent
+Each check is one batched call of :func:`specframe.acceptance.sampling_chain` over N = 200 000 rows (independent
 trials) with V = 10. The emitted token's empirical distribution must be within total-variation distance
 sqrt(V / n) of the target distribution (n = trials that emitted it); the expected TV of an exact sampler is about
 0.4 * sqrt(V / n), and everything is seeded, so the tests are deterministic. Two deliberately broken samplers
@@ -19,8 +19,8 @@ from specframe.contracts import DraftTree, ProposerBase, ProposerConfig
 from specframe.decode.engine import Engine
 from specframe.sampling import SamplingParams, probs_from_logits
 from specframe.target.hf import Target
-from specframe.verify import SpeculativeSamplingVerifier
-from specframe.verify import sampling_chain
+from specframe.acceptance import SpeculativeSamplingVerifier
+from specframe.acceptance import sampling_chain
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
 from .support import build_model

@@ -14,7 +14,7 @@ from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
 from specframe.decode.stopping import special_stop_ids
 from specframe.target.hf import Target
-from specframe.verify import GreedyVerifier
+from specframe.acceptance import GreedyVerifier
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
 from .support import PROMPT, WORDS, build_model, build_tokenizer, plain_generate

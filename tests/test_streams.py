@@ -10,7 +10,7 @@ from transformers import PreTrainedTokenizerFast
 from specframe.decode.engine import Engine
 from specframe.decode.stopping import TextStream, stop_prefix_length
 from specframe.target.hf import Target
-from specframe.verify import GreedyVerifier
+from specframe.acceptance import GreedyVerifier
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
 from .support import PROMPT, VOCAB, WORDS, build_model

@@ -31,7 +31,7 @@ from specframe.training.medusa import MedusaSettings, collect, finish_medusa, tr
 from specframe.training.prompts import build_prompts, passages
 from specframe.training.eagle import EagleSettings
 from specframe.training.recipe import EVAL_SEED, RECIPES, run_recipe
-from specframe.verify import GreedyVerifier
+from specframe.acceptance import GreedyVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.medusa import MedusaConfig, MedusaProposer
 
@@ -764,7 +764,7 @@ def test_run_recipe_with_an_extra_corpus(tiny_free, tmp_path_factory, tmp_path):
 def test_progress_lines_on_a_non_terminal_stderr(monkeypatch):
     """Where stderr is a log file, long work prints a line at its start, each 5 % of its total (or minute), and at
     its end; on a terminal nothing (the bar shows it)."""
-    from specframe import console
+    from specframe.cli import console
 
     printed: list[str] = []
     monkeypatch.setattr(console.err, "print", lambda s, **kw: printed.append(s))

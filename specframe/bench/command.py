@@ -32,7 +32,7 @@ def bench(
 ) -> None:
     """Compare strategies side by side on Spec-Bench questions, against HF transformers peers, or OpenAI-compatible
     servers against each other (--serve)."""
-    from ..console import fail
+    from ..cli.console import fail
     from ..errors import SpecframeError
 
     try:
@@ -116,7 +116,7 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
     """Validate everything, load each model once, run the strategies interleaved (each finished run appended to
     ``output/records.jsonl``, see :mod:`specframe.bench.journal`), then write results.json, report.md and the plots
     to ``output``. Ctrl-C keeps the finished runs and says how to resume."""
-    from ..console import err
+    from ..cli.console import err
     from ..registry import build_registry
     from .report import aggregate
     from .runner import lossless_check
@@ -346,7 +346,7 @@ def _load_strategies(cfg, registry, err) -> tuple[dict[str, Any], dict[str, Any]
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    from ..console import load_with_progress
+    from ..cli.console import load_with_progress
     from .config import machine_request
 
     loaded: dict[tuple, Any] = {}  # (engine, dtype, threads, prepack, speculative) asked -> Specframe

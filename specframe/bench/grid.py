@@ -23,7 +23,7 @@ import copy
 import itertools
 from typing import Any
 
-from ..combining import merge_key
+from ..contracts.combining import merge_key
 
 
 def _label_options(proposers: list[dict[str, Any]]) -> dict[str, int]:

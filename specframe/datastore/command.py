@@ -15,7 +15,7 @@ from typing import List, Optional
 
 import typer
 
-from ..console import err, fail
+from ..cli.console import err, fail
 from ..errors import SpecframeError
 
 datastore_app = typer.Typer(

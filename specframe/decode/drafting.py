@@ -1,16 +1,18 @@
 """One request's drafting: route -> each proposer proposes (isolated, timed) -> merge -> attribution + feedback.
 
 With one proposer its draft is verified as it is (the identity merge). With several, an optional
-:class:`~specframe.combining.Router` picks which proposers run this step and their node budgets, each proposer
+:class:`~specframe.contracts.combining.Router` picks which proposers run this step and their node budgets, each proposer
 drafts with its own budget, in the configured order (after each, the router's ``revise`` may skip the proposers
-still to run or trim the drafts made so far: a cascade), a :class:`~specframe.combining.MergePolicy` plans how
-their drafts share the merged tree's node budget, and :func:`specframe.decode.merge.merge_drafts` builds the one tree the target verifies. Afterwards
+still to run or trim the drafts made so far: a cascade), a :class:`~specframe.contracts.combining.MergePolicy` plans how
+their drafts share the merged tree's node budget, and :func:`specframe.decode.merged_tree.merge_drafts` builds the one tree the target verifies. Afterwards
 each proposer gets a :class:`~specframe.contracts.VerifyOutcome` about its own draft, and its attribution
-(:class:`~specframe.combining.ProposerStep`) goes to the policy, the router and, in the step's
-:class:`~specframe.combining.StepReport`, the request's :class:`~specframe.decode.metrics.MetricsWriter` (metrics, observers).
+(:class:`~specframe.contracts.combining.ProposerStep`) goes to the policy, the router and, in the step's
+:class:`~specframe.contracts.combining.StepReport`, the request's :class:`~specframe.decode.metrics.MetricsWriter` (metrics, observers).
 
-Everything here works through the contracts: no proposer, policy or router is named. Faults are isolated per
-proposer (:class:`~specframe.decode.isolation.FaultGuard`): a faulty proposer's draft is left out of the step, the
+Everything here works through the contracts: no proposer, policy or router is named, and every call into one is a
+direct call inside its fault guard (``with s.guard.call("on_verified"): s.proposer.on_verified(outcome)``,
+:mod:`specframe.decode.isolation`). Faults are isolated per proposer
+(:class:`~specframe.decode.isolation.FaultGuard`): a faulty proposer's draft is left out of the step, the
 others keep drafting. A merge policy or router that raises or returns a malformed plan or answer is replaced for
 the rest of the request by the plain fallback (proposers in order, every proposer with the step's node budget),
 with one warning; none of this can change the output, only the speed.
@@ -22,14 +24,15 @@ import logging
 import time
 from typing import Any, Sequence
 
-from ..combining import MergePolicyBase, ProposerStep, StepReport
+from ..contracts.combining import MergePolicyBase, ProposerStep, StepReport
 from ..contracts import DecodeState, DraftTree, TargetModel, VerifyOutcome
+from ..contracts.optional import optional
 from ..errors import ProposerTimeoutError
-from .isolation import FaultGuard
+from .isolation import FaultGuard, Guard, UnbuiltProposer
 from .lineup import Lineup
-from .merge import MergedDraft, check_plan, merge_drafts
+from .merged_tree import MergedDraft, check_plan, merge_drafts
 from .metrics import MetricsWriter
-from .validate import check_draft
+from .draft_checks import check_draft
 
 log = logging.getLogger("specframe")
 
@@ -39,7 +42,7 @@ _EMPTY = DraftTree.empty()  # shared: a no-node draft (zero-size tensors cannot 
 class _Slot:
     """One proposer in one request: its guard and this step's draft."""
 
-    __slots__ = ("proposer", "label", "guard", "trees_ok", "branches", "draft", "asked", "budget", "draft_s", "fault",
+    __slots__ = ("proposer", "label", "guard", "trees_ok", "branches", "draft", "asked", "budget", "draft_s",
                  "proposed", "reads_tokens")
 
     def __init__(self, proposer: Any, label: str, guard: FaultGuard, branches: bool, trees_ok: bool,
@@ -50,7 +53,8 @@ class _Slot:
         self.clear()
 
     def clear(self) -> None:
-        self.draft, self.asked, self.budget, self.draft_s, self.fault, self.proposed = _EMPTY, False, 0, 0.0, False, 0
+        self.draft, self.asked, self.budget, self.draft_s, self.proposed = _EMPTY, False, 0, 0.0, 0
+        self.guard.new_step()
 
 
 class Drafting:
@@ -72,17 +76,19 @@ class Drafting:
     def __init__(self, lineup: Lineup, target: TargetModel, writer: MetricsWriter, greedy: bool) -> None:
         self.writer, self.isolation, self.greedy = writer, lineup.isolation, greedy
         self.vocab_size = int(target.vocab_size)
-        self.merged_trees_ok = lineup.verifies_trees and bool(getattr(target, "supports_trees", False))
+        self.merged_trees_ok = lineup.verifies_trees and bool(target.supports_trees)
         self.slots: list[_Slot] = []
         for p, label, caps in zip(lineup.proposers, lineup.labels, lineup.capabilities):
             guard = FaultGuard(p.name, label, lineup.origins.get(label, ""), lineup.isolation, writer)
-            if getattr(p, "build_error", None) is not None:  # an UnbuiltProposer: left out of the whole request
+            if isinstance(p, UnbuiltProposer):  # left out of the whole request
                 guard.unbuilt()
             self.slots.append(_Slot(p, label, guard, caps.produces_trees, caps.produces_trees and self.merged_trees_ok,
                                     caps.reads_target_tokens))
         self.off = False  # the target refused a chain draft: no more drafts this request (see restrict)
         self.policy = lineup.merge if len(self.slots) > 1 else None
         self.router = lineup.router  # a lone proposer is routed too: its draft is trimmed to what pays on this machine
+        self.batches = self.router is not None and optional(self.router, "on_batch") is not None
+        self.policy_guard, self.router_guard = Guard(self._policy_fault), Guard(self._router_fault)
         # the merged tree's node budget; a lone proposer's draft has none beyond the step's
         self.max_nodes = int(self.policy.max_nodes) if self.policy is not None else 1 << 16
         self.batch: tuple[int, int] | None = None  # (rows, others' width) of a shared forward: see set_batch
@@ -96,11 +102,15 @@ class Drafting:
     def start(self, state: DecodeState, seed: int) -> None:
         labels = [s.label for s in self.slots]
         for s in self.slots:
-            self._call(s, "start", state)
+            if not s.guard.disabled:
+                with s.guard.call("start"):
+                    s.proposer.start(state)
         if self.policy is not None:
-            self.policy = self._plugin("merge policy", self.policy, "start", labels)
+            with self.policy_guard.call("start"):
+                self.policy.start(labels)
         if self.router is not None:
-            self.router = self._plugin("router", self.router, "start", labels, seed, self.greedy)
+            with self.router_guard.call("start"):
+                self.router.start(labels, seed, self.greedy)
 
     # --- 1. propose ----------------------------------------------------------------------------------------
     def propose(self, state: DecodeState, budget: int) -> MergedDraft:
@@ -110,8 +120,9 @@ class Drafting:
             s.clear()
         if budget < 1 or self.off:
             return MergedDraft.single(_EMPTY, len(self.slots))
-        if self.batch is not None and self.router is not None and hasattr(self.router, "on_batch"):
-            self.router = self._plugin("router", self.router, "on_batch", *self.batch)
+        if self.batch is not None and self.router is not None and self.batches:
+            with self.router_guard.call("on_batch"):
+                self.router.on_batch(*self.batch)
         budgets = self._route(budget)
         seen: list[DraftTree | None] = [None] * len(self.slots)
         for j, s in enumerate(self.slots):
@@ -144,23 +155,22 @@ class Drafting:
     def _propose_one(self, s: _Slot, state: DecodeState, budget: int) -> DraftTree:
         """One proposer's draft; a fault leaves it out of this step (output is unaffected)."""
         timeout = self.isolation.propose_timeout_s
+        out = _EMPTY
         t0 = time.perf_counter()
         try:
-            draft = s.proposer.propose(state, budget)
-            elapsed = time.perf_counter() - t0
-            if timeout is not None and elapsed > timeout:
-                raise ProposerTimeoutError(f"propose took {elapsed:.3f} s, over the {timeout:g} s time limit")
-            draft = draft.truncate(budget) if isinstance(draft, DraftTree) else draft
-            check_draft(draft, self.vocab_size, s.trees_ok or s.branches, 1)
-            # a proposer that declares trees, where the target or verifier takes chains only: its leading chain
-            # (one that does not declare them drafted a chain: check_draft refuses anything else)
-            return draft.leading_chain() if s.branches and not s.trees_ok else draft
-        except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
-            s.guard.fault("propose", exc)
-            s.fault = True
-            return _EMPTY
+            with s.guard.call("propose"):
+                draft = s.proposer.propose(state, budget)
+                elapsed = time.perf_counter() - t0
+                if timeout is not None and elapsed > timeout:
+                    raise ProposerTimeoutError(f"propose took {elapsed:.3f} s, over the {timeout:g} s time limit")
+                draft = draft.truncate(budget) if isinstance(draft, DraftTree) else draft
+                check_draft(draft, self.vocab_size, s.trees_ok or s.branches, 1)
+                # a proposer that declares trees, where the target or verifier takes chains only: its leading chain
+                # (one that does not declare them drafted a chain: check_draft refuses anything else)
+                out = draft.leading_chain() if s.branches and not s.trees_ok else draft
         finally:
             s.draft_s = time.perf_counter() - t0
+        return out
 
     # --- 5. feedback (the engine's step 5) -----------------------------------------------------------------
     def feedback(self, merged: MergedDraft, path: Sequence[int], committed: Sequence[int], finished: bool,
@@ -188,15 +198,19 @@ class Drafting:
                 alone = merged.alone(j, path)
                 by_depth = _count_depths(depths[m] for m in merged.node_of[j])
             t0 = time.perf_counter()
-            self._call(s, "on_verified", VerifyOutcome(s.draft.truncate(kept), (own,), (tuple(committed),), finished,
-                                                       tokens))
+            if not s.guard.disabled:
+                outcome = VerifyOutcome(s.draft.truncate(kept), (own,), (tuple(committed),), finished, tokens)
+                with s.guard.call("on_verified"):
+                    s.proposer.on_verified(outcome)
             steps.append(ProposerStep(s.label, s.asked, s.budget, s.proposed, kept, by_depth, len(own), alone,
-                                      s.draft_s, s.fault, time.perf_counter() - t0))
+                                      s.draft_s, s.guard.tripped, time.perf_counter() - t0))
         report = StepReport(tuple(steps), merged.tree.num_nodes, len(path), forward_s)
         if self.policy is not None:
-            self.policy = self._plugin("merge policy", self.policy, "on_step", report)
+            with self.policy_guard.call("on_step"):
+                self.policy.on_step(report)
         if self.router is not None:
-            self.router = self._plugin("router", self.router, "on_step", report)
+            with self.router_guard.call("on_step"):
+                self.router.on_step(report)
         return report
 
     def restrict(self, chains_only: bool) -> None:
@@ -209,60 +223,54 @@ class Drafting:
             self.off = True
 
     # --- plumbing ------------------------------------------------------------------------------------------
-    def _call(self, s: _Slot, method: str, arg: Any) -> None:
-        if s.guard.disabled:
-            return
-        try:
-            getattr(s.proposer, method)(arg)
-        except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
-            s.guard.fault(method, exc)
-            s.fault = True
-
     def _route(self, budget: int) -> list[int]:
-        return self._ask_router("route", budget)
+        """The router's node budget per proposer, checked; every proposer with the full budget without one."""
+        if self.router is not None:
+            available = [not s.guard.disabled for s in self.slots]
+            with self.router_guard.call("route") as call:
+                return self._budgets(call.where, self.router.route(budget, self.max_nodes, available))
+        return [budget] * len(self.slots)
 
     def _revise(self, budget: int, seen: list[DraftTree | None], budgets: list[int]) -> list[int]:
         """The router's revised numbers after a proposer ran (node budgets ahead, nodes to keep behind)."""
-        return self._ask_router("revise", budget, list(seen), list(budgets))
-
-    def _ask_router(self, method: str, budget: int, *args: Any) -> list[int]:
-        """``router.<method>(budget, max_nodes, available, *args)``, checked; a fault drops the router for the rest
-        of the request (every proposer, full budget: nothing trimmed)."""
         if self.router is not None:
             available = [not s.guard.disabled for s in self.slots]
-            try:
-                out = [int(b) for b in getattr(self.router, method)(budget, self.max_nodes, available, *args)]
-                if len(out) != len(self.slots) or any(b < 0 for b in out):
-                    raise ValueError(f"{method} must return {len(self.slots)} numbers >= 0, got {out}")
-                return out
-            except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
-                self._plugin_fault("router", self.router, method, exc)
-                self.router = None
+            with self.router_guard.call("revise") as call:
+                return self._budgets(call.where, self.router.revise(budget, self.max_nodes, available, list(seen),
+                                                                    list(budgets)))
         return [budget] * len(self.slots)
+
+    def _budgets(self, method: str, answer: Sequence[int]) -> list[int]:
+        """A router's answer as ints, checked: one number >= 0 per proposer.
+
+        Raises:
+            ValueError: another length, or a negative number (the router's fault: it is dropped).
+        """
+        out = [int(b) for b in answer]
+        if len(out) != len(self.slots) or any(b < 0 for b in out):
+            raise ValueError(f"{method} must return {len(self.slots)} numbers >= 0, got {out}")
+        return out
 
     def _plan(self, drafts: list[DraftTree]) -> list[tuple[int, int]]:
         if self.policy is not None:
-            try:
+            with self.policy_guard.call("plan"):
                 return check_plan(self.policy.plan(drafts, self.max_nodes), len(drafts))
-            except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
-                self._plugin_fault("merge policy", self.policy, "plan", exc)
-                self.policy = FallbackPolicy(self.max_nodes)
         return [(j, d.num_nodes) for j, d in enumerate(drafts)]
 
-    def _plugin(self, kind: str, obj: Any, method: str, *args: Any) -> Any:
-        """Call a policy/router method; on a fault warn and return its replacement (None: no router)."""
-        try:
-            getattr(obj, method)(*args)
-            return obj
-        except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
-            self._plugin_fault(kind, obj, method, exc)
-            return FallbackPolicy(self.max_nodes) if kind == "merge policy" else None
+    def _policy_fault(self, where: str, exc: Exception) -> None:
+        """The merge policy faulted: warn; the proposers' order for the rest of the request."""
+        _warn("merge policy", self.policy, where, exc, "the proposers' order")
+        self.policy = FallbackPolicy(self.max_nodes)
 
-    @staticmethod
-    def _plugin_fault(kind: str, obj: Any, method: str, exc: BaseException) -> None:
-        log.warning("%s %r raised %s in %s: %s; the rest of the request uses %s, output is unaffected", kind,
-                    getattr(obj, "name", type(obj).__name__), type(exc).__name__, method, exc,
-                    "the proposers' order" if kind == "merge policy" else "no router (every proposer, full budget)")
+    def _router_fault(self, where: str, exc: Exception) -> None:
+        """The router faulted: warn; no router for the rest of the request (every proposer, full budget)."""
+        _warn("router", self.router, where, exc, "no router (every proposer, full budget)")
+        self.router = None
+
+
+def _warn(kind: str, obj: Any, where: str, exc: BaseException, instead: str) -> None:
+    log.warning("%s %r raised %s in %s: %s; the rest of the request uses %s, output is unaffected", kind, obj.name,
+                type(exc).__name__, where, exc, instead)
 
 
 class FallbackPolicy(MergePolicyBase):

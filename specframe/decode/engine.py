@@ -29,18 +29,19 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ..combining import MergePolicy, Router
+from ..contracts.combining import MergePolicy, Router
 from ..contracts import DecodeState, DraftTree, Proposer, TargetModel, Verifier, VerifyResult
 from .drafting import Drafting
 from ..errors import ConfigError, PromptTooLongError
 from .isolation import REFUSED, IsolationPolicy
 from .lineup import Lineup, proposer_labels
-from .merge import MergedDraft
+from .merged_tree import MergedDraft
 from .metrics import RequestMetrics
 from .observe import Observers
 from .metrics import MetricsWriter
 from ..sampling import SamplingParams
-from .scoring import Scored, ScorerFactory, TargetScorer
+from ..contracts.scoring import Scored, ScorerFactory
+from .scoring import TargetScorer
 from .stopping import StopChecker, TextStream, special_stop_ids, without_incomplete_character
 
 __all__ = ["Engine", "GenerationResult", "proposer_labels"]
@@ -80,8 +81,8 @@ class Engine:
         proposers: the active proposers, one or more; several are combined into one verification tree per step
             (see docs/combining.md). Their order is the provenance order (bit ``j`` = ``proposers[j]``).
         verifier: the acceptance rule for this request's sampling mode.
-        merge: a :class:`~specframe.combining.MergePolicy`, required with two or more proposers.
-        router: an optional :class:`~specframe.combining.Router`.
+        merge: a :class:`~specframe.contracts.combining.MergePolicy`, required with two or more proposers.
+        router: an optional :class:`~specframe.contracts.combining.Router`.
         isolation: how faulty proposers are treated (time limit, faults before disabling).
         origins: proposer label -> the plugin it comes from, for warnings (e.g. ``"recall (specframe-recall 0.1)"``).
 

@@ -1,12 +1,21 @@
 """Fault isolation: a faulty proposer costs speed, never correctness.
 
 A proposer *faults* when ``start``/``propose``/``on_verified`` raises, when ``propose`` returns a draft that breaks
-the :class:`~specframe.contracts.DraftTree` contract (see :func:`specframe.decode.validate.check_draft`), or when one
+the :class:`~specframe.contracts.DraftTree` contract (see :func:`specframe.decode.draft_checks.check_draft`), or when one
 ``propose`` call takes longer than the policy's time limit. Its draft is then left out of the step (a
 target-only step when it drafts alone; combined, the other proposers' drafts are still verified), so the committed
 tokens are exactly those of plain decoding. Per request and proposer, a :class:`FaultGuard` counts faults in the
 request's metrics through the request's metrics writer (and the proposer's own attribution), logs **one** warning naming the plugin, and after
 ``max_faults`` faults disables that proposer — and only it — for the rest of the request (no more calls into it).
+
+Every call into a plugin is a direct call inside a guard, so a grep finds it and a type checker sees its signature::
+
+    with slot.guard.call("on_verified"):  # the label names the call in the warning
+        slot.proposer.on_verified(outcome)
+
+An ``Exception`` raised inside goes to the guard's fault handler and is suppressed (a plugin must never crash
+generation): a :class:`FaultGuard` records a proposer's fault; a :class:`Guard` runs a handler of its own (the merge
+policy and router are replaced for the rest of the request, :mod:`specframe.decode.drafting`).
 
 The time limit is checked after ``propose`` returns (a Python call cannot be interrupted safely); the late
 draft is dropped, and repeated overruns disable the proposer, which bounds the damage of a slow plugin.
@@ -17,6 +26,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..errors import ConfigError, DraftError, ProposerTimeoutError
 from .metrics import MetricsWriter
@@ -90,6 +100,43 @@ def fault_kind(exc: BaseException) -> str:
     return RAISED
 
 
+class GuardedCall:
+    """One guarded block (``with guard.call(where):``): an ``Exception`` raised in it goes to ``on_fault(where, exc)``
+    and is suppressed; :attr:`failed` says whether it did. Anything else (``KeyboardInterrupt``) passes through."""
+
+    __slots__ = ("on_fault", "where", "failed")
+
+    def __init__(self, on_fault: Callable[[str, Exception], None], where: str) -> None:
+        self.on_fault, self.where, self.failed = on_fault, where, False
+
+    def __enter__(self) -> "GuardedCall":
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if not isinstance(exc, Exception):
+            return False
+        self.failed = True
+        self.on_fault(self.where, exc)
+        return True
+
+
+class Guard:
+    """The fault guard of a plugin that is not a proposer (a merge policy, a router).
+
+    Args:
+        on_fault: called as ``on_fault(where, exc)`` with the label of the guarded call and what it raised.
+    """
+
+    __slots__ = ("on_fault",)
+
+    def __init__(self, on_fault: Callable[[str, Exception], None]) -> None:
+        self.on_fault = on_fault
+
+    def call(self, where: str) -> GuardedCall:
+        """A guard for one call into the plugin, labelled ``where`` (the method's name) in the fault's warning."""
+        return GuardedCall(self.on_fault, where)
+
+
 class FaultGuard:
     """Counts one proposer's faults in one request and decides when to stop calling it.
 
@@ -101,14 +148,25 @@ class FaultGuard:
         writer: the request's :class:`~specframe.decode.metrics.MetricsWriter`, which counts every fault in the metrics.
 
     With several proposers combined, each has its own guard: one proposer's faults never disable another.
+    ``tripped``: it faulted since the step began (:meth:`new_step`), for the step's attribution.
     """
 
-    __slots__ = ("name", "label", "plugin", "policy", "writer", "faults", "disabled")
+    __slots__ = ("name", "label", "plugin", "policy", "writer", "faults", "disabled", "tripped")
 
     def __init__(self, name: str, label: str, plugin: str, policy: IsolationPolicy, writer: MetricsWriter) -> None:
         self.name, self.label, self.plugin, self.policy, self.writer = name, label, plugin, policy, writer
         self.faults = 0
         self.disabled = False
+        self.tripped = False
+
+    def call(self, where: str) -> GuardedCall:
+        """A guard for one call into the proposer (``where``: ``start`` | ``propose`` | ``on_verified``): a fault in
+        it is recorded (:meth:`fault`) and suppressed. The caller skips the call when :attr:`disabled`."""
+        return GuardedCall(self.fault, where)
+
+    def new_step(self) -> None:
+        """A new step begins: no fault in it yet."""
+        self.tripped = False
 
     def unbuilt(self) -> None:
         """The proposer could not be built (:class:`UnbuiltProposer`): one ``build`` fault, disabled from the start,
@@ -119,7 +177,7 @@ class FaultGuard:
     def fault(self, where: str, exc: BaseException) -> None:
         """Record a fault in ``where`` (``start`` | ``propose`` | ``on_verified``); warn on the first one."""
         kind = fault_kind(exc)
-        self.faults += 1
+        self.faults, self.tripped = self.faults + 1, True
         if self.faults >= self.policy.max_faults:
             self.disabled = True
         self.writer.fault(self.label, kind, disabled=self.disabled)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from ..contracts import Capabilities, Proposer, Verifier
-from ..combining import MergePolicy, Router
+from ..contracts.combining import MergePolicy, Router
 from ..errors import ConfigError
 from .isolation import IsolationPolicy
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from ..combining import ProposerStep, StepReport
+from ..contracts.combining import ProposerStep, StepReport
 from .observe import Observers
 
 # old record key -> the glossary's name; ``to_dict`` writes both, :func:`current_names` reads old records

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..combining import ProposerStep
+from ..contracts.combining import ProposerStep
 
 log = logging.getLogger("specframe")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ..console import fail
+from ..cli.console import fail
 from ..errors import SpecframeError
 
 vllm_app = typer.Typer(no_args_is_help=True, help="Run specframe proposers inside vLLM (docs/vllm.md).")

@@ -253,7 +253,7 @@ class _Session:
 
     def close(self) -> None:
         """The request is gone: proposers see a last, finished step; instances go back to the pool."""
-        from ..decode.merge import MergedDraft
+        from ..decode.merged_tree import MergedDraft
 
         try:
             self.pending = self.pending or MergedDraft.single(DraftTree.empty(), len(self.drafting.slots))

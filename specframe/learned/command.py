@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ..console import fail
+from ..cli.console import fail
 from ..errors import SpecframeError
 
 export_app = typer.Typer(no_args_is_help=True, help="Write a drafter in a published layout (docs/drafters.md).")

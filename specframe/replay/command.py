@@ -77,7 +77,7 @@ def record(
 ) -> None:
     """Run the target once per question (greedy) and store the prompt and generated ids, the hidden states
     feature-based proposers read, and the target's cost curve: the input of `specframe replay`."""
-    from ..console import fail
+    from ..cli.console import fail
 
     try:
         _record(questions, output, model, dtype, max_new_tokens, _cats(categories), limit_per_category,
@@ -90,7 +90,7 @@ def _record(questions, output, model, dtype, max_new_tokens, cats, limit, propos
             profile) -> None:
     from ..io.atomic import replace_folder
     from ..bench.runner import select_questions
-    from ..console import err, load_with_progress, machine_flags
+    from ..cli.console import err, load_with_progress, machine_flags
     from ..config import load_config, resolve_plugins
     from ..target.models import check_device, resolve_model
     from ..io.prompts import read_prompts
@@ -159,7 +159,7 @@ def replay(
 ) -> None:
     """Replay every strategy of a bench config against recorded traces: τ, α, attribution and predicted speed-ups in
     seconds, without running the target."""
-    from ..console import fail
+    from ..cli.console import fail
 
     try:
         _replay(traces, config, output, _cats(categories), limit_per_category, max_new_tokens, use_ray, ray_address,
@@ -184,7 +184,7 @@ class _Setup:
 
 
 def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare) -> None:
-    from ..console import err
+    from ..cli.console import err
 
     setup = _setup(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare, err)  # 1. validate
     target = _load(setup, err)  # 2. the target's weights (proposers may read them; no forward runs)

@@ -11,7 +11,7 @@ path left the recording is never reached, so a draft is accepted exactly as far 
 recorded continuation, and the bonus (or recovered) token is the recorded next token.
 
 Time: a replayed forward costs nothing here, so each step reports the *modeled* time of the live forward,
-``T(1) * v(N + 1)`` from the trace's cost curve (:attr:`~specframe.decode.scoring.Scored.seconds`): routers that read the
+``T(1) * v(N + 1)`` from the trace's cost curve (:attr:`~specframe.contracts.Scored.seconds`): routers that read the
 forward's time see what they would see live, and the request's ``forward_s`` is that model. Draft time is measured.
 """
 
@@ -28,9 +28,9 @@ from ..contracts import DraftTree, TargetInfo, VerifyResult
 from ..errors import TraceError
 from ..sampling import SamplingParams
 from ..target.cost import CostCurve
-from ..decode.scoring import Scored
-from ..tree import node_depths
-from ..verify import greedy_tree
+from ..contracts.scoring import Scored
+from ..token_tree import node_depths
+from ..acceptance import greedy_tree
 from .trace import Trace, TraceQuestion
 
 GREEDY = SamplingParams()

@@ -20,7 +20,8 @@ from torch import Tensor
 from .. import __version__
 from ..contracts import DraftTree
 from ..io.prompts import Prompt
-from ..decode.scoring import Scored, TargetScorer
+from ..contracts.scoring import Scored
+from ..decode.scoring import TargetScorer
 from .driver import GREEDY
 from .trace import FORMAT, VERSION, Trace, TraceQuestion
 

@@ -25,7 +25,7 @@ def serve(
     served_name: Optional[str] = typer.Option(None, "--served-model-name", help="The model id clients name."),
 ) -> None:
     """Serve the OpenAI API (completions, chat, streaming) over the batched engine (docs/serving.md)."""
-    from ..console import fail
+    from ..cli.console import fail
 
     try:
         _serve(config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name)
@@ -35,7 +35,7 @@ def serve(
 
 def _serve(config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name) -> None:
     from ..config import load_config, resolve_plugins
-    from ..console import err, load_with_progress
+    from ..cli.console import err, load_with_progress
     from ..registry import build_registry
     from ..target.models import resolve_model
 

@@ -31,14 +31,14 @@ import torch
 from torch import Tensor
 
 from ..contracts import DraftTree
-from ..decode.scoring import Scored
-from ..tree import node_depths
+from ..contracts.scoring import Scored
+from ..token_tree import node_depths
 
 __all__ = ["TransformersBatch"]
 
 
 class _Row:
-    """One request's scorer (the :class:`~specframe.decode.scoring.Scorer` protocol) inside a
+    """One request's scorer (the :class:`~specframe.contracts.Scorer` protocol) inside a
     :class:`TransformersBatch`: :meth:`score` returns what the batch's last forward computed for the request."""
 
     def __init__(self, batch: "TransformersBatch", layers: tuple[int, ...], want_hidden: bool) -> None:
@@ -105,7 +105,7 @@ class TransformersBatch:
         self.forward_s = 0.0  # seconds of the last forward
 
     def row(self, target: Any, layers: tuple[int, ...], want_hidden: bool) -> _Row:
-        """A scorer factory (:data:`~specframe.decode.scoring.ScorerFactory`) making this batch's rows."""
+        """A scorer factory (:data:`~specframe.contracts.ScorerFactory`) making this batch's rows."""
         return _Row(self, tuple(layers), bool(want_hidden))
 
     @property

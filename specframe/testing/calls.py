@@ -11,7 +11,7 @@ import torch
 
 from ..contracts import DecodeState, DraftTree, VerifyOutcome
 from ..errors import DraftError
-from ..decode.validate import check_draft
+from ..decode.draft_checks import check_draft
 from .report import describe_exc
 
 

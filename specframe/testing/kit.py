@@ -21,7 +21,7 @@ from ..decode.isolation import NEVER_DISABLED, IsolationPolicy
 from ..registry import check_proposer_class
 from ..sampling import SamplingParams
 from ..target.hf import Target
-from ..verify import GreedyVerifier, SpeculativeSamplingVerifier
+from ..acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from . import exactness, protocol
 from .calls import CallLog
 from .report import ConformanceError, NotApplicable, describe_exc

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from ..console import ProgressLines, err, one_error_line
+from ..cli.console import ProgressLines, err, one_error_line
 from ..errors import ConfigError
 
 train_app = typer.Typer(

@@ -14,7 +14,7 @@ import torch
 from transformers import LlamaConfig
 
 from specframe.target.kv_cache import new_cache, rollback
-from specframe.verify import greedy_chain, sampling_chain
+from specframe.acceptance import greedy_chain, sampling_chain
 from specframe_plugins.ngram import NgramIndex
 
 V, K = 49152, 8

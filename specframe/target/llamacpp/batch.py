@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ...contracts import DraftTree
-from ...decode.scoring import Scored
+from ...contracts.scoring import Scored
 from ...errors import ConfigError
 from .binding import LlamaContext
 
@@ -32,7 +32,7 @@ __all__ = ["LlamaCppBatch"]
 
 
 class _Row:
-    """One request's scorer (:class:`~specframe.decode.scoring.Scorer`) in a :class:`LlamaCppBatch`: sequence
+    """One request's scorer (:class:`~specframe.contracts.Scorer`) in a :class:`LlamaCppBatch`: sequence
     ``seq`` of the batch's context; :meth:`score` returns what the batch's last decode computed for it."""
 
     def __init__(self, batch: "LlamaCppBatch", seq: int) -> None:
@@ -96,7 +96,7 @@ class LlamaCppBatch:
         self.forward_s = 0.0
 
     def row(self, target: Any, layers: tuple[int, ...], want_hidden: bool) -> _Row:
-        """A scorer factory (:data:`~specframe.decode.scoring.ScorerFactory`).
+        """A scorer factory (:data:`~specframe.contracts.ScorerFactory`).
 
         Raises:
             ConfigError: hidden states or features were asked for (llama.cpp gives none here).

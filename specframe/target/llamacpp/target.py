@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ...contracts import DraftTree, TargetInfo
 from ...errors import ConfigError
-from ...decode.scoring import Scored
+from ...contracts.scoring import Scored
 from ..hf import TextSide
 from .binding import BuildInfo, LlamaContext, LlamaModel, build_info
 
@@ -110,7 +110,7 @@ class LlamaCppTarget(TextSide):
         ctx.close()
 
     def new_scorer(self, layers: tuple[int, ...], want_hidden: bool) -> "LlamaCppScorer":
-        """The scorer of one request (:class:`specframe.decode.scoring.Scorer`).
+        """The scorer of one request (:class:`specframe.contracts.Scorer`).
 
         Raises:
             ConfigError: hidden states or features were asked for (llama.cpp's API does not give them here).
@@ -185,7 +185,7 @@ def _eos_ids(tokenizer: Any, llama: LlamaModel) -> frozenset[int]:
 
 
 class LlamaCppScorer:
-    """One request's verification forwards on llama.cpp (:class:`specframe.decode.scoring.Scorer`).
+    """One request's verification forwards on llama.cpp (:class:`specframe.contracts.Scorer`).
 
     Sequence 0 of the context holds the committed tokens but the newest; ``score`` decodes ``[newest] + draft`` at
     the next positions with a logits row per token; ``keep`` removes the cells past the accepted path.

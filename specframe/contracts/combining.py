@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .contracts import DraftTree, TargetInfo
+from .proposer import DraftTree, TargetInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +84,7 @@ class MergePolicy(Protocol):
     """Decides how several proposers' drafts share the merged tree's node budget.
 
     Construction: ``cls(config, target_info)``; ``max_nodes`` is the merged tree's node budget. The merge itself
-    (dedup, provenance, exactness rules) is :func:`specframe.decode.merge.merge_drafts`; a policy only plans it.
+    (dedup, provenance, exactness rules) is :func:`specframe.decode.merged_tree.merge_drafts`; a policy only plans it.
     """
 
     name: ClassVar[str]

@@ -12,7 +12,7 @@
 Deterministic proposals are one-hot q: acceptance probability ``p_i(x_i)`` and residual
 ``p_i`` with ``x_i`` removed.
 
-**Trees** (``greedy_tree``, ``sampling_tree``; the forward's layout is in :mod:`specframe.tree`). Sampling over
+**Trees** (``greedy_tree``, ``sampling_tree``; the forward's layout is in :mod:`specframe.token_tree`). Sampling over
 a tree follows SpecInfer (Miao et al. 2024, "SpecInfer", Algorithm 2, multi-step speculative sampling): at a node, children are tried in order; child ``c`` with token ``x`` drawn from ``q_c`` is accepted
 with probability ``min(1, p(x) / q_c(x))``; after a rejection the target distribution is replaced by the
 residual ``norm(max(0, p − q_c))`` before the next sibling is tried; if every child is rejected the recovered
@@ -33,7 +33,7 @@ from torch import Tensor
 from .contracts import DraftTree, VerifyResult
 from .hookspecs import hookimpl
 from .sampling import SamplingParams, probs_from_logits
-from .tree import children_of
+from .token_tree import children_of
 
 # Below this residual mass the residual is "all zero up to rounding": p == q at that position, so a rejection
 # had probability ~0; we draw from p itself instead of dividing by ~0 (which would give NaN).

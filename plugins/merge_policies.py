@@ -2,7 +2,7 @@
 
 A policy only *plans* the merge — which proposer's nodes go in first and how many of each (a prefix of its
 draft); the merge itself, with deduplication, provenance and the exactness rules, is core
-(:func:`specframe.decode.merge.merge_drafts`), so no policy can change what is emitted, only how fast.
+(:func:`specframe.decode.merged_tree.merge_drafts`), so no policy can change what is emitted, only how fast.
 
 - ``priority``: proposers in the configured order; each draft goes in whole while the budget lasts, so an earlier
   proposer's nodes always come first. Duplicates of nodes already in the tree cost nothing.

@@ -20,10 +20,10 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from torch import Tensor
 
-from .sampling import SamplingParams
+from ..sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from .target.cost import CostCurve
+    from ..target.cost import CostCurve
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +202,7 @@ class TargetModel(Protocol):
 
     Optional: ``forward_features(input_ids, cache, layers, want_hidden, ...)`` -> ``(logits, hidden, features
     [B, n, F, H])`` for proposers that read hidden-state features; ``new_scorer(layers, want_hidden)`` -> the
-    :class:`specframe.decode.scoring.Scorer` of one request, for an engine with its own KV state (llama.cpp; default: the
+    :class:`specframe.contracts.Scorer` of one request, for an engine with its own KV state (llama.cpp; default: the
     transformers KV-cache scorer); ``last_logits(ids)`` -> ``[V]`` float32 logits after ``ids``; ``governor`` and
     ``settings`` (the machine profile's thread governor and chosen settings).
     """

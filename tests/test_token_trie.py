@@ -1,4 +1,4 @@
-"""specframe.trie.TokenTrie (insertion order, dedup, node budget, counts/depths, non-mergeable nodes) and
+"""specframe.token_tree.TokenTrie (insertion order, dedup, node budget, counts/depths, non-mergeable nodes) and
 DraftTree.from_lists (shapes, dtypes, errors)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specframe.contracts import DraftTree
-from specframe.trie import TokenTrie
+from specframe.token_tree import TokenTrie
 
 
 def test_docstring_example():

@@ -16,7 +16,7 @@ from typing import Any, Iterator, NoReturn
 import typer
 from rich.console import Console
 
-from .errors import ConfigError, SpecframeError
+from ..errors import ConfigError, SpecframeError
 
 err = Console(stderr=True, highlight=False)
 
@@ -64,7 +64,7 @@ def machine_flags(threads: str | None, prepack: str | None) -> dict:
     Raises:
         ConfigError: a value that is not a whole number in [1, 1024] or auto (threads), or on / off / auto (prepack).
     """
-    from .config import MAX_THREADS
+    from ..config import MAX_THREADS
 
     out: dict = {}
     if threads is not None:

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 
 from .console import err, fail, json_line, load_with_progress, machine_flags
-from .errors import ConfigError, PromptTooLongError, SpecframeError
+from ..errors import ConfigError, PromptTooLongError, SpecframeError
 
 app = typer.Typer(
     add_completion=False,
@@ -29,7 +29,7 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from . import __version__
+        from .. import __version__
 
         sys.stdout.write(f"specframe {__version__}\n")
         raise typer.Exit(0)
@@ -54,7 +54,7 @@ def _check_flags(**given) -> None:
     """The flags' values, by the config's own rules (:class:`~specframe.config.RequestSettings`), named as flags."""
     from pydantic import ValidationError
 
-    from .config import RequestSettings, settings_error
+    from ..config import RequestSettings, settings_error
 
     try:
         RequestSettings.model_validate({k: v for k, v in given.items() if v is not None})
@@ -155,9 +155,9 @@ class GenerateFlags:
 
 
 def _generate(f: GenerateFlags) -> None:
-    from .config import resolve_plugins
-    from .target.models import check_device, resolve_dtype, resolve_model
-    from .registry import build_registry
+    from ..config import resolve_plugins
+    from ..target.models import check_device, resolve_dtype, resolve_model
+    from ..registry import build_registry
 
     # 1. every flag and the config, checked before anything loads
     _check_flags(max_new_tokens=f.max_new_tokens, temperature=f.temperature, top_p=f.top_p, top_k=f.top_k,
@@ -180,12 +180,12 @@ def _generate(f: GenerateFlags) -> None:
     resolve_dtype(cfg.dtype, cfg.device)
     resolve_model(cfg.model)  # unknown name / missing package fails here, before loading
     if cfg.engine == "llama.cpp":
-        from .target.llamacpp.loader import check_request
+        from ..target.llamacpp.loader import check_request
 
         check_request(cfg.dtype, cfg.device, cfg.prepack)
     # 2. load, encode, 3. generate
     sf = load_with_progress(cfg, registry)
-    from .decode.stopping import special_stop_ids
+    from ..decode.stopping import special_stop_ids
 
     special_stop_ids(tuple(cfg.stop), sf.target.tokenizer)  # a stop string that cannot match fails before any output
     encoded = [sf.encode(p.text) for p in prompts]
@@ -203,7 +203,7 @@ def _generate(f: GenerateFlags) -> None:
 
 def _flags_config(f: GenerateFlags):
     """The config file (if any) with the flags applied over it."""
-    from .config import load_config
+    from ..config import load_config
 
     cfg = load_config(
         f.config, model=f.model, max_new_tokens=f.max_new_tokens, temperature=f.temperature, top_p=f.top_p,
@@ -254,7 +254,7 @@ def _check_flags_apply(cfg, f: GenerateFlags) -> None:
 
 def _select_prompts(prompt, prompts_file, limit, category) -> list:
     """The PROMPT argument, or the prompts of --prompts-file selected by --category and --limit."""
-    from .io.prompts import Prompt, read_prompts
+    from ..io.prompts import Prompt, read_prompts
 
     prompts = read_prompts(prompts_file) if prompts_file is not None else [Prompt(prompt)]
     if category is not None:
@@ -346,14 +346,14 @@ def plugins(
 ) -> None:
     """List installed plugins: distribution, version, proposers and verifiers with capabilities and options."""
     try:
-        from .inventory import inventory, render_text
-        from .registry import build_registry
+        from ..installed import inventory, render_text
+        from ..registry import build_registry
 
         if schema and as_json:
             raise ConfigError("--schema and --json are two documents: give one of them")
         registry = build_registry()
         if schema:
-            from .config import config_schema
+            from ..config import config_schema
 
             sys.stdout.write(json.dumps(config_schema(registry), indent=1) + "\n")
             return
@@ -380,18 +380,18 @@ def tune(
 
 def _engine_profile(model: str, device: str, engine: str, refresh: bool, progress: Any) -> tuple[Any, str]:
     """(the machine profile of ``model`` on ``engine``, the model's display name), measured when missing."""
-    from .target.models import model_directory, resolve_model
+    from ..target.models import model_directory, resolve_model
 
     if engine not in ("transformers", "llama.cpp"):
         raise ConfigError(f"--engine must be transformers or llama.cpp, got {engine!r}")
     source = resolve_model(model)
     if engine == "llama.cpp":
-        from .target.llamacpp.loader import load_llamacpp_target
-        from .target.llamacpp.profile import get_profile as llama_profile
+        from ..target.llamacpp.loader import load_llamacpp_target
+        from ..target.llamacpp.profile import get_profile as llama_profile
 
         target = load_llamacpp_target(model, device=device, threads=1, measure=False)
         return llama_profile(target, source.name, progress, refresh=refresh), source.name
-    from .target.profile import get_profile
+    from ..target.profile import get_profile
 
     directory = model_directory(source, lambda s: err.print(s, markup=False))
     return get_profile(directory, source.name, device, progress, refresh=refresh), source.name
@@ -401,9 +401,9 @@ def _tune(model: str, device: str, refresh: bool, as_json: bool, engine: str = "
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from .target.machine import LoadMonitor, choose_threads, usable_cores
-    from .target.models import check_device
-    from .target.profile import NS
+    from ..target.machine import LoadMonitor, choose_threads, usable_cores
+    from ..target.models import check_device
+    from ..target.profile import NS
 
     check_device(device)
     if device != "cpu":
@@ -444,13 +444,13 @@ def _tune(model: str, device: str, refresh: bool, as_json: bool, engine: str = "
 def attach(app: typer.Typer) -> None:
     """Attach every command and command group to ``app``: the one place where commands attach. A command group
     (``train``, ``datastore``, ``trace``, ``vllm``, ``export``) attaches its own subcommands in its module."""
-    from .bench.command import bench
-    from .datastore.command import datastore_app
-    from .integrations.command import vllm_app
-    from .learned.command import export_app
-    from .replay.command import replay, trace_app
-    from .serve.command import serve
-    from .training.command import train_app
+    from ..bench.command import bench
+    from ..datastore.command import datastore_app
+    from ..integrations.command import vllm_app
+    from ..learned.command import export_app
+    from ..replay.command import replay, trace_app
+    from ..serve.command import serve
+    from ..training.command import train_app
 
     for name, command in (("generate", generate), ("plugins", plugins), ("tune", tune), ("bench", bench),
                           ("serve", serve)):

@@ -12,8 +12,8 @@ import torch
 
 from specframe.contracts import DraftTree
 from specframe.sampling import SamplingParams, probs_from_logits
-from specframe.verify import GreedyVerifier, SpeculativeSamplingVerifier
-from specframe.verify import RESIDUAL_EPS, greedy_chain, sampling_chain
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.acceptance import RESIDUAL_EPS, greedy_chain, sampling_chain
 
 V = 6
 INF = math.inf
