@@ -124,7 +124,7 @@ def main() -> int:
     port = free_port()
     names = sorted({n for s in strategies for n in s.split("+")})
     proc = start_server(args.model, args.dtype, args.batch_size, port, names)
-    rows, bad = [], 0
+    bad = 0
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
         jobs = [(spec, chat, stream, i) for spec in strategies for chat in (True, False) for stream in (False, True)

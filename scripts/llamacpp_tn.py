@@ -4,7 +4,7 @@ how a build's kernels batch (docs/llamacpp.md). Compare two builds by putting on
     python scripts/llamacpp_tn.py                                  # the installed build
     PYTHONPATH=/tmp/other-build python scripts/llamacpp_tn.py      # e.g. pip install --target /tmp/other-build ...
 """
-import json, sys
+import json
 from specframe.target.llamacpp.binding import LlamaModel, build_info
 from specframe.target.llamacpp.profile import time_decodes
 from specframe.target.models import resolve_model

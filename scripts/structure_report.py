@@ -1,6 +1,10 @@
 """Structure figures of the source tree (issue 16's before/after table), read from the code with ``ast``.
 
-    python scripts/structure_report.py [ROOT] [--json]
+    python scripts/structure_report.py [ROOT] [--json] [--check]
+
+``--check`` (run by .ci/run) also exits 1 when the tree breaks a rule the figures track: an import cycle among
+specframe's modules, a plugin method called by its name in a string, a key spelled with a NUL in a string, or a
+plugin/contrib module importing ``specframe.bench``.
 
 Prints, for the tree at ROOT (default: this checkout):
 
@@ -333,9 +337,13 @@ def largest(root: Path, top: int = 8) -> dict[str, list[str]]:
             "largest_classes": [f"{r} ({n} lines, {m} methods, {f} fields)" for n, r, m, f in classes[:top]]}
 
 
+_LABELS = {"call", "Call", "_noting"}  # callees whose string argument labels a direct call made next to them
+
+
 def plugin_calls(root: Path) -> dict[str, dict[str, int]]:
     """Per plugin method: direct call sites (``x.name(...)``) and calls by name in a string, in specframe/ (the
-    engine and the tools that drive plugins; the plugins' own bodies are not their callers)."""
+    engine and the tools that drive plugins; the plugins' own bodies are not their callers). A string handed to a
+    guard (``with guard.call("start"): p.start(state)``) or a call record only labels a direct call: not counted."""
     out = {m: {"direct": 0, "by_string": 0} for m in PLUGIN_METHODS}
     for path in _modules(root, ("specframe",)):
         tree = ast.parse(path.read_text())
@@ -346,6 +354,9 @@ def plugin_calls(root: Path) -> dict[str, dict[str, int]]:
             if isinstance(f, ast.Attribute) and f.attr in out and not (isinstance(f.value, ast.Name)
                                                                         and f.value.id == "super"):
                 out[f.attr]["direct"] += 1
+            callee = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            if callee in _LABELS:  # a guard's label (``guard.call("start")``) or a call record names the method
+                continue
             for a in node.args:
                 if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value in out:
                     out[a.value]["by_string"] += 1
@@ -434,6 +445,23 @@ def main(argv: list[str]) -> None:
     print(f"getattr_default: {report['getattr_default']}  nul_keys: {report['nul_keys']}  "
           f"extra_allow_models: {report['extra_allow_models']}")
     print("rooms: " + ", ".join(f"{k} {v}" for k, v in report["rooms"].items()))
+    if "--check" in argv:
+        broken = check(report)
+        for line in broken:
+            print(f"error: {line}", file=sys.stderr)
+        if broken:
+            raise SystemExit(1)
+
+
+def check(report: dict) -> list[str]:
+    """The rules ``--check`` enforces, one line per break (empty: none)."""
+    out = [f"import cycle: {' <-> '.join(c)}" for c in report["import_cycles"]]
+    out += [f"{m} is called by its name in a string {c['by_string']} time(s): call it directly inside a guard"
+            for m, c in report["plugin_method_calls"].items() if c["by_string"]]
+    if report["nul_keys"]:
+        out.append(f"{report['nul_keys']} string constant(s) hold a NUL (keys spelled in strings): use a typed key")
+    out += [f"{m} imports specframe.bench" for m in report["plugins_importing_bench"]]
+    return out
 
 
 if __name__ == "__main__":

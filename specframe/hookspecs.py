@@ -89,7 +89,8 @@ def specframe_register_routers(register: Callable[[type], None]) -> None:
         ``router: {name: NAME, ...}`` in config; ``none`` is reserved for "no router"), ``cls.Config`` is its
         pydantic config model (a subclass of :class:`specframe.contracts.combining.RouterConfig`, ``extra="forbid"``);
         ``cls(config, target_info)`` follows :class:`specframe.contracts.combining.Router`: ``start(labels, seed, greedy)``,
-        ``route(budget, max_nodes, available)`` -> node budget per proposer (0 = skip), ``on_step(report)``.
+        ``route(budget, max_nodes, available)`` -> node budget per proposer (0 = skip), ``revise(...)``,
+        ``on_step(report)``, ``on_batch(rows, width)`` (subclass :class:`specframe.RouterBase` for no-op defaults).
         Routing cannot change the output's distribution; to keep sampled output reproducible under a seed, a
         router decides from the seed and feedback counts only (no global RNG, not the request's generator, no
         wall-clock timings unless ``greedy``).

@@ -310,7 +310,7 @@ def _check_merge_policy(cls: type, where: str) -> None:
 def _check_router(cls: type, where: str) -> None:
     if cls.name == "none":
         raise PluginContractError(f"router from {where}: the name 'none' is reserved (it means no router)")
-    _check_component(cls, "router", RouterConfig, ("start", "route", "revise", "on_step"), where)
+    _check_component(cls, "router", RouterConfig, ("start", "route", "revise", "on_step", "on_batch"), where)
 
 
 def _collect(reg: Registry, info: PluginInfo, plugin: object) -> None:

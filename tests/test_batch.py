@@ -276,12 +276,12 @@ def test_cli_batch_size_output_in_prompt_order(tmp_path, monkeypatch, env):
     from typer.testing import CliRunner
 
     import specframe.api
-    import specframe.cli.app
+    import specframe.cli.commands
     from specframe.cli import app
 
     target = env["llama"][0]
     real_load = specframe.api.load
-    monkeypatch.setattr(specframe.cli.app, "load_with_progress", lambda cfg, reg: real_load(cfg, target=target))
+    monkeypatch.setattr(specframe.cli.commands, "load_with_progress", lambda cfg, reg: real_load(cfg, target=target))
     monkeypatch.setattr("specframe.target.models.resolve_model", lambda name: None)
     words = target.tokenizer.convert_ids_to_tokens
     f = tmp_path / "q.jsonl"

@@ -36,6 +36,7 @@ from specframe.target.profile import (Candidate, MachineProfile, Measured, Setti
                             fingerprint_key, get_profile, load_profile, measured_threads,
                             profile_path, resolve_settings, time_forwards)
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter
+from specframe_plugins.router.stats import column as col
 
 from .support import PROMPT, build_model, build_tokenizer
 
@@ -619,14 +620,14 @@ def lone_router(cost, **cfg) -> AdaptiveRouter:
 
 
 def test_router_takes_v_from_the_targets_measured_cost():
-    assert lone_router(CostCurve.linear(0.5)).verify_cost(5) == pytest.approx(3.0)
+    assert lone_router(CostCurve.linear(0.5)).cost.verify(5) == pytest.approx(3.0)
     curve = CostCurve({128: [10.0, 12.0, 14.0, 20.0, 40.0, 80.0]})
-    assert lone_router(curve).verify_cost(3) == pytest.approx(1.3)
+    assert lone_router(curve).cost.verify(3) == pytest.approx(1.3)
     curve.set({128: [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]})  # the governor changed threads: v follows
-    assert lone_router(curve).verify_cost(2) == pytest.approx(2.0)
-    assert lone_router(CostCurve()).verify_cost(11) == pytest.approx(1.3)  # nothing measured: the linear default
-    assert lone_router(None).verify_cost(11) == pytest.approx(1.3)
-    assert lone_router(CostCurve.linear(0.5), cost_curve=[1.0, 1.0, 1.0]).verify_cost(3) == 1.0  # configured curve wins
+    assert lone_router(curve).cost.verify(2) == pytest.approx(2.0)
+    assert lone_router(CostCurve()).cost.verify(11) == pytest.approx(1.3)  # nothing measured: the linear default
+    assert lone_router(None).cost.verify(11) == pytest.approx(1.3)
+    assert lone_router(CostCurve.linear(0.5), cost_curve=[1.0, 1.0, 1.0]).cost.verify(3) == 1.0  # configured curve wins
 
 
 def test_a_steep_measured_curve_trims_a_lone_draft_more_than_a_flat_one():
@@ -654,16 +655,16 @@ def test_under_sampling_the_router_reads_no_measured_curve():
     for measured in (CostCurve(quiet), CostCurve(busy), CostCurve(busy, fixed=quiet)):
         sampling = AdaptiveRouter(AdaptiveConfig(measure="never", explore=0.0), info(measured))
         sampling.start(["ngram"], seed=0, greedy=False)
-        costs.append(sampling.verify_cost(8))
+        costs.append(sampling.cost.verify(8))
     assert costs == [pytest.approx(1 + 0.03 * 7)] * 3  # cost_slope's line, not a measured point
     curve = CostCurve(quiet)
     greedy = lone_router(curve)
-    before = greedy.verify_cost(8)
+    before = greedy.cost.verify(8)
     curve.set(busy)  # what the governor does when a neighbour takes a core
-    assert greedy.verify_cost(8) == pytest.approx(8.0) != before
+    assert greedy.cost.verify(8) == pytest.approx(8.0) != before
     configured = AdaptiveRouter(AdaptiveConfig(measure="never", cost_curve=[1.0, 2.0, 3.0]), info(CostCurve(busy)))
     configured.start(["ngram"], seed=0, greedy=False)
-    assert configured.verify_cost(3) == pytest.approx(3.0)
+    assert configured.cost.verify(3) == pytest.approx(3.0)
 
 
 def test_a_lone_draft_trimmed_to_nothing_is_probed_whole_every_probe_every_steps():
@@ -686,7 +687,7 @@ def test_a_lone_draft_trimmed_to_nothing_is_probed_whole_every_probe_every_steps
     router.start(["ngram"], seed=0, greedy=True)
     for report in (starved_step(8, 0), starved_step(0, 0), starved_step(8, 0), starved_step(0, 0)):
         router.on_step(report)
-    assert router.starved == [2]
+    assert col(router, "starved") == [2]
     router.on_step(starved_step(8, 0))
     router.route(16, 1 << 16, [True])
     assert router.forced == {0}

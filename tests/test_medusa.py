@@ -21,7 +21,7 @@ from specframe.errors import ConfigError
 from specframe.learned.medusa_heads import MedusaHeads
 from specframe.sampling import SamplingParams
 from specframe.target.hf import Target
-from specframe.testing import ConformanceError, Kit, NotApplicable
+from specframe.testing import Kit, NotApplicable
 from specframe.testing.calls import CallLog
 from specframe.testing.tiny import last_hidden
 from specframe.token_tree import node_depths

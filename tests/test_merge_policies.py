@@ -9,7 +9,7 @@ import pytest
 
 import specframe
 from specframe import DraftTree, hookimpl
-from specframe.contracts.combining import MergePolicyBase, MergePolicyConfig, RouterBase, StepReport
+from specframe.contracts.combining import MergePolicyBase, MergePolicyConfig, RouterBase, RouterConfig, StepReport
 from specframe.errors import ConfigError
 from specframe.registry import build_registry
 from specframe_plugins.merge_policies import (
@@ -102,6 +102,18 @@ def test_merge_policy_and_router_contracts_are_checked():
     class NoneRouter(RouterBase):
         name = "none"
 
+    class NoBatchRouter:  # a structural router (no RouterBase) from before ``on_batch`` was part of the contract
+        name = "no-batch"
+        Config = RouterConfig
+
+        def start(self, proposers, seed, greedy): ...
+
+        def route(self, budget, max_nodes, available): ...
+
+        def revise(self, budget, max_nodes, available, drafts, budgets): ...
+
+        def on_step(self, report): ...
+
     def plugin(hook, cls):
         return type("P", (), {hook: staticmethod(hookimpl(lambda register: register(cls)))})()
 
@@ -111,6 +123,8 @@ def test_merge_policy_and_router_contracts_are_checked():
         build_registry(entry_points=False, extra_plugins=(plugin("specframe_register_merge_policies", NoPlan),))
     with pytest.raises(PluginContractError, match="'none' is reserved"):
         build_registry(entry_points=False, extra_plugins=(plugin("specframe_register_routers", NoneRouter),))
+    with pytest.raises(PluginContractError, match="router 'no-batch' .* method `on_batch` is missing"):
+        build_registry(entry_points=False, extra_plugins=(plugin("specframe_register_routers", NoBatchRouter),))
 
 
 def test_one_proposer_needs_no_merge_policy_installed(envs, monkeypatch):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import types
 
 import pytest
 import torch
@@ -14,9 +13,27 @@ from pydantic import ValidationError
 
 from specframe import DraftTree
 from specframe.contracts.combining import ProposerStep, StepReport
-from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter, _prefix_levels, load_cost_curve
+from specframe import TargetInfo, node_depths
+from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter, ascent, ledger
+from specframe_plugins.router.config import load_cost_curve
+from specframe_plugins.router.stats import column as col
 
 from .combining_helpers import chain, step, tree
+
+
+def a_target() -> TargetInfo:
+    """A target as a router sees it (no measured cost curve); each one a target of its own."""
+    return TargetInfo(vocab_size=8, eos_token_ids=frozenset(), max_context=64, device=torch.device("cpu"),
+                      dtype=torch.float32)
+
+
+def hits(router: AdaptiveRouter) -> list[list[float]]:
+    """Per proposer, the running products of its continuation rates (what a drafted proposer is valued with)."""
+    return [ascent.hit(st.cont) for st in router.stats]
+
+
+def _prefix_levels(draft: DraftTree, dmax: int) -> list[int]:
+    return ascent.prefix_levels(node_depths(draft.parent[0].tolist()) if draft.num_nodes else [], dmax)
 
 
 def test_router_drops_a_useless_proposer_and_probes_it_again():
@@ -66,22 +83,22 @@ def test_router_is_deterministic_under_a_seed_and_leaves_the_global_rng_alone():
 def test_router_draft_costs_timings_only_under_greedy():
     router = AdaptiveRouter(AdaptiveConfig(draft_cost={"slow": 50.0}, explore=0.0))
     router.start(["fast", "slow"], seed=0, greedy=False)
-    assert not router.timed and router.route(8, 16, [True, True])[1] == 0  # too costly to ever pay off
+    assert not router.clock.timed and router.route(8, 16, [True, True])[1] == 0  # too costly to ever pay off
     for _ in range(5):  # measured times are ignored under sampling: the seed alone fixes the decisions
         router.on_step(StepReport((step("fast", 2, 2), step("slow", 0, 0, asked=False)), 2, 2, forward_s=9.0))
-    assert router.t1 is None and router.draft_s == [0.0, 0.0]
+    assert router.clock.t1 is None and col(router, "draft_s") == [0.0, 0.0]
     router.start(["fast", "slow"], seed=0, greedy=True)
-    assert router.timed
+    assert router.clock.timed
     router.on_step(StepReport((step("fast", 2, 2, draft_s=0.5), step("slow", 0, 0, asked=False)), 2, 2, forward_s=0.1))
-    assert router.t1 == pytest.approx(0.1 / router.verify_cost(3)) and router._draft_cost(0) == pytest.approx(0.5 / router.t1)
+    assert router.clock.t1 == pytest.approx(0.1 / router.cost.verify(3)) and router.draft_cost(0) == pytest.approx(0.5 / router.clock.t1)
 
 
 def test_router_cost_curve_from_a_bench_profile(tmp_path):
     results = tmp_path / "results.json"
     results.write_text(json.dumps({"profile": {"v": [2.0, 2.0, 2.0, 8.0]}}))
     router = AdaptiveRouter(AdaptiveConfig(cost_profile=str(results)))
-    assert [router.curve.v(n) for n in (1, 2, 3, 4)] == [1.0, 1.0, 1.0, 4.0]
-    assert router.verify_cost(3) == 1.0 and router.verify_cost(4) == 4.0
+    assert [router.cost.curve.v(n) for n in (1, 2, 3, 4)] == [1.0, 1.0, 1.0, 4.0]
+    assert router.cost.verify(3) == 1.0 and router.cost.verify(4) == 4.0
     # with 3 verified tokens free and a 4th costing 4x, one proposer gets at most 2 nodes
     router.start(["a"], seed=0, greedy=True)
     assert router.allocate(16, 24, [True])[1] == [2]
@@ -89,7 +106,7 @@ def test_router_cost_curve_from_a_bench_profile(tmp_path):
     router.on_step(StepReport((step("a", 1, 1, draft_s=1e-6),), 1, 1, forward_s=0.1))
     assert router.route(16, 24, [True]) == [16]  # measured free to draft: drafts fully ...
     assert router.revise(16, 24, [True], [chain(list(range(8)))], [16]) == [2]  # ... and keeps what pays
-    assert AdaptiveRouter(AdaptiveConfig()).verify_cost(11) == pytest.approx(1.3)  # the linear default
+    assert AdaptiveRouter(AdaptiveConfig()).cost.verify(11) == pytest.approx(1.3)  # the linear default
     curve = load_cost_curve(AdaptiveConfig(cost_curve=[2.0, 3.0]))  # normalised to v(1) = 1
     assert [curve.v(1), curve.v(2)] == [1.0, 1.5]
     (tmp_path / "bad.json").write_text("{}")
@@ -112,26 +129,26 @@ def test_router_on_step_counts_idle_steps_and_conditional_hits():
     prior = [0.6 ** d for d in range(1, 13)]
     # a: a 3-chain with its first 2 nodes accepted; b left out
     router.on_step(StepReport((step("a", 3, 2, budget=16), step("b", asked=False)), 3, 2, 0.0))
-    assert router.idle == [0, 1]
+    assert col(router, "idle") == [0, 1]
     # per-depth continuation rates: depths 1 and 2 were reached and accepted, depth 3 reached and rejected
-    assert router.cont[0][:3] == pytest.approx([0.9 * 0.6 + 0.1, 0.9 * 0.6 + 0.1, 0.9 * 0.6])
-    assert router.hit[0][:3] == pytest.approx([0.64, 0.64 ** 2, 0.64 ** 2 * 0.54])  # their running products
-    assert router.cont[0][3:] == pytest.approx([0.6] * 9)  # depths it did not draft tell nothing about its hits
-    assert router.hit[1] == pytest.approx(prior)  # not asked: unchanged
+    assert col(router, "cont")[0][:3] == pytest.approx([0.9 * 0.6 + 0.1, 0.9 * 0.6 + 0.1, 0.9 * 0.6])
+    assert hits(router)[0][:3] == pytest.approx([0.64, 0.64 ** 2, 0.64 ** 2 * 0.54])  # their running products
+    assert col(router, "cont")[0][3:] == pytest.approx([0.6] * 9)  # depths it did not draft tell nothing about its hits
+    assert hits(router)[1] == pytest.approx(prior)  # not asked: unchanged
     # the unconditional reach also learns that a reached nothing past depth 2 (it was not cut short)
-    assert router.reach[0][3] == pytest.approx(0.9 * 0.6 ** 4)
+    assert col(router, "reach")[0][3] == pytest.approx(0.9 * 0.6 ** 4)
     # b asked (a tree: 2 roots, 1 child; nothing accepted), a left out
     router.on_step(StepReport((step("a", asked=False),
                                step("b", 3, 0, budget=4, depths=(2, 1))), 3, 0, 0.0))
-    assert router.idle == [1, 0]
+    assert col(router, "idle") == [1, 0]
     # depth 1 was put to the test and failed; depth 2 was never reached, so its rate keeps the prior
-    assert router.cont[1][:3] == pytest.approx([0.9 * 0.6, 0.6, 0.6])
-    assert router.hit[1][:3] == pytest.approx([0.54, 0.54 * 0.6, 0.54 * 0.36])
-    assert router.width[1][:2] == pytest.approx([0.9 + 0.1 * 2, 1.0])
-    before = [list(h) for h in router.hit]  # a faulty step counts as asked (idle 0) but teaches nothing
+    assert col(router, "cont")[1][:3] == pytest.approx([0.9 * 0.6, 0.6, 0.6])
+    assert hits(router)[1][:3] == pytest.approx([0.54, 0.54 * 0.6, 0.54 * 0.36])
+    assert col(router, "width")[1][:2] == pytest.approx([0.9 + 0.1 * 2, 1.0])
+    before = [list(h) for h in hits(router)]  # a faulty step counts as asked (idle 0) but teaches nothing
     faulty = ProposerStep("a", True, 8, 0, 0, (), 0, 0, 0.0, True)
     router.on_step(StepReport((faulty, step("b", asked=False)), 0, 0, 0.0))
-    assert router.idle == [0, 1] and router.hit == before
+    assert col(router, "idle") == [0, 1] and hits(router) == before
 
 
 def cheap_and_costly_router(every: int) -> AdaptiveRouter:
@@ -148,8 +165,8 @@ def cheap_and_costly_router(every: int) -> AdaptiveRouter:
 def test_router_cascade_skips_the_costly_proposer_when_the_cheap_draft_is_long_and_trusted():
     router = cheap_and_costly_router(every=5)
     # when a drafts its draft is accepted (hit: conditional on drafting), but it mostly has nothing to draft (reach)
-    assert all(r < 0.35 and c > 0.7 for c, r in zip(router.cont[0][:8], router.reach[0][:8]))
-    assert all(h > r + 0.2 for h, r in zip(router.hit[0][:3], router.reach[0][:3]))
+    assert all(r < 0.35 and c > 0.7 for c, r in zip(col(router, "cont")[0][:8], col(router, "reach")[0][:8]))
+    assert all(h > r + 0.2 for h, r in zip(hits(router)[0][:3], col(router, "reach")[0][:3]))
     budgets = router.route(16, 24, [True, True])
     assert budgets[0] == 16  # free: drafts with the full budget
     assert budgets[1] > 0  # before a's draft is known, b is worth running
@@ -225,11 +242,11 @@ def test_probes_that_do_not_pay_grow_rarer_and_one_that_pays_resets_them():
     router = AdaptiveRouter(AdaptiveConfig(draft_cost={"x": 0.5}, measure="never", explore=0.0, probe_every=4,
                                            probe_max=32, cost_slope=0.0))
     router.start(["x"], seed=0, greedy=True)
-    router.wait = [32]
-    router.idle = [31]
+    router.stats[0].wait = 32
+    router.stats[0].idle = 31
     assert router.route(8, 16, [True]) == [8] and router.forced == {0}
     router.on_step(StepReport((step("x", 8, 8, budget=8),), 8, 8, 0.0))
-    assert router.wait == [4]
+    assert col(router, "wait") == [4]
 
 
 def test_probes_of_a_costly_proposer_cost_at_most_probe_share_of_the_steps():
@@ -253,18 +270,18 @@ def test_a_measured_draft_cost_carries_over_to_the_next_request():
     """Timed: a proposer's draft seconds and the forward time measured in one request are where the next request
     starts (no second unmeasured draft, and the first probe waits draft cost / probe_share steps); acceptance
     statistics start afresh."""
-    target = types.SimpleNamespace(cost=None)  # costs are kept per target (and router settings and lineup)
+    target = a_target()  # costs are kept per target (and router settings and lineup)
     router = AdaptiveRouter(AdaptiveConfig(measure="always", explore=0.0, probe_every=4, cost_slope=0.0,
                                            probe_share=0.05), target)
     router.start(["slow"], seed=0, greedy=True)
     assert router.route(8, 16, [True]) == [router.probe_nodes(8)]  # unmeasured: a probe's budget
     # it drafted 1 node in 0.1 s, rejected, next to a 0.05 s forward: 2 forwards of drafting
     router.on_step(StepReport((step("slow", 1, 0, budget=1, draft_s=0.1),), 1, 0, 0.05))
-    assert router.measured == [True] and router._draft_cost(0) == pytest.approx(2.0)
+    assert col(router, "measured") == [True] and router.draft_cost(0) == pytest.approx(2.0)
     router.start(["slow"], seed=1, greedy=True)  # the next request
-    assert router.measured == [True] and router._draft_cost(0) == pytest.approx(2.0)
-    assert router.wait == [40]  # 2.0 / 0.05
-    assert router.reach[0][0] == pytest.approx(router.config.prior)  # acceptance starts from the prior again
+    assert col(router, "measured") == [True] and router.draft_cost(0) == pytest.approx(2.0)
+    assert col(router, "wait") == [40]  # 2.0 / 0.05
+    assert col(router, "reach")[0][0] == pytest.approx(router.config.prior)  # acceptance starts from the prior again
     asked = []
     for _ in range(45):
         budgets = router.route(8, 16, [True])
@@ -276,11 +293,11 @@ def test_a_measured_draft_cost_carries_over_to_the_next_request():
     same = AdaptiveRouter(AdaptiveConfig(measure="always", explore=0.0, probe_every=4, cost_slope=0.0,
                                          probe_share=0.05), target)
     same.start(["slow"], seed=2, greedy=True)
-    assert same.measured == [True]  # another instance serving the same lineup (the pool may drop idle routers)
+    assert col(same, "measured") == [True]  # another instance serving the same lineup (the pool may drop idle routers)
     for other in (AdaptiveRouter(AdaptiveConfig(measure="always"), target),  # other router settings
-                  AdaptiveRouter(same.config, types.SimpleNamespace(cost=None))):  # another target
+                  AdaptiveRouter(same.config, a_target())):  # another target
         other.start(["slow"], seed=0, greedy=True)
-        assert other.measured == [False]
+        assert col(other, "measured") == [False]
 
 
 def test_a_proposer_whose_verified_drafts_do_not_pay_is_left_out_but_for_probes():
@@ -297,25 +314,25 @@ def test_a_proposer_whose_verified_drafts_do_not_pay_is_left_out_but_for_probes(
         # when asked, it drafts 2 nodes and they are verified (as a draft kept whole would be), none accepted
         router.on_step(StepReport((step("lookup", 2 if budgets[0] else 0, 0, asked=budgets[0] > 0,
                                         budget=budgets[0]),), 2 if budgets[0] else 0, 0, 0.0))
-    assert asked[:4] == [True] * 4 and router.losing(0)
+    assert asked[:4] == [True] * 4 and ledger.losing(router.stats[0])
     assert 0 < asked[4:].count(True) <= 3  # afterwards only probes, growing rarer (6, 12, 24 steps apart)
     paying = AdaptiveRouter(AdaptiveConfig(measure="never", explore=0.0, cost_slope=1.0, ledger_steps=4))
     paying.start(["lookup"], seed=0, greedy=True)
     for _ in range(10):
         paying.route(8, 16, [True])
         paying.on_step(StepReport((step("lookup", 2, 2, budget=8),), 2, 2, 0.0))  # 2 accepted for 2 forwards added
-    assert not paying.losing(0) and paying.net == [0.0]
+    assert not ledger.losing(paying.stats[0]) and col(paying, "net") == [0.0]
 
 
 def test_prefix_levels_of_a_draft():
     # nodes(D): the shortest prefix (what DraftTree.truncate keeps) holding every node of depth <= D
-    assert _prefix_levels(chain([4, 5, 6]), 12) == ([1, 2, 3],)
-    assert _prefix_levels(chain([4, 5, 6]), 2) == ([1, 2],)  # no deeper than the plan's depth
-    assert _prefix_levels(tree([1, 2, 3, 4, 5], [-1, -1, 0, 1, 2]), 12) == ([2, 4, 5],)  # depths 1 1 2 2 3
+    assert _prefix_levels(chain([4, 5, 6]), 12) == [1, 2, 3]
+    assert _prefix_levels(chain([4, 5, 6]), 2) == [1, 2]  # no deeper than the plan's depth
+    assert _prefix_levels(tree([1, 2, 3, 4, 5], [-1, -1, 0, 1, 2]), 12) == [2, 4, 5]  # depths 1 1 2 2 3
     # a root after a depth-2 node: depth 1 needs 3 nodes, so depth 2 does too
-    assert _prefix_levels(tree([1, 2, 3, 4], [-1, 0, -1, 1]), 12) == ([3, 3, 4],)  # depths 1 2 1 3
-    assert _prefix_levels(tree([1, 2, 3, 4], [-1, 0, -1, 1]), 1) == ([3],)
-    assert _prefix_levels(DraftTree.empty(), 12) == ([],)
+    assert _prefix_levels(tree([1, 2, 3, 4], [-1, 0, -1, 1]), 12) == [3, 3, 4]  # depths 1 2 1 3
+    assert _prefix_levels(tree([1, 2, 3, 4], [-1, 0, -1, 1]), 1) == [3]
+    assert _prefix_levels(DraftTree.empty(), 12) == []
 
 
 def test_router_revise_never_skips_a_free_proposer_still_to_run():
@@ -343,7 +360,7 @@ def test_config_shorthands_and_router_errors(caplog):
         router.start(["ngram", "draft-model"], seed=0, greedy=True)
         router.start(["ngram", "draft-model"], seed=1, greedy=True)
     warned = [r for r in caplog.records if "draft-modle" in r.getMessage()]
-    assert len(warned) == 1 and router.configured_cost == [0.0, 0.0]  # a misspelt label is named once, not used
+    assert len(warned) == 1 and col(router, "configured_cost") == [0.0, 0.0]  # a misspelt label is named once, not used
 
 
 def test_router_counts_a_proposers_feedback_work_in_its_draft_cost():
@@ -353,7 +370,7 @@ def test_router_counts_a_proposers_feedback_work_in_its_draft_cost():
     router.start(["a"], seed=0, greedy=True)
     s = ProposerStep("a", True, 8, 1, 1, (1,), 1, 1, 0.002, False, 0.006)
     router.on_step(StepReport((s,), 1, 1, forward_s=0.010))
-    assert router._draft_cost(0) == pytest.approx(0.8)
+    assert router.draft_cost(0) == pytest.approx(0.8)
 
 
 def test_probe_budget_follows_the_cost_curve():
@@ -381,23 +398,23 @@ def test_a_verification_dearer_than_the_curve_is_charged_to_the_proposer_whose_n
     """Timed: t1 comes from the steps that verify nothing, and what a wide verification costs beyond the curve
     (here a flat one: v(n) = 1) is charged to the nodes' proposers by their share of the nodes. 10 ms one-token
     forwards, 15 ms with 8 nodes (6 of a, 2 of b): 0.5 forwards over the curve, 0.375 of them a's."""
-    target = types.SimpleNamespace(cost=None)
+    target = a_target()
     router = AdaptiveRouter(AdaptiveConfig(measure="always", cost_slope=0.0, decay=0.5, explore=0.0), target)
     router.start(["a", "b"], seed=0, greedy=True)
     router.on_step(StepReport((step("a", 0, 0, asked=False), step("b", 0, 0, asked=False)), 0, 0, 0.010))
-    assert router.t1 == pytest.approx(0.010) and router.t1_plain
+    assert router.clock.t1 == pytest.approx(0.010) and router.clock.t1_plain
     router.on_step(StepReport((step("a", 6, 1, budget=8, draft_s=0.0), step("b", 2, 0, budget=8, draft_s=0.0)), 8, 1,
                               0.015))
-    assert router.t1 == pytest.approx(0.010)  # not raised by the tree step
-    assert router.fwd_cost == pytest.approx([0.375, 0.125])
-    assert router.net == pytest.approx([1 - 0.375, -0.125])  # accepted - forward added - draft cost (0 here)
+    assert router.clock.t1 == pytest.approx(0.010)  # not raised by the tree step
+    assert col(router, "fwd_cost") == pytest.approx([0.375, 0.125])
+    assert col(router, "net") == pytest.approx([1 - 0.375, -0.125])  # accepted - forward added - draft cost (0 here)
     # the next request of this lineup starts from those costs: a's first probe waits 0.375 / 0.02 = 19 steps
     # (b's 0.125 / 0.02 = 7 is below probe_every: 16)
     router.start(["a", "b"], seed=1, greedy=True)
-    assert router.fwd_cost == pytest.approx([0.375, 0.125]) and router.wait == [19, 16]
+    assert col(router, "fwd_cost") == pytest.approx([0.375, 0.125]) and col(router, "wait") == [19, 16]
     # a forward that costs less than the curve says is not a refund: what a proposer adds is never below 0
     router.on_step(StepReport((step("a", 8, 0, budget=8, draft_s=0.0), step("b", 0, 0, asked=False)), 8, 0, 0.008))
-    assert router.fwd_cost[0] == pytest.approx(0.5 * 0.375) and router.net[0] == pytest.approx(0.0)
+    assert col(router, "fwd_cost")[0] == pytest.approx(0.5 * 0.375) and col(router, "net")[0] == pytest.approx(0.0)
 
 
 def test_exploration_leaves_a_proposer_whose_probes_did_not_pay_to_its_probes():
@@ -407,9 +424,9 @@ def test_exploration_leaves_a_proposer_whose_probes_did_not_pay_to_its_probes():
     router.start(["x"], seed=0, greedy=True)
     assert router.route(8, 16, [True]) != [0] and router.forced == {0}  # explored at once
     router.on_step(StepReport((step("x", 1, 0, budget=1),), 1, 0, 0.0))  # rejected: 2 + 0.03 forwards for nothing
-    assert router.wait[0] > router.config.probe_every
+    assert col(router, "wait")[0] > router.config.probe_every
     asked = []
-    for _ in range(router.wait[0]):
+    for _ in range(col(router, "wait")[0]):
         nodes = router.route(8, 16, [True])
         asked.append(nodes[0] > 0)
         router.on_step(StepReport((step("x", 1 if nodes[0] else 0, 0, asked=nodes[0] > 0, budget=nodes[0]),),
@@ -434,39 +451,39 @@ def _request(config, target, seed, accepted, draft_s, steps=30):
 def test_the_ledger_verdict_carries_over_and_needs_less_evidence_in_the_next_request():
     """Timed: a free proposer the last request ended leaving out is judged after ledger_steps_known verified steps of
     the next request (on its own gains: one that pays there stays in); its verdict carries over in turn."""
-    target = types.SimpleNamespace(cost=None)
+    target = a_target()
     # 2 nodes add 0.5 forward each (slope 0.5); 1 ms of drafting is 0.02 forwards: free
     config = AdaptiveConfig(measure="auto", explore=0.0, cost_slope=0.5, ledger_steps=8, ledger_steps_known=4,
                             probe_every=64, probe_share=1.0, keep_tolerance=0.0)
     first, asked = _request(config, target, 0, accepted=0, draft_s=0.001)
-    assert first.judge_after == [8] and asked[:8] == [True] * 8 and not any(asked[8:])  # the prior's optimism
+    assert col(first, "judge_after") == [8] and asked[:8] == [True] * 8 and not any(asked[8:])  # the prior's optimism
     second, asked = _request(config, target, 1, accepted=0, draft_s=0.001)
-    assert second.judge_after == [4] and asked[:4] == [True] * 4 and not any(asked[4:])  # the same verdict, sooner
-    assert second.probation == [False]  # (free: no probation)
+    assert col(second, "judge_after") == [4] and asked[:4] == [True] * 4 and not any(asked[4:])  # the same verdict, sooner
+    assert col(second, "probation") == [False]  # (free: no probation)
     paying, asked = _request(config, target, 2, accepted=2, draft_s=0.001)  # this prompt suits it: it stays in
-    assert paying.judge_after == [4] and all(asked) and not paying.losing(0)
+    assert col(paying, "judge_after") == [4] and all(asked) and not ledger.losing(paying.stats[0])
     after, _ = _request(config, target, 3, accepted=0, draft_s=0.001, steps=1)
-    assert after.judge_after == [8]  # the last request ended with it paying: full evidence again
+    assert col(after, "judge_after") == [8]  # the last request ended with it paying: full evidence again
     _request(config, target, 4, accepted=0, draft_s=0.001)  # (it ends losing again)
     sampled = AdaptiveRouter(config, target)
     sampled.start(["weak"], seed=0, greedy=False)
-    assert sampled.judge_after == [8]  # untimed: nothing carries over (the seed alone fixes a sampled request)
+    assert col(sampled, "judge_after") == [8]  # untimed: nothing carries over (the seed alone fixes a sampled request)
 
 
 def test_a_costly_proposer_the_last_request_left_out_starts_on_probation():
     """Timed: a costly proposer (0.2 forwards of drafting) the last request ended leaving out is asked in the next only
     on probes, the first at the first step, until a probe pays; then it drafts again."""
-    target = types.SimpleNamespace(cost=None)
+    target = a_target()
     config = AdaptiveConfig(measure="auto", explore=0.0, cost_slope=0.0, ledger_steps=8, ledger_steps_known=4,
                             probe_every=8, probe_backoff=2.0, probe_share=1.0)
     _, asked = _request(config, target, 0, accepted=0, draft_s=0.01)
     assert asked[:8] == [True] * 8 and asked.count(True) < 12
     second, asked = _request(config, target, 1, accepted=0, draft_s=0.01)
-    assert second.probation == [True]
+    assert col(second, "probation") == [True]
     assert [i for i, a in enumerate(asked) if a] == [0, 16]  # probes only: the first step, then 2 x 8 steps later
     paying, asked = _request(config, target, 2, accepted=2, draft_s=0.01)
-    assert asked[0] and paying.probation == [False] and all(asked)  # its first probe paid: in from then on
+    assert asked[0] and col(paying, "probation") == [False] and all(asked)  # its first probe paid: in from then on
     off = config.model_copy(update={"probation": False})
     _request(off, target, 0, accepted=0, draft_s=0.01)
     second, asked = _request(off, target, 1, accepted=0, draft_s=0.01)
-    assert second.probation == [False] and asked[:4] == [True] * 4  # without probation: the shorter ledger alone
+    assert col(second, "probation") == [False] and asked[:4] == [True] * 4  # without probation: the shorter ledger alone

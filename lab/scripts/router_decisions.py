@@ -5,6 +5,9 @@ numbers ``revise`` returns, per request and step, so a refactor of the router ca
     python lab/scripts/router_decisions.py --traces TRACE_DIR --config REPLAY.yaml --out decisions.json
     python lab/scripts/router_decisions.py --compare before.json after.json
 
+``--router-file`` records another version of the router in the same engine: a file defining ``AdaptiveRouter``
+(e.g. ``git show 823fae3:plugins/router.py > /tmp/router_before.py``), registered in place of the installed one.
+
 The router reads two clocks live: the target's forward time (a replay models it from the trace's cost curve, so it
 is the same every run) and each proposer's draft seconds (measured). For a replay that decides the same on every run
 the draft seconds the router learns from are replaced, in ``on_step``'s report, by a fixed model: a per-label
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import sys
 import tempfile
@@ -29,9 +33,16 @@ def _draft_s(label: str, proposed: int) -> float:
     return DRAFT_S.get(label.split("#")[0], 2e-3) + 1e-4 * proposed
 
 
-def install(log: list) -> None:
-    """Wrap the adaptive router's start / route / revise / on_step (found through its plugin module) to log."""
-    cls = importlib.import_module("specframe_plugins.router").AdaptiveRouter
+def install(log: list, router_file: str | None = None) -> None:
+    """Wrap the adaptive router's start / route / revise / on_step (found through its plugin module) to log; with
+    ``router_file``, the ``AdaptiveRouter`` of that file registers in place of the installed one."""
+    module = importlib.import_module("specframe_plugins.router.adaptive")
+    if router_file:
+        spec = importlib.util.spec_from_file_location("specframe_plugins._router_under_test", router_file)
+        other = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # (pydantic resolves names there)
+        spec.loader.exec_module(other)
+        module.AdaptiveRouter = other.AdaptiveRouter  # what specframe_register_routers registers
+    cls = module.AdaptiveRouter
     start, route, revise, on_step = cls.start, cls.route, cls.revise, cls.on_step
 
     def w_start(self, proposers, seed, greedy=True):
@@ -56,9 +67,9 @@ def install(log: list) -> None:
     cls.start, cls.route, cls.revise, cls.on_step = w_start, w_route, w_revise, w_on_step
 
 
-def record(traces: str, config: str, out: str) -> None:
+def record(traces: str, config: str, out: str, router_file: str | None = None) -> None:
     log: list = []
-    install(log)
+    install(log, router_file)
     from specframe.cli import app
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,11 +104,12 @@ def main() -> int:
     ap.add_argument("--traces")
     ap.add_argument("--config")
     ap.add_argument("--out")
+    ap.add_argument("--router-file", help="record this file's AdaptiveRouter instead of the installed one")
     ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
     args = ap.parse_args()
     if args.compare:
         return compare(*args.compare)
-    record(args.traces, args.config, args.out)
+    record(args.traces, args.config, args.out, args.router_file)
     return 0
 
 

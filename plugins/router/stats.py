@@ -69,3 +69,8 @@ class ProposerStats:
                 self.width[d] = a * self.width[d] + (1 - a) * n
                 if s.accepted >= d:  # the path reached depth d: depth d + 1 was put to the test
                     self.cont[d] = a * self.cont[d] + (1 - a) * (1.0 if s.accepted > d else 0.0)
+
+
+def column(router, name: str) -> list:
+    """``[stats.<name> for each proposer]`` of a router with ``stats`` (a view for tests and reports)."""
+    return [getattr(st, name) for st in router.stats]

@@ -1,5 +1,5 @@
-"""The ``specframe`` command line: :mod:`.app` (the commands), :mod:`.console` (what every command shares)."""
+"""The ``specframe`` command line: :mod:`.commands` (the commands), :mod:`.console` (what every command shares)."""
 
-from .app import app, main
+from .commands import app, main
 
 __all__ = ["app", "main"]

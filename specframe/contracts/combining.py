@@ -155,10 +155,11 @@ class Router(Protocol):
     def on_step(self, report: StepReport) -> None:
         """Feedback after each step (who drafted what, what was accepted, the forward's time)."""
 
-    # optional: ``on_batch(rows: int, width: int)``, called before ``route`` when the step's forward is shared with
-    # other requests (batched decoding): ``rows`` requests, this one included, the others' rows ``width`` tokens wide
-    # at the last step (the forward pads every row to the widest). A router that plans with costs should charge a
-    # draft what it adds to the whole forward (see the adaptive router's ``verify_cost``).
+    def on_batch(self, rows: int, width: int) -> None:
+        """Called before ``route`` when the step's forward is shared with other requests (batched decoding): ``rows``
+        requests, this one included, the others' rows ``width`` tokens wide at the last step (the forward pads every
+        row to the widest). A router that plans with costs should charge a draft what it adds to the whole forward
+        (see the adaptive router's ``cost.StepCost``). :class:`RouterBase`'s ignores it."""
 
     def revise(self, budget: int, max_nodes: int, available: Sequence[bool],
                drafts: Sequence[DraftTree | None], budgets: Sequence[int]) -> Sequence[int]:
@@ -187,6 +188,9 @@ class RouterBase:
         return [budget if ok else 0 for ok in available]
 
     def on_step(self, report: StepReport) -> None:
+        return None
+
+    def on_batch(self, rows: int, width: int) -> None:
         return None
 
     def revise(self, budget: int, max_nodes: int, available: Sequence[bool],

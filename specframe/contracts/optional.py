@@ -14,7 +14,6 @@ OPTIONAL: dict[str, tuple[str, Any, str]] = {
     "reads_features": ("Proposer class", False, "reads target hidden-state features (which: feature_layers)"),
     "feature_layers": ("Proposer instance", (), "[F] hidden_states indices it reads as features"),
     "reads_target_tokens": ("Proposer", False, "its VerifyOutcome carries the target's argmax at its nodes"),
-    "on_batch": ("Router", None, "on_batch(rows, width): the step's forward is shared by other requests"),
     "forward_features": ("TargetModel", None, "forward_features(...) -> (logits, hidden, features [B, n, F, H])"),
     "new_scorer": ("TargetModel", None, "new_scorer(layers, want_hidden) -> one request's Scorer (own KV state)"),
     "new_batch": ("TargetModel", None, "new_batch(rows) -> a batch for batched decoding, or None"),

@@ -26,7 +26,6 @@ from typing import Any, Sequence
 
 from ..contracts.combining import MergePolicyBase, ProposerStep, StepReport
 from ..contracts import DecodeState, DraftTree, TargetModel, VerifyOutcome
-from ..contracts.optional import optional
 from ..errors import ProposerTimeoutError
 from .isolation import FaultGuard, Guard, UnbuiltProposer
 from .lineup import Lineup
@@ -87,7 +86,6 @@ class Drafting:
         self.off = False  # the target refused a chain draft: no more drafts this request (see restrict)
         self.policy = lineup.merge if len(self.slots) > 1 else None
         self.router = lineup.router  # a lone proposer is routed too: its draft is trimmed to what pays on this machine
-        self.batches = self.router is not None and optional(self.router, "on_batch") is not None
         self.policy_guard, self.router_guard = Guard(self._policy_fault), Guard(self._router_fault)
         # the merged tree's node budget; a lone proposer's draft has none beyond the step's
         self.max_nodes = int(self.policy.max_nodes) if self.policy is not None else 1 << 16
@@ -95,7 +93,7 @@ class Drafting:
 
     def set_batch(self, rows: int, width: int) -> None:
         """The next step's forward is shared by ``rows`` requests, the others' rows ``width`` tokens wide (the router's
-        optional ``on_batch``; :mod:`specframe.decode.batch`)."""
+        ``on_batch``; :mod:`specframe.decode.batch`)."""
         self.batch = (rows, width)
 
     # --- per request ---------------------------------------------------------------------------------------
@@ -120,7 +118,7 @@ class Drafting:
             s.clear()
         if budget < 1 or self.off:
             return MergedDraft.single(_EMPTY, len(self.slots))
-        if self.batch is not None and self.router is not None and self.batches:
+        if self.batch is not None and self.router is not None:
             with self.router_guard.call("on_batch"):
                 self.router.on_batch(*self.batch)
         budgets = self._route(budget)

@@ -4,8 +4,9 @@ would in production; the kit then fails with the logged problem."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -56,9 +57,11 @@ class CallLog:
     def _context(self) -> str:
         return f"request {self.request}, step {self.step}"
 
-    def _call(self, method: str, *args: Any) -> Any:
+    @contextlib.contextmanager
+    def _noting(self, method: str) -> Iterator[None]:
+        """Around one direct call into the wrapped proposer: what it raises is noted as a problem, then re-raised."""
         try:
-            return getattr(self.inner, method)(*args)
+            yield
         except Exception as exc:
             self.problems.append(f"{method} raised {describe_exc(exc)} ({self._context()})")
             raise
@@ -66,11 +69,13 @@ class CallLog:
     def start(self, state: DecodeState) -> None:
         self.request, self.step = self.request + 1, 0
         self.calls.append(Call("start", self.request, tuple(state.tokens[0].tolist())))
-        self._call("start", state)
+        with self._noting("start"):
+            self.inner.start(state)
 
     def propose(self, state: DecodeState, budget: int) -> DraftTree:
         before = state.tokens.clone()
-        draft = self._call("propose", state, budget)
+        with self._noting("propose"):
+            draft = self.inner.propose(state, budget)
         if not torch.equal(before, state.tokens):
             self.problems.append(
                 f"propose modified state.tokens in place ({self._context()}); the committed tokens are the "
@@ -85,7 +90,8 @@ class CallLog:
     def on_verified(self, outcome: VerifyOutcome) -> None:
         self.calls.append(Call("on_verified", self.request, draft=outcome.draft, outcome=outcome))
         try:
-            self._call("on_verified", outcome)
+            with self._noting("on_verified"):
+                self.inner.on_verified(outcome)
         finally:
             self.step += 1
 

@@ -9,7 +9,6 @@ knowledge distillation, Kim & Rush 2016). Seeded, resumable from ``ckpt.pt``; wr
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable

@@ -18,7 +18,6 @@ on a GPU whenever there is one (``specframe train eagle --device cuda``). Seeded
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional

@@ -252,7 +252,7 @@ def model_card(r: dict, loss_plot: str = "loss.png", logs_in: str | None = None)
     what = _what(kind, r)
     lines = [
         f"# specframe {proposer} weights for {r['target']}", "", what, "",
-        (f"Use: `{{name: eagle, checkpoint: DIR}}` in a config (DIR: this folder), or `vllm serve` / vLLM's "
+        ("Use: `{name: eagle, checkpoint: DIR}` in a config (DIR: this folder), or `vllm serve` / vLLM's "
          "`method: eagle3` with this folder (docs/drafters.md)." if s.get("arch") == "eagle3" else
          f"Use: `specframe generate --proposer {proposer} ...` (these weights are the default for this target)."), "",
         "## Data", "",

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from ...contracts import DraftTree
 from ...contracts.scoring import Scored
 from ...errors import ConfigError
-from .binding import LlamaContext
+from .binding import N_BATCH, LlamaContext
 
 __all__ = ["LlamaCppBatch"]
 
@@ -83,8 +82,6 @@ class LlamaCppBatch:
     """
 
     def __init__(self, target: Any, rows: int) -> None:
-        from .target import N_BATCH
-
         self.target, self.rows = target, int(rows)
         try:
             self.ctx = LlamaContext(target.llama, target.n_ctx * self.rows, max(N_BATCH, 8 * self.rows), target.threads,

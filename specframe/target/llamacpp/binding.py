@@ -21,6 +21,8 @@ import torch
 
 from ...errors import ConfigError
 
+N_BATCH = 512  # tokens per llama_decode: prefill chunks; a draft is verified in one
+
 MIN_VERSION = (0, 3, 36)  # the low-level API used here (llama_memory_*, flash_attn_type, use_extra_bufts)
 # The build specframe installs (scripts/install_llamacpp.sh): portable AVX2 code, and neither of the two kernel
 # families whose results depend on the batch size (docs/llamacpp.md, "Exactness").

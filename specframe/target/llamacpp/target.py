@@ -26,11 +26,10 @@ from ...contracts import DraftTree, TargetInfo
 from ...errors import ConfigError
 from ...contracts.scoring import Scored
 from ..hf import TextSide
-from .binding import BuildInfo, LlamaContext, LlamaModel, build_info
+from .binding import N_BATCH, BuildInfo, LlamaContext, LlamaModel, build_info
 
 ENGINE = "llama.cpp"
 DEFAULT_N_CTX = 8192  # KV cells per request at most (the model's training context when smaller)
-N_BATCH = 512  # tokens per llama_decode: prefill chunks; a draft is verified in one
 MAX_TREE_SEQS = 16  # leaves of a verified token tree (sequence ids per context) when trees are on
 
 
