@@ -1,5 +1,5 @@
 """``python -m specframe.cli``: the same command line as ``specframe``."""
 
-from .app import main
+from .commands import main
 
 main()
