@@ -3,7 +3,7 @@ completions and chat, streamed and not, per strategy, against the same questions
 that ``specframe generate`` runs) in this process first.
 
     python scripts/check_serve_exactness.py --dtype float32 --limit 12 --max-new-tokens 64 \
-        --proposer none --proposer ngram --proposer ngram+medusa --output docs/results/serve-exactness
+        --proposer none --proposer ngram --proposer ngram+medusa --output lab/results/serve-exactness
 
 Greedy. Requests go to the server from ``--clients`` threads at once (so they share the batch). A request matches
 when its text equals the offline answer's text and its ``usage.completion_tokens`` the offline token count; a stream

@@ -2,7 +2,7 @@
 # Build the wheel from this repository, install it into a fresh venv (torch pinned, as scripts/setup.sh does) and
 # run the CLI from outside the source tree: --version, --help, plugins, a short generate and a tiny bench.
 # A fresh SPECFRAME_CACHE is used, so nothing an earlier run left behind (a converted model, an exported
-# draft) is needed. The wheel must carry the shipped weights, configs and model cards but nothing of data/ (no
+# draft) is needed. The wheel must carry the shipped weights, configs and model cards but nothing of lab/data/ (no
 # training corpus, loss log or plot). Usage: bash scripts/check_wheel.sh   (builds with the repository's .venv
 # where there is one, else python3; PYTHON=python3.11 to choose the interpreter)
 set -euo pipefail
@@ -22,7 +22,7 @@ import sys
 import zipfile
 
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-bad = [n for n in names if n.startswith("data/") or "/corpus/" in n or "/corpus-long/" in n
+bad = [n for n in names if n.startswith(("data/", "lab/")) or "/corpus/" in n or "/corpus-long/" in n
        or n.endswith((".jsonl", ".jsonl.gz", ".png"))]
 assert not bad, f"training data in the wheel: {bad[:10]}"
 weights = [n for n in names if n.startswith("specframe_plugins/weights/") and n.count("/") == 4]

@@ -8,7 +8,7 @@
 #
 #   bash scripts/install_llamacpp.sh                 # into .venv (made by scripts/setup.sh)
 #   PYTHON=/path/to/python bash scripts/install_llamacpp.sh
-#   LLAMACPP_CMAKE_ARGS="..." bash scripts/install_llamacpp.sh   # other flags (then check them: scripts/llamacpp_rows.py)
+#   LLAMACPP_CMAKE_ARGS="..." bash scripts/install_llamacpp.sh   # other flags (then check them: lab/scripts/llamacpp_rows.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

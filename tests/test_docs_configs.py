@@ -1,4 +1,5 @@
-"""Every committed config runs as written on a fresh clone: each ``docs/*.yaml`` and each YAML block in the README and
+"""Every committed config runs as written on a fresh clone: each ``docs/*.yaml``, each run config in ``lab/configs/``
+and each YAML block in the README and
 ``docs/*.md`` validates against the installed plugins, and every model it names (the target, an ``hf-assisted``
 assistant) is a built-in name or a path that a fresh clone has — checked from an empty working directory, so a
 folder left by an earlier manual step (``runs/...``) does not count. Nothing is loaded: only the installed-package
@@ -19,7 +20,10 @@ from specframe.registry import build_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
-YAML_FILES = sorted((ROOT / "docs").glob("*.yaml"))
+# the run records' READMEs quote the commands that made them: the configs they name must exist too
+RECORDS = sorted((ROOT / "lab").glob("**/README.md"))
+EXAMPLES = sorted((ROOT / "docs").glob("*.yaml"))
+YAML_FILES = EXAMPLES + sorted((ROOT / "lab" / "configs").glob("*.yaml"))
 
 
 def _snippets() -> list[tuple[str, str]]:
@@ -84,8 +88,9 @@ def _check(path: Path, registry) -> None:
 
 
 def test_the_docs_have_configs():
-    assert len(YAML_FILES) >= 8 and len(SNIPPETS) >= 5
+    assert len(EXAMPLES) >= 5 and len(SNIPPETS) >= 5
     assert any(p.name == "bench.combined.dev.yaml" for p in YAML_FILES)
+    assert any(p.name == "bench.example.yaml" for p in EXAMPLES)
 
 
 @pytest.mark.parametrize("path", YAML_FILES, ids=lambda p: p.name)
@@ -102,7 +107,7 @@ def test_every_yaml_block_in_the_docs_validates(where, text, fresh_clone, tmp_pa
 
 def test_every_config_the_docs_point_to_exists():
     named = set()
-    for doc in DOCS + YAML_FILES:
-        named |= set(re.findall(r"--config\s+(docs/[\w.\-/]+\.ya?ml)", doc.read_text()))
-    assert named, "no --config docs/... found"
+    for doc in DOCS + RECORDS + YAML_FILES:
+        named |= set(re.findall(r"--config\s+((?:docs|lab)/[\w.\-/]+\.ya?ml)", doc.read_text()))
+    assert any(n.startswith("docs/") for n in named) and any(n.startswith("lab/") for n in named), named
     assert not [n for n in named if not (ROOT / n).is_file()]

@@ -1,6 +1,6 @@
 """The wheel built from the repository: every package ships (found, not listed by hand), ``plugins/`` ships as
 ``specframe_plugins`` with the shipped weights, and nothing else lands at the top level (no ``plugins``,
-``contrib`` or ``tests`` package, no ``data/``: no training corpus, loss log or plot). Built offline from a copy of
+``contrib`` or ``tests`` package, no ``lab/``: no training corpus, loss log or plot). Built offline from a copy of
 the tree, with this venv's setuptools (``--no-build-isolation``), so nothing is downloaded and the source tree is not
 written to."""
 
@@ -71,24 +71,24 @@ def test_shipped_weights_ship_and_training_data_does_not(wheel):
     assert {n.rsplit(".", 1)[-1] for n in shipped} <= {"json", "safetensors", "md"}, shipped  # weights, configs, cards
     weights = [n for n in names if n.startswith("specframe_plugins/weights/")]
     assert not [n for n in weights if n.endswith((".jsonl", ".png", ".gz")) or "/corpus" in n]  # no log, plot, corpus
-    assert not [n for n in names if n.startswith("data/") or n.endswith(".jsonl.gz")]  # nothing of data/ anywhere
+    assert not [n for n in names if n.startswith(("data/", "lab/")) or n.endswith(".jsonl.gz")]  # nothing of lab/ anywhere
 
 
-def test_training_data_lives_in_data_and_the_model_cards_link_it():
-    """``data/<target>/``: the corpora (``corpus/``, ``corpus-long/``) and each shipped proposer's loss log and plot
-    (``training/<proposer>/``); the model card beside the weights links the plot there (data/README.md)."""
+def test_training_data_lives_in_lab_data_and_the_model_cards_link_it():
+    """``lab/data/<target>/``: the corpora (``corpus/``, ``corpus-long/``) and each shipped proposer's loss log and plot
+    (``training/<proposer>/``); the model card beside the weights links the plot there (lab/data/README.md)."""
     folders = [p for p in (ROOT / "plugins" / "weights").glob("*/*") if p.is_dir()]
     assert folders and not [p for p in folders if p.name.startswith("corpus")]
     for folder in folders:
         target, proposer = folder.parent.name, folder.name
-        logs = ROOT / "data" / target / "training" / proposer
+        logs = ROOT / "lab" / "data" / target / "training" / proposer
         assert (logs / "train-log.jsonl").is_file() and (logs / "loss.png").is_file(), logs
         card = (folder / "README.md").read_text(encoding="utf-8")
-        link = f"../../../../data/{target}/training/{proposer}/loss.png"
+        link = f"../../../../lab/data/{target}/training/{proposer}/loss.png"
         assert f"![loss curve]({link})" in card and (folder / link).resolve() == (logs / "loss.png").resolve()
     for target in {p.parent.name for p in folders}:
-        assert (ROOT / "data" / target / "corpus" / "corpus.json").is_file()
-    assert (ROOT / "data" / "README.md").is_file()
+        assert (ROOT / "lab" / "data" / target / "corpus" / "corpus.json").is_file()
+    assert (ROOT / "lab" / "data" / "README.md").is_file()
 
 
 def test_entry_points_name_modules_that_ship(wheel):

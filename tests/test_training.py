@@ -290,7 +290,7 @@ def test_a_finished_corpus_needs_no_source_package(tiny, tmp_path, monkeypatch):
 def test_the_committed_corpora_are_marked_finished():
     from specframe.training.corpus import finished_shards
 
-    root = Path(__file__).resolve().parents[1] / "data" / "smollm2-135m-instruct"
+    root = Path(__file__).resolve().parents[1] / "lab" / "data" / "smollm2-135m-instruct"
     assert finished_shards(root / "corpus") == (375, 53)
     assert finished_shards(root / "corpus-long") == (8, 0)
 
@@ -567,20 +567,20 @@ def test_run_recipe_max_records_and_no_teacher_for_medusa(kind, tiny_free, tmp_p
     assert not list(corpus.glob("teacher-*"))
 
 
-def test_run_recipe_into_a_shipped_weights_folder_keeps_its_log_in_data(tiny_free, tmp_path_factory, tmp_path,
+def test_run_recipe_into_a_shipped_weights_folder_keeps_its_log_in_lab_data(tiny_free, tmp_path_factory, tmp_path,
                                                                         monkeypatch):
     """Training straight into ``plugins/weights/<target>/<proposer>`` (of a stand-in checkout) leaves there the
-    weights, configs, recipe.json and model card only: the loss log and plot go to ``data/<target>/training/
+    weights, configs, recipe.json and model card only: the loss log and plot go to ``lab/data/<target>/training/
     <proposer>/``, and the card links the plot there."""
     import specframe_plugins.weights
 
     from specframe.training.data import log_folder
 
     monkeypatch.setattr(specframe_plugins.weights, "ROOT", tmp_path / "plugins" / "weights")
-    monkeypatch.setattr("specframe.training.data.DATA", tmp_path / "data")
-    (tmp_path / "data").mkdir()
+    monkeypatch.setattr("specframe.training.data.DATA", tmp_path / "lab" / "data")
+    (tmp_path / "lab" / "data").mkdir(parents=True)
     out = tmp_path / "plugins" / "weights" / "tiny" / "medusa"
-    logs = tmp_path / "data" / "tiny" / "training" / "medusa"
+    logs = tmp_path / "lab" / "data" / "tiny" / "training" / "medusa"
     assert log_folder(out) == logs and log_folder(tmp_path / "runs" / "medusa") == tmp_path / "runs" / "medusa"
     corpus = tmp_path_factory.getbasetemp() / "recipe-corpus"  # the corpus of test_run_recipe_end_to_end
     cs = replace(CS, num_prompts=16, batch_size=8)
@@ -589,16 +589,16 @@ def test_run_recipe_into_a_shipped_weights_folder_keeps_its_log_in_data(tiny_fre
     assert {p.name for p in out.iterdir()} == {"medusa.safetensors", "medusa.json", "recipe.json", "README.md"}
     assert {p.name for p in logs.iterdir()} == {"train-log.jsonl", "loss.png"}
     card = (out / "README.md").read_text()
-    assert "![loss curve](../../../../data/tiny/training/medusa/loss.png)" in card
-    assert "not in the wheel: `data/tiny/training/medusa/`" in card
+    assert "![loss curve](../../../../lab/data/tiny/training/medusa/loss.png)" in card
+    assert "not in the wheel: `lab/data/tiny/training/medusa/`" in card
 
 
 def test_the_committed_corpus_is_the_default_of_a_checkout():
-    """``specframe train`` without --corpus: the corpus committed in ``data/<target>/corpus`` (none for others)."""
+    """``specframe train`` without --corpus: the corpus committed in ``lab/data/<target>/corpus`` (none for others)."""
     from specframe.training.data import shipped_corpus
 
     folder = shipped_corpus("smollm2-135m-instruct")
-    assert folder == Path(__file__).resolve().parents[1] / "data" / "smollm2-135m-instruct" / "corpus"
+    assert folder == Path(__file__).resolve().parents[1] / "lab" / "data" / "smollm2-135m-instruct" / "corpus"
     assert json.loads((folder / "corpus.json").read_text())["settings"]["model"] == "smollm2-135m-instruct"
     assert shipped_corpus("no-such-target") is None
 

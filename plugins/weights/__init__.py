@@ -1,7 +1,7 @@
 """Weights shipped with the built-in learned proposers: ``<target name>/<proposer>/`` (see each model card).
 
 A folder holds the weights, their configs, ``recipe.json`` and the model card (``README.md``) only: the corpora they
-were trained on and their loss logs and plots stay in the repository's ``data/<target name>/`` (data/README.md), out
+were trained on and their loss logs and plots stay in the repository's ``lab/data/<target name>/`` (lab/data/README.md), out
 of the wheel."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ _MODEL = typer.Option("smollm2-135m-instruct", "--model", help="Target: built-in
 _OUTPUT = typer.Option(..., "--output", help="Folder for the weights, model card, loss log (resumes if present).")
 _CORPUS = typer.Option(
     None, "--corpus", help="Corpus folder (shared by recipes; default: the corpus committed for the target in the "
-    "repository's data/<target>/corpus, else OUTPUT/corpus). An existing corpus is used with the settings it was "
+    "repository's lab/data/<target>/corpus, else OUTPUT/corpus). An existing corpus is used with the settings it was "
     "built with.")
 _PROMPTS = typer.Option(1152, "--prompts", help="Training prompts to answer with the target.")
 _NEW = typer.Option(160, "--max-new-tokens", help="Longest target answer per prompt.")
@@ -92,7 +92,7 @@ def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: i
     with err.status(f"loading {model} ...", spinner="dots"):
         target = load_target(model, dtype=dtype, device=device, log=lambda s: err.print(s, markup=False),
                              threads=_train_threads())
-    if corpus is None:  # the corpus committed for this target (a checkout's data/), else a new one in the output
+    if corpus is None:  # the corpus committed for this target (a checkout's lab/data/), else a new one in the output
         from .data import shipped_corpus
 
         corpus = shipped_corpus(source.name) or output / "corpus"

@@ -1,7 +1,7 @@
 """What the trainers (draft, EAGLE, Medusa) share: the frequent-token subset, batching (resumable), a cosine
 schedule, resumable checkpoints, the loss log (``train-log.jsonl``, one ``{"step", "loss", "acc"}`` record per step;
 plotted into ``loss.png``; both in the output folder, or for a shipped weights folder in the repository's
-``data/<target>/training/<proposer>/``: :func:`~specframe.training.data.log_folder`) and :class:`TrainingRun`, the
+``lab/data/<target>/training/<proposer>/``: :func:`~specframe.training.data.log_folder`) and :class:`TrainingRun`, the
 bookkeeping of one training loop."""
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: P
         "machine": _machine(target),
     }
     (output / "recipe.json").write_text(json.dumps(record, indent=1) + "\n")
-    logs = log_folder(output)  # beside the weights, or for a shipped weights folder in the repository's data/
+    logs = log_folder(output)  # beside the weights, or for a shipped weights folder in the repository's lab/data/
     plot = Path(os.path.relpath(logs / "loss.png", output)).as_posix()
     (output / "README.md").write_text(model_card(record, plot, None if logs == output else repo_path(logs)))
     (output / "ckpt.pt").unlink(missing_ok=True)  # done: the optimizer state is not shipped
@@ -288,7 +288,7 @@ def model_card(r: dict, loss_plot: str = "loss.png", logs_in: str | None = None)
         "| proposer | τ | tok/s |", "|---|---|---|",
         f"| {proposer} | {ev[proposer]['tau']:.2f} | {ev[proposer]['tok_s']:.1f} |",
         f"| none | {ev['none']['tau']:.2f} | {ev['none']['tok_s']:.1f} |", "",
-        f"Speed-up on this machine: {ev['speedup']:.2f}x. Spec-Bench figures: docs/results/.", "",
+        f"Speed-up on this machine: {ev['speedup']:.2f}x. Spec-Bench figures: lab/results/.", "",
         "Reproduce: `specframe train " + kind + reproduce_flags(kind, s)
         + "".join(f" --extra-corpus {e['path']}" for e in c.get("extra", [])) + " --output DIR` (see docs/training.md).",
         "",
