@@ -304,7 +304,7 @@ def test_read_corpus_needs_corpus_json(tmp_path):
 # --- draft ------------------------------------------------------------------------------------------------------
 
 # 24 records, batch 1, 3 epochs: 72 steps, a checkpoint at step 50 and at the end
-DS = DraftSettings(layers=[0], vocab_subset=30, epochs=3, batch_size=1, lr=3e-3, warmup=5, seed=0)
+DS = DraftSettings(layers=[0], vocab_subset=30, epochs=3, batch_size=1, lr=3e-3, warmup=5, seed=0, soft_labels=False)
 
 
 @pytest.fixture(scope="module")
@@ -522,7 +522,7 @@ def test_run_recipe_end_to_end(kind, tiny_free, tmp_path_factory):
     tiny = tiny_free  # no EOS: the held-out evaluation runs the full 96 tokens per prompt
     corpus = tmp_path_factory.getbasetemp() / "recipe-corpus"  # shared by both recipes: built once
     cs = replace(CS, num_prompts=16, batch_size=8)
-    settings = {"draft": DraftSettings(layers=[0], vocab_subset=32, epochs=1, batch_size=8),
+    settings = {"draft": DraftSettings(layers=[0], vocab_subset=32, epochs=1, batch_size=8, soft_labels=False),
                 "medusa": MedusaSettings(num_heads=2, epochs=1, batch_positions=16),
                 "eagle": EagleSettings(vocab_subset=32, epochs=1, batch_size=8, autocast=False)}[kind]
     out = tmp_path_factory.mktemp(kind)
@@ -557,7 +557,7 @@ def test_run_recipe_max_records_and_no_teacher_for_medusa(kind, tiny_free, tmp_p
     corpus = tmp_path_factory.getbasetemp() / "recipe-corpus"  # the corpus of test_run_recipe_end_to_end
     cs = replace(CS, num_prompts=16, batch_size=8)
     settings = {"medusa": MedusaSettings(num_heads=2, epochs=1, batch_positions=16, max_records=10),
-                "draft": DraftSettings(layers=[0], vocab_subset=32, epochs=1, batch_size=8, max_records=10)}[kind]
+                "draft": DraftSettings(layers=[0], vocab_subset=32, epochs=1, batch_size=8, max_records=10, soft_labels=False)}[kind]
     out = tmp_path_factory.mktemp(f"{kind}-sub")
     record = run_recipe(kind, tiny_free, "tiny", out, corpus, cs, settings, lambda *a: None, eval_prompts=1)
     first10 = list(read_corpus(corpus))[:10]
@@ -784,3 +784,33 @@ def test_progress_lines_on_a_non_terminal_stderr(monkeypatch):
     printed.clear()
     console.ProgressLines()("x", 1, 1)
     assert printed == []  # a terminal: the bar shows it
+
+
+# --- one settings model per recipe feeds its command line -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind, settings", [
+    ("draft", DraftSettings(layers=[0, 2], vocab_subset=4096, epochs=1, lr=0.002, soft_labels=False, max_records=13,
+                            seed=7)),
+    ("draft", DraftSettings()),
+    ("medusa", MedusaSettings(num_heads=3, epochs=1, batch_positions=64, lr=0.004, max_records=9, seed=3)),
+    ("eagle", EagleSettings(vocab_subset=2048, epochs=2, batch_size=4, max_len=256, lr=1e-3, ttt_steps=2,
+                            feature_layers=(1, 3), max_records=20, skip_records=5, arch="eagle3", seed=1)),
+    ("eagle", EagleSettings()),
+])
+def test_the_reproduce_flags_give_back_the_settings(kind, settings, tmp_path, monkeypatch):
+    """`specframe train KIND` + the model card's reproduce flags of ``settings`` builds exactly ``settings``, and with
+    no flags the command's settings are the dataclass defaults (one place for each default)."""
+    from dataclasses import asdict
+
+    from specframe.training import command
+    from specframe.training.recipe import reproduce_flags
+
+    got = []
+    monkeypatch.setattr(command, "_run", lambda kind, *a: got.append(a[8]))
+    flags = reproduce_flags(kind, asdict(settings)).split()
+    res = runner.invoke(cli.app, ["train", kind, "--output", str(tmp_path / "o"), *flags])
+    assert res.exit_code == 0, res.output
+    assert got == [settings], (flags, got)
+    res = runner.invoke(cli.app, ["train", kind, "--output", str(tmp_path / "o")])
+    assert res.exit_code == 0 and got[-1] == type(settings)(), res.output

@@ -1,4 +1,5 @@
-"""``specframe train draft|medusa``: the training recipes as commands (seeded, resumable, with progress bars)."""
+"""``specframe train corpus|draft|eagle|medusa``: the training recipes as commands (seeded, resumable, with progress
+bars); each recipe's own options come from its settings dataclass (:mod:`specframe.training.options`)."""
 
 from __future__ import annotations
 
@@ -54,14 +55,6 @@ def _corpus_settings(corpus: Path, model: str, prompts: int, max_new_tokens: int
         raise ConfigError(f"the corpus in {corpus} holds answers of {cs.model!r}, not of {model!r}: build one for this "
                           "target with `specframe train corpus --model ...`")
     return cs
-
-
-def _ints(text: str, flag: str) -> list[int]:
-    """Comma-separated integers of ``flag``; ConfigError naming the flag otherwise."""
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"{flag} must be comma-separated integers, got {text!r}") from None
 
 
 def _train_threads() -> int:
@@ -199,97 +192,57 @@ def corpus(
                   f"response tokens, {st['bytes'] / 2**20:.1f} MiB ({(time.perf_counter() - t0) / 60:.1f} min this run)")
 
 
-@train_app.command("draft")
-def draft(
-    model: str = _MODEL, output: Path = _OUTPUT, corpus: Optional[Path] = _CORPUS, prompts: int = _PROMPTS,
-    max_new_tokens: int = _NEW, seed: int = _SEED, dtype: str = _DTYPE, eval_prompts: int = _EVAL, mix: str = _MIX,
-    layers: str = typer.Option("0,1", "--layers", help="Target layers the draft starts from (comma-separated)."),
-    vocab_subset: int = typer.Option(8192, "--vocab-subset", help="Output head size: most frequent tokens kept."),
-    epochs: int = typer.Option(6, "--epochs", help="Passes over the corpus."),
-    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate (AdamW, cosine)."),
-    hard_labels: bool = typer.Option(
-        False, "--hard-labels", help="Train on the greedy answers only (no teacher pass; weaker, faster)."
-    ),
-    max_records: int = _MAX_RECORDS, device: str = _DEVICE, max_minutes: float = _MINUTES,
-    extra_corpus: Optional[list[Path]] = _EXTRA,
-) -> None:
-    """Distil a small draft model (a few of the target's layers, its embeddings and tokenizer) from the target."""
+def _recipe_command(kind: str, settings_cls: type, doc: str, check=None) -> None:
+    """Register ``specframe train KIND``: the options every recipe shares, then the recipe's own, made from the
+    ``cli`` fields of ``settings_cls`` (:mod:`specframe.training.options`: one place for a setting's flag, default,
+    bounds and help). ``check(settings)`` refuses what the bounds cannot say (ConfigError)."""
+    import inspect
+
+    from .options import parameters, settings_from_options
+
+    shared = {"model": (str, _MODEL), "output": (Path, _OUTPUT), "corpus": (Optional[Path], _CORPUS),
+              "prompts": (int, _PROMPTS), "max_new_tokens": (int, _NEW), "seed": (int, _SEED), "dtype": (str, _DTYPE),
+              "eval_prompts": (int, _EVAL), "mix": (str, _MIX), "device": (str, _DEVICE),
+              "max_minutes": (float, _MINUTES), "extra_corpus": (Optional[list[Path]], _EXTRA)}
+
+    def command(**given) -> None:
+        with one_error_line():
+            s = settings_from_options(settings_cls, given, seed=given["seed"])
+            if check is not None:
+                check(s)
+            _run(kind, given["model"], given["output"], given["corpus"], given["prompts"], given["max_new_tokens"],
+                 given["seed"], given["dtype"], given["eval_prompts"], s, given["mix"], given["device"],
+                 given["max_minutes"], given["extra_corpus"])
+
+    command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=a, default=d) for n, (a, d) in shared.items()]
+        + parameters(settings_cls))
+    command.__doc__ = doc
+    command.__name__ = kind
+    train_app.command(kind)(command)
+
+
+def _check_eagle(s) -> None:
+    """An ``--init`` folder must hold a drafter of the ``--arch`` asked for."""
+    marker = "eagle.json" if s.arch == "specframe" else "config.json"
+    if s.init and not (Path(s.init) / marker).is_file():
+        raise ConfigError(f"--init {s.init} is not an {'EAGLE' if s.arch == 'specframe' else 'EAGLE-3'} drafter folder "
+                          f"(no {marker}): give one that `specframe train eagle --arch {s.arch}` wrote"
+                          + (", e.g. plugins/weights/smollm2-135m-instruct/eagle" if s.arch == "specframe" else ""))
+
+
+def _register() -> None:
     from .draft import DraftSettings
-
-    with one_error_line():
-        ids = _ints(layers, "--layers")
-        if epochs < 1 or vocab_subset < 16 or not lr > 0 or max_records < 0:
-            raise ConfigError("--epochs must be >= 1, --vocab-subset >= 16, --lr > 0 and --max-records >= 0")
-        s = DraftSettings(layers=ids, vocab_subset=vocab_subset, epochs=epochs, lr=lr, seed=seed, soft_labels=not hard_labels,
-                          max_records=max_records)
-        _run("draft", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix, device,
-             max_minutes, extra_corpus)
-
-
-@train_app.command("eagle")
-def eagle(
-    model: str = _MODEL, output: Path = _OUTPUT, corpus: Optional[Path] = _CORPUS, prompts: int = _PROMPTS,
-    max_new_tokens: int = _NEW, seed: int = _SEED, dtype: str = _DTYPE, eval_prompts: int = _EVAL, mix: str = _MIX,
-    epochs: int = typer.Option(1, "--epochs", help="Passes over the corpus."),
-    lr: float = typer.Option(5e-4, "--lr", help="Peak learning rate (AdamW, cosine)."),
-    batch_size: int = typer.Option(8, "--batch-size", help="Sequences per step."),
-    max_len: int = typer.Option(384, "--max-len", help="Longest training sequence (cut from the left)."),
-    ttt_steps: int = typer.Option(3, "--ttt-steps", help="Training-time test: drafter passes unrolled per step."),
-    vocab_subset: int = typer.Option(8192, "--vocab-subset", help="Output head size: most frequent tokens kept."),
-    feature_layers: str = typer.Option("", "--feature-layers", help="Target hidden_states indices to fuse "
-                                       "(comma-separated; default: a low, a middle and a high layer)."),
-    max_records: int = _MAX_RECORDS, device: str = _DEVICE, max_minutes: float = _MINUTES,
-    extra_corpus: Optional[list[Path]] = _EXTRA,
-    skip_records: int = typer.Option(0, "--skip-records", help="Leave out the first N of the corpus records (after "
-                                     "--max-records), e.g. the ones an --init drafter trained on."),
-    init: Optional[Path] = typer.Option(None, "--init", help="Warm start: go on training this EAGLE drafter folder "
-                                        "(its weights, head rows and feature layers), e.g. the shipped one."),
-    arch: str = typer.Option("specframe", "--arch", help="specframe: specframe's own drafter (eagle.json); eagle3: "
-                             "the published EAGLE-3 architecture, written in the speculators layout that vLLM loads "
-                             "(docs/drafters.md)."),
-) -> None:
-    """Train an EAGLE-style drafter on the target's own features and greedy answers (training-time test)."""
     from .eagle import EagleSettings
-
-    with one_error_line():
-        layers = tuple(_ints(feature_layers, "--feature-layers")) or None
-        if epochs < 1 or vocab_subset < 16 or not lr > 0 or batch_size < 1 or max_len < 8 or ttt_steps < 1:
-            raise ConfigError("--epochs, --batch-size and --ttt-steps must be >= 1, --max-len >= 8, --vocab-subset >= 16 "
-                              "and --lr > 0")
-        if max_records < 0 or skip_records < 0:
-            raise ConfigError(f"--max-records and --skip-records must be >= 0, got {max_records} and {skip_records}")
-        if arch not in ("specframe", "eagle3"):
-            raise ConfigError(f"--arch {arch!r}: choose specframe or eagle3")
-        marker = "eagle.json" if arch == "specframe" else "config.json"
-        if init is not None and not (init / marker).is_file():
-            raise ConfigError(f"--init {init} is not an {'EAGLE' if arch == 'specframe' else 'EAGLE-3'} drafter folder "
-                              f"(no {marker}): give one that `specframe train eagle --arch {arch}` wrote"
-                              + (", e.g. plugins/weights/smollm2-135m-instruct/eagle" if arch == "specframe" else ""))
-        s = EagleSettings(vocab_subset=vocab_subset, epochs=epochs, batch_size=batch_size, max_len=max_len, lr=lr,
-                          ttt_steps=ttt_steps, feature_layers=layers, max_records=max_records, seed=seed,
-                          skip_records=skip_records, init=str(init) if init is not None else "", arch=arch)
-        _run("eagle", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix, device,
-             max_minutes, extra_corpus)
-
-
-@train_app.command("medusa")
-def medusa(
-    model: str = _MODEL, output: Path = _OUTPUT, corpus: Optional[Path] = _CORPUS, prompts: int = _PROMPTS,
-    max_new_tokens: int = _NEW, seed: int = _SEED, dtype: str = _DTYPE, eval_prompts: int = _EVAL, mix: str = _MIX,
-    heads: int = typer.Option(4, "--heads", help="Number of Medusa heads."),
-    epochs: int = typer.Option(3, "--epochs", help="Passes over the corpus positions."),
-    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate (AdamW, cosine)."),
-    batch_positions: int = typer.Option(256, "--batch-positions", help="Corpus positions per step."),
-    max_records: int = _MAX_RECORDS, device: str = _DEVICE, max_minutes: float = _MINUTES,
-    extra_corpus: Optional[list[Path]] = _EXTRA,
-) -> None:
-    """Train Medusa-1 heads on the target's own answers (self-distillation)."""
     from .medusa import MedusaSettings
 
-    with one_error_line():
-        if heads < 1 or epochs < 1 or not lr > 0 or batch_positions < 1 or max_records < 0:
-            raise ConfigError("--heads, --epochs and --batch-positions must be >= 1, --lr > 0 and --max-records >= 0")
-        s = MedusaSettings(num_heads=heads, epochs=epochs, lr=lr, seed=seed, batch_positions=batch_positions,
-                           max_records=max_records)
-        _run("medusa", model, output, corpus, prompts, max_new_tokens, seed, dtype, eval_prompts, s, mix, device,
-             max_minutes, extra_corpus)
+    _recipe_command("draft", DraftSettings,
+                    "Distil a small draft model (a few of the target's layers, its embeddings and tokenizer) from the "
+                    "target.")
+    _recipe_command("eagle", EagleSettings,
+                    "Train an EAGLE-style drafter on the target's own features and greedy answers (training-time "
+                    "test).", _check_eagle)
+    _recipe_command("medusa", MedusaSettings, "Train Medusa-1 heads on the target's own answers (self-distillation).")
+
+
+_register()

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..learned.small_draft import build_from_target
+from .options import cli
 from .common import (
     TrainingRun,
     cosine_lr,
@@ -32,16 +33,23 @@ from .common import (
 
 @dataclass(frozen=True)
 class DraftSettings:
-    layers: list[int] = field(default_factory=lambda: [0, 1])  # target layers the draft starts from
-    vocab_subset: int = 8192
-    epochs: int = 2
+    """The ``specframe train draft`` recipe; fields with ``cli`` metadata are its options (same defaults)."""
+
+    layers: list[int] = field(default_factory=lambda: [0, 1], metadata=cli(
+        "--layers", "Target layers the draft starts from (comma-separated).", ints=True))
+    vocab_subset: int = field(default=8192, metadata=cli("--vocab-subset", "Output head size: most frequent tokens "
+                                                         "kept.", low=16))
+    epochs: int = field(default=6, metadata=cli("--epochs", "Passes over the corpus.", low=1))
     batch_size: int = 8
     max_len: int = 512
-    lr: float = 1e-3
+    lr: float = field(default=1e-3, metadata=cli("--lr", "Peak learning rate (AdamW, cosine).", positive=True))
     warmup: int = 30
-    seed: int = 0
-    soft_labels: bool = False  # True: the target's top-K distribution at every position (needs the teacher pass)
-    max_records: int = 0  # 0: every record of the corpus
+    seed: int = 0  # the command's --seed (shared with the corpus)
+    # True: the target's top-K distribution at every position (needs the teacher pass); False: greedy answers only
+    soft_labels: bool = field(default=True, metadata=cli(
+        "--hard-labels", "Train on the greedy answers only (no teacher pass; weaker, faster).", negate=True))
+    max_records: int = field(default=0, metadata=cli("--max-records", "Train on the first N corpus records only "
+                                                     "(0 = all).", low=0, omit=(0,)))
 
 
 def _examples(records: list[dict], max_len: int) -> list[tuple[list[int], int]]:

@@ -18,7 +18,7 @@ on a GPU whenever there is one (``specframe train eagle --device cuda``). Seeded
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..learned.eagle3 import Eagle3Drafter, init_eagle3_from_target, load_eagle3, save_eagle3
 from ..learned.eagle_drafter import EagleDrafter, EagleSpec, init_from_target, new_drafter
+from .options import cli
 from .common import (
     PieceDone,  # noqa: F401 - raised by TrainingRun, documented here
     TrainingRun,
@@ -43,23 +44,41 @@ from .common import (
 
 @dataclass(frozen=True)
 class EagleSettings:
-    vocab_subset: int = 8192
-    epochs: int = 1
-    batch_size: int = 8
-    max_len: int = 384
-    lr: float = 5e-4
+    """The ``specframe train eagle`` recipe; fields with ``cli`` metadata are its options (same defaults)."""
+
+    vocab_subset: int = field(default=8192, metadata=cli("--vocab-subset", "Output head size: most frequent tokens "
+                                                         "kept.", low=16))
+    epochs: int = field(default=1, metadata=cli("--epochs", "Passes over the corpus.", low=1))
+    batch_size: int = field(default=8, metadata=cli("--batch-size", "Sequences per step.", low=1))
+    max_len: int = field(default=384, metadata=cli("--max-len", "Longest training sequence (cut from the left).", low=8))
+    lr: float = field(default=5e-4, metadata=cli("--lr", "Peak learning rate (AdamW, cosine).", positive=True))
     warmup: int = 50
-    ttt_steps: int = 3
+    ttt_steps: int = field(default=3, metadata=cli("--ttt-steps", "Training-time test: drafter passes unrolled per "
+                                                   "step.", low=1))
     step_decay: float = 0.8
-    feature_layers: Optional[tuple[int, ...]] = None  # None: low / middle / high (EagleSpec.for_target)
+    # None: low / middle / high (EagleSpec.for_target)
+    feature_layers: Optional[tuple[int, ...]] = field(default=None, metadata=cli(
+        "--feature-layers", "Target hidden_states indices to fuse (comma-separated; default: a low, a middle and a "
+        "high layer).", ints=True))
     init_from_target: bool = True
     autocast: bool = True
-    max_records: int = 0  # 0: every record of the corpus (run_recipe selects the records; train_eagle takes them all)
-    seed: int = 0
-    skip_records: int = 0  # then leave out the first N of those (e.g. the ones an --init drafter trained on)
-    init: str = ""  # warm start: an EAGLE drafter folder (its weights, token map and feature layers), "" = new
-    arch: str = "specframe"  # "specframe" (eagle.json) or "eagle3": the published EAGLE-3 architecture, saved in
-    # the speculators layout (specframe.learned.eagle3)
+    # 0: every record of the corpus (run_recipe selects the records; train_eagle takes them all)
+    max_records: int = field(default=0, metadata=cli("--max-records", "Train on the first N corpus records only "
+                                                     "(0 = all).", low=0, omit=(0,)))
+    seed: int = 0  # the command's --seed (shared with the corpus)
+    skip_records: int = field(default=0, metadata=cli(
+        "--skip-records", "Leave out the first N of the corpus records (after --max-records), e.g. the ones an --init "
+        "drafter trained on.", low=0, omit=(0,)))
+    # warm start: an EAGLE drafter folder (its weights, token map and feature layers), "" = new
+    init: str = field(default="", metadata=cli("--init", "Warm start: go on training this EAGLE drafter folder (its "
+                                               "weights, head rows and feature layers), e.g. the shipped one.",
+                                               path=True, omit=("",)))
+    # "specframe" (eagle.json) or "eagle3": the published EAGLE-3 architecture, saved in the speculators layout
+    # (specframe.learned.eagle3)
+    arch: str = field(default="specframe", metadata=cli(
+        "--arch", "specframe: specframe's own drafter (eagle.json); eagle3: the published EAGLE-3 architecture, "
+        "written in the speculators layout that vLLM loads (docs/drafters.md).", choices=("specframe", "eagle3"),
+        omit=("specframe",)))
 
 
 def _examples(records: list[dict], max_len: int) -> list[tuple[list[int], int]]:

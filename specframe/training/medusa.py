@@ -12,7 +12,7 @@ The hidden states are kept on the CPU; the heads train on the target's device (a
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,21 +22,25 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..learned.medusa_heads import MedusaHeads
+from .options import cli
 from .common import TrainingRun, cosine_lr, length_batches, plot_loss, resumed_batches, subset_index, token_subset
 
 
 @dataclass(frozen=True)
 class MedusaSettings:
-    num_heads: int = 4
+    """The ``specframe train medusa`` recipe; fields with ``cli`` metadata are its options (same defaults)."""
+
+    num_heads: int = field(default=4, metadata=cli("--heads", "Number of Medusa heads.", low=1))
     num_layers: int = 1
     vocab_subset: int = 8192
-    epochs: int = 3
-    batch_positions: int = 256
-    lr: float = 1e-3
+    epochs: int = field(default=3, metadata=cli("--epochs", "Passes over the corpus positions.", low=1))
+    batch_positions: int = field(default=256, metadata=cli("--batch-positions", "Corpus positions per step.", low=1))
+    lr: float = field(default=1e-3, metadata=cli("--lr", "Peak learning rate (AdamW, cosine).", positive=True))
     warmup: int = 50
-    seed: int = 0
+    seed: int = 0  # the command's --seed (shared with the corpus)
     max_len: int = 640
-    max_records: int = 0  # 0: every record of the corpus
+    max_records: int = field(default=0, metadata=cli("--max-records", "Train on the first N corpus records only "
+                                                     "(0 = all).", low=0, omit=(0,)))
 
 
 @torch.inference_mode()

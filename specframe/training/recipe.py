@@ -29,33 +29,16 @@ RECIPES = {"draft": "draft-model", "medusa": "medusa", "eagle": "eagle"}  # reci
 EVAL_SEED = 10_001  # held-out prompts: same templates and source, another seed
 
 
-# recipe setting -> the `specframe train` flag that sets it (the model card's reproduce line names them all)
-_FLAGS = {"num_heads": "--heads", "layers": "--layers", "feature_layers": "--feature-layers", "epochs": "--epochs",
-          "lr": "--lr", "batch_positions": "--batch-positions", "batch_size": "--batch-size", "max_len": "--max-len",
-          "ttt_steps": "--ttt-steps", "vocab_subset": "--vocab-subset", "max_records": "--max-records",
-          "skip_records": "--skip-records", "init": "--init", "seed": "--seed", "arch": "--arch"}
-_UNSET = ("max_records", "skip_records", "init")  # left out of the reproduce line when 0 / empty
-
-
-_HAS = {"medusa": {"num_heads", "epochs", "lr", "batch_positions", "max_records", "seed"},
-        "draft": {"layers", "vocab_subset", "epochs", "lr", "max_records", "seed"},
-        "eagle": {"epochs", "lr", "batch_size", "max_len", "ttt_steps", "vocab_subset", "feature_layers", "max_records",
-                  "skip_records", "init", "seed", "arch"}}
+_SETTINGS = {"draft": DraftSettings, "medusa": MedusaSettings, "eagle": EagleSettings}
 
 
 def reproduce_flags(kind: str, settings: dict) -> str:
-    """The flags of ``specframe train KIND`` that give ``settings`` (a recipe.json ``settings``), e.g. `` --epochs 1``."""
-    out = []
-    for key, flag in _FLAGS.items():
-        value = settings.get(key) if key in _HAS.get(kind, ()) else None
-        if value is None or (key in _UNSET and not value) or (key == "arch" and value == "specframe"):
-            continue
-        if isinstance(value, (list, tuple)):
-            value = ",".join(str(v) for v in value)
-        out.append(f" {flag} {value}")
-    if kind == "draft" and settings.get("soft_labels") is False:
-        out.append(" --hard-labels")
-    return "".join(out)
+    """The flags of ``specframe train KIND`` that give ``settings`` (a recipe.json ``settings``), e.g. `` --epochs 1``:
+    the recipe's own options (its settings class's ``cli`` fields, :mod:`specframe.training.options`), then ``--seed``."""
+    from .options import reproduce_flags as flags_of
+
+    seed = settings.get("seed")
+    return flags_of(_SETTINGS[kind], settings) + ("" if seed is None else f" --seed {seed}")
 
 
 def evaluate_tau(target: Any, proposer_name: str, options: dict, num_prompts: int = 12, max_new_tokens: int = 96,
