@@ -141,11 +141,6 @@ class MergeSettings(BaseModel):
                       "(`policy:` is read as `name:`)")
     max_nodes: int = Field(24, ge=1, le=256, description="Most nodes of the merged tree (the verification width).")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _old_key(cls, data: Any) -> Any:
-        return merge_key(data)
-
 
 class RouterSettings(BaseModel):
     """``router:``: which combined proposers run each step. ``none`` = every proposer, every step. Other keys
@@ -163,6 +158,48 @@ def proposer_shorthand(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return [{"name": p} if isinstance(p, str) else p for p in v]
     return v
+
+
+def router_shorthand(v: Any) -> Any:
+    """``router: NAME`` is short for ``{name: NAME}``; ``null`` and ``false`` mean ``{name: none}`` (no router);
+    anything else is left as it is."""
+    if v is None or v is False:
+        return {"name": "none"}
+    return {"name": v} if isinstance(v, str) else v
+
+
+def read_shorthands(data: Any) -> Any:
+    """The one reading of a config's shorthands, for the runtime config (:class:`SpecframeConfig`), the typed model
+    (:func:`typed_config_model`) and a request's overrides alike: ``proposers: ngram`` (:func:`proposer_shorthand`),
+    ``merge: NAME`` and the old ``policy:`` key (:func:`~specframe.contracts.combining.merge_key`), ``router: NAME`` /
+    ``none`` / ``null`` / ``false`` (:func:`router_shorthand`); a ``merge`` or ``router`` mapping without ``name``
+    names the default one. A non-mapping is left for validation to refuse.
+
+    Raises:
+        ValueError: ``merge`` gives ``name`` and ``policy`` that disagree.
+    """
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    if "proposers" in data:
+        data["proposers"] = proposer_shorthand(data["proposers"])
+    if "merge" in data:
+        merge = {"name": data["merge"]} if isinstance(data["merge"], str) else merge_key(data["merge"])
+        if isinstance(merge, dict):  # a mapping without `name`: the default policy's options
+            merge = {"name": MergeSettings.model_fields["name"].default, **merge}
+        data["merge"] = merge
+    if "router" in data:
+        router = router_shorthand(data["router"])
+        if isinstance(router, dict):  # a mapping without `name`: the default router's options
+            router = {"name": RouterSettings.model_fields["name"].default, **router}
+        data["router"] = router
+    return data
+
+
+def names_no_router(router: Any) -> bool:
+    """Whether ``router`` (after :func:`router_shorthand`) is ``{name: none}``."""
+    name = router.get("name") if isinstance(router, dict) else getattr(router, "name", None)
+    return name == "none"
 
 
 class LlamaCppSettings(BaseModel):
@@ -214,21 +251,17 @@ class SpecframeConfig(BaseModel):
     merge: MergeSettings = Field(default_factory=MergeSettings, description="Combining proposers: the merge policy.")
     router: RouterSettings = Field(default_factory=RouterSettings, description="Combining proposers: the router.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthands(cls, data: Any) -> Any:
+        return read_shorthands(data)
+
     @field_validator("router", mode="before")
     @classmethod
-    def _router_shorthand(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            return {"name": v}
-        if v is None or v is False:  # `router: null` / `router: false` in YAML: no router
-            return {"name": "none"}
+    def _router_mapping(cls, v: Any) -> Any:
         if not isinstance(v, (dict, RouterSettings)):
             raise ValueError("give a router name (`adaptive`, or `none` for no router) or {name: ..., options}")
         return v
-
-    @field_validator("merge", mode="before")
-    @classmethod
-    def _merge_shorthand(cls, v: Any) -> Any:
-        return {"name": v} if isinstance(v, str) else v
 
     @field_validator("threads")
     @classmethod
@@ -243,11 +276,6 @@ class SpecframeConfig(BaseModel):
         if any(s == "" for s in v):
             raise ValueError("stop strings must be non-empty (an empty string would stop at once)")
         return v
-
-    @field_validator("proposers", mode="before")
-    @classmethod
-    def _proposer_shorthand(cls, v: Any) -> Any:
-        return proposer_shorthand(v)
 
     @field_validator("proposers")
     @classmethod
@@ -379,7 +407,6 @@ def _resolve_merge(settings: MergeSettings | dict[str, Any], registry: Any) -> t
         ConfigError: an option is unknown or out of range for that policy.
     """
     data = settings.model_dump() if isinstance(settings, BaseModel) else dict(settings)
-    data = merge_key(data)
     data.setdefault("name", "priority")
     cls = registry.merge_policy(data["name"])
     try:
@@ -395,12 +422,10 @@ def _resolve_router(settings: RouterSettings | dict[str, Any] | str | None, regi
         UnknownRouterError: no installed plugin provides that router (the message lists the installed ones).
         ConfigError: an option is unknown or out of range for that router.
     """
-    if settings is None or isinstance(settings, str):
-        data: dict[str, Any] = {"name": settings or "none"}
-    else:
-        data = settings.model_dump() if isinstance(settings, BaseModel) else dict(settings)
+    settings = router_shorthand(settings)
+    data: dict[str, Any] = settings.model_dump() if isinstance(settings, BaseModel) else dict(settings)
     data.setdefault("name", "adaptive")
-    if data["name"] == "none":
+    if names_no_router(data):
         if len(data) > 1:
             raise ConfigError(f"router: none takes no options, got {sorted(k for k in data if k != 'name')}")
         return None
@@ -458,21 +483,9 @@ class _Shorthands(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _shorthands(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        if "proposers" in data:
-            data["proposers"] = proposer_shorthand(data["proposers"])
-        if isinstance(data.get("merge"), str):
-            data["merge"] = {"name": data["merge"]}
-        elif isinstance(data.get("merge"), dict):
-            data["merge"] = merge_key(data["merge"])
-        router = data.get("router", "adaptive")
-        named_none = isinstance(router, dict) and router.get("name") == "none"
-        if router is None or router is False or router == "none" or named_none:
-            data["router"] = None
-        elif isinstance(router, str):
-            data["router"] = {"name": router}
+        data = read_shorthands(data)
+        if isinstance(data, dict) and "router" in data and names_no_router(data["router"]):
+            data["router"] = None  # the typed form of no router
         return data
 
 

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from specframe import cli
-from specframe.config import config_schema, load_config, resolve_plugins, typed_config_model
+from specframe.config import SpecframeConfig, config_schema, load_config, resolve_plugins, typed_config_model
 from specframe.registry import build_registry
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -66,3 +66,22 @@ def test_the_schema_lists_every_installed_proposer(registry):
     assert set(by_name["enum"]) == set(registry.proposers) == set(listed["items"]["anyOf"][0]["enum"])
     out = CliRunner().invoke(cli.app, ["plugins", "--schema"])
     assert out.exit_code == 0 and json.loads(out.stdout)["title"] == "specframe config"
+
+
+@pytest.mark.parametrize("data", [
+    {"router": "none"}, {"router": None}, {"router": False}, {"router": {"name": "none"}}, {"router": "adaptive"},
+    {"router": {"name": "adaptive", "free_cost": 0.01}}, {"merge": "confidence"}, {"merge": {"policy": "confidence"}},
+    {"proposers": "ngram"}, {"proposers": ["ngram", {"name": "medusa", "num_heads": 2}], "merge": {"max_nodes": 12}},
+    {"router": {"free_cost": 0.01}},
+])
+def test_the_runtime_config_and_the_typed_model_read_a_shorthand_alike(registry, data):
+    """One reading of the shorthands (config.read_shorthands): the typed model's plugins are the ones
+    resolve_plugins builds from the runtime config (no router = None in both)."""
+    typed = typed_config_model(registry).model_validate(data)
+    resolved = resolve_plugins(SpecframeConfig.model_validate(data), registry, lone_router=True)
+    assert [p.model_dump() for p in typed.proposers] == [c.model_dump() for _, c in resolved.proposers]
+    assert (typed.router is None) == (resolved.router is None)
+    if resolved.router is not None:
+        assert typed.router.model_dump() == resolved.router[1].model_dump()
+    if resolved.merge is not None:
+        assert typed.merge.model_dump() == resolved.merge[1].model_dump()
