@@ -111,3 +111,23 @@ def test_every_config_the_docs_point_to_exists():
         named |= set(re.findall(r"--config\s+((?:docs|lab)/[\w.\-/]+\.ya?ml)", doc.read_text()))
     assert any(n.startswith("docs/") for n in named) and any(n.startswith("lab/") for n in named), named
     assert not [n for n in named if not (ROOT / n).is_file()]
+
+
+TOP = ("specframe/", "plugins/", "scripts/", "lab/", "docs/", "tests/", "contrib/", ".ci/")
+
+
+def _named_files(doc: Path) -> list[str]:
+    return re.findall(r"`([\w./-]+\.(?:py|sh|yaml|md|json|jsonl))`", doc.read_text(encoding="utf-8"))
+
+
+def test_every_repository_file_the_docs_name_exists():
+    """A guide that names ``specframe/x.py`` or ``lab/results/...`` names a file (or folder) of this checkout: a
+    module renamed or a run record moved fails here, not in a newcomer's first hour. Bare module names count in the
+    code map (docs/how-it-works.md): each is a file somewhere in the repository."""
+    missing = [(doc.name, n) for doc in DOCS + [ROOT / "scripts" / "README.md", ROOT / "lab" / "README.md"]
+               for n in _named_files(doc) if n.startswith(TOP) and not (ROOT / n).exists()]
+    assert not missing, missing
+    names = {p.name for p in ROOT.rglob("*.py") if ".venv" not in p.parts}
+    stale = [n for n in _named_files(ROOT / "docs" / "how-it-works.md") if "/" not in n and n.endswith(".py")
+             and n not in names]
+    assert not stale, stale

@@ -287,14 +287,20 @@ class Capabilities:
 
     @staticmethod
     def of(proposer: Any) -> "Capabilities":
-        """The flags of ``proposer`` (an instance: ``feature_layers`` may depend on its weights); a missing flag
-        is False."""
+        """The flags of ``proposer`` (an instance: ``feature_layers`` may depend on its weights): the three the
+        contract requires read directly, the optional two through :func:`~specframe.contracts.optional.optional`.
+
+        Raises:
+            AttributeError: a required flag is missing (registration refuses such a class first).
+        """
+        from .optional import optional
+
         return Capabilities(
-            bool(getattr(proposer, "needs_hidden_states", False)),
-            bool(getattr(proposer, "produces_trees", False)),
-            bool(getattr(proposer, "provides_draft_probs", False)),
-            tuple(sorted({int(i) for i in (getattr(proposer, "feature_layers", None) or ())})),
-            bool(getattr(proposer, "reads_target_tokens", False)),
+            bool(proposer.needs_hidden_states),
+            bool(proposer.produces_trees),
+            bool(proposer.provides_draft_probs),
+            tuple(sorted({int(i) for i in (optional(proposer, "feature_layers") or ())})),
+            bool(optional(proposer, "reads_target_tokens")),
         )
 
 

@@ -123,11 +123,12 @@ def check_proposers(config: Any, registry: Any = None) -> list[str]:
         UnknownProposerError, ConfigError: an unknown proposer or a bad option (as everywhere in specframe).
     """
     from ..config import resolve_plugins
+    from ..contracts.optional import optional
     from ..registry import build_registry
 
     names = []
     for cls, _ in resolve_plugins(config, registry or build_registry()).proposers:
-        if getattr(cls, "needs_hidden_states", False) or getattr(cls, "reads_features", False):
+        if cls.needs_hidden_states or optional(cls, "reads_features"):
             raise VllmIntegrationError(
                 f"proposer {cls.name!r} reads the target's hidden states, which vLLM's custom_class interface does "
                 "not give a proposer: use proposers that read tokens only (e.g. ngram, retrieval, draft-model)")
