@@ -39,6 +39,7 @@ from .decode.isolation import IsolationPolicy, UnbuiltProposer
 from .registry import Registry, build_registry
 from .sampling import SamplingParams
 from .instance_pool import InstancePool
+from .contracts.optional import optional
 
 log = logging.getLogger("specframe")
 
@@ -150,7 +151,7 @@ class Specframe:
             cfg = SpecframeConfig.model_validate(data)
         except ValidationError as exc:
             raise ConfigError(validation_line(exc)) from None
-        return resolve_plugins(cfg, self.registry, lone_router=bool(getattr(self.target.info, "cost", None)))
+        return resolve_plugins(cfg, self.registry, lone_router=self.target.info.cost is not None)
 
     def _instances(self, plugins: Plugins, held: list) -> tuple[list[Any], Any, Any]:
         """``(proposers, merge policy, router)`` instances for one request (from the pool; recorded in ``held``). A
@@ -265,7 +266,7 @@ class Specframe:
             return self.submit(ids, proposers=proposers, max_new_tokens=max_new_tokens, temperature=temperature,
                                top_p=top_p, top_k=top_k, seed=seed, stop=stop, question_id=question_id,
                                on_text=on_text, merge=merge, router=router).result()
-        governor = getattr(self.target, "governor", None)
+        governor = optional(self.target, "governor")
         observer = self.registry.observers()  # None when no plugin observes: the loop then skips events
         with self.engine(proposers, merge, router, sampling) as engine:
             load = governor.check() if governor is not None else None  # threads within the free cores
@@ -283,7 +284,7 @@ class Specframe:
             observer.request(tuple(labels), len(ids), tuple(result.token_ids), result.finish_reason,
                              result.metrics.to_dict())
         result.question_id = question_id
-        if getattr(self.target, "settings", None) is not None:
+        if optional(self.target, "settings") is not None:
             result.machine = {**self.machine_info(), "others_load": round(load or 0.0, 2)}
         return result
 
@@ -331,7 +332,7 @@ class Specframe:
         from .decode.stopping import special_stop_ids
 
         special_stop_ids(tuple(req.stop), self.target.tokenizer)  # a stop string that cannot match fails now
-        governor = getattr(self.target, "governor", None)
+        governor = optional(self.target, "governor")
         observer = self.registry.observers()
         held = self.engine(proposers, merge, router, sampling)
         engine = held.__enter__()  # (a bad plugin option raises here, before anything is queued)
@@ -365,7 +366,7 @@ class Specframe:
 
         with self._lock:
             if self._scheduler is None:
-                governor = getattr(self.target, "governor", None)
+                governor = optional(self.target, "governor")
                 self._scheduler = BatchScheduler(self.target, self.config.batch_size,
                                                  governor.check if governor is not None else None)
             return self._scheduler
@@ -438,8 +439,8 @@ class Specframe:
                 yield BatchRequest(engine, ids, req.max_new_tokens, sampling, req.seed, tuple(req.stop),
                                    observer=observed[i][0], release=lambda h=held: h.__exit__(None, None, None))
 
-        governor = getattr(self.target, "governor", None)
-        machine = {**self.machine_info()} if getattr(self.target, "settings", None) is not None else None
+        governor = optional(self.target, "governor")
+        machine = {**self.machine_info()} if optional(self.target, "settings") is not None else None
         results: list[GenerationResult | None] = [None] * len(encoded)
         for i, result in decode_batch(self.target, requests(), batch_size,
                                       between_steps=governor.check if governor is not None else None):
@@ -486,10 +487,10 @@ class Specframe:
         """How the target runs here: CPU, ISA flags, usable cores, dtype / threads / prepack and why, the profile."""
         from .target.machine import fingerprint
 
-        settings = getattr(self.target, "settings", None)
+        settings = optional(self.target, "settings")
         out: dict[str, Any] = fingerprint()
-        describe = getattr(self.target, "describe", None)  # the engine and its build (llama.cpp)
-        out.update(describe() if describe is not None else {"engine": getattr(self.target, "engine", "transformers")})
+        describe = optional(self.target, "describe")  # the engine and its build (llama.cpp)
+        out.update(describe() if describe is not None else {"engine": optional(self.target, "engine")})
         if settings is not None:
             out.update(settings.to_dict())
         return out

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from .config import BASELINE, BATCHED_PEERS, BenchConfig
+from ..contracts.optional import optional
 
 
 def run_load(cfg: BenchConfig, chosen: list, by_strategy: dict[str, Any],
@@ -50,14 +51,14 @@ def run_load(cfg: BenchConfig, chosen: list, by_strategy: dict[str, Any],
 
 def _settings(sf: Any) -> dict[str, Any] | None:
     """The engine, dtype and weight layout a strategy's target runs with (outputs compare only within one)."""
-    st = getattr(sf.target, "settings", None)
+    st = optional(sf.target, "settings")
     if st is None:
         return None
-    return {"engine": getattr(sf.target, "engine", "transformers"), "dtype": st.dtype, "prepack": st.prepack}
+    return {"engine": optional(sf.target, "engine"), "dtype": st.dtype, "prepack": st.prepack}
 
 
 def _run(cfg: BenchConfig, s: Any, sf: Any, encoded: list[list[int]], c: int, max_new: int) -> dict[str, Any]:
-    settings = getattr(sf.target, "settings", None)
+    settings = optional(sf.target, "settings")
     if settings is not None and sf.target.device.type == "cpu":
         torch.set_num_threads(settings.threads)
     if s.peer == "hf-greedy":

@@ -14,6 +14,7 @@ from .. import __version__
 from ..io.prompts import Prompt
 from .config import BASELINE, LLAMACPP_PEERS, BenchConfig, Strategy
 from .peers import run_peer
+from ..contracts.optional import optional
 
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 MULTI_TURN = "multi-turn conversation"
@@ -86,7 +87,7 @@ class BenchRunner:
     def run_one(self, strategy: Strategy, ids: list[int], seed: int, max_new_tokens: int) -> dict[str, Any]:
         c = self.cfg
         sf = self.by_strategy[strategy.name]
-        settings = getattr(sf.target, "settings", None)
+        settings = optional(sf.target, "settings")
         if settings is not None and sf.target.device.type == "cpu":
             torch.set_num_threads(settings.threads)  # torch's thread count is global: each strategy sets its own
         if strategy.peer in LLAMACPP_PEERS:
@@ -107,9 +108,9 @@ class BenchRunner:
             )
             rec = {"token_ids": res.token_ids, "finish_reason": res.finish_reason, "metrics": res.metrics.to_dict()}
         if settings is not None:
-            rec["settings"] = {"engine": getattr(sf.target, "engine", "transformers"), "dtype": settings.dtype,
+            rec["settings"] = {"engine": optional(sf.target, "engine"), "dtype": settings.dtype,
                                "threads": settings.threads, "prepack": settings.prepack}
-            if getattr(sf.target, "supports_trees", False) and rec["settings"]["engine"] == "llama.cpp":
+            if sf.target.supports_trees and rec["settings"]["engine"] == "llama.cpp":
                 rec["settings"]["trees"] = True  # (not bit-exact: compared with plain decoding all the same)
         if self.monitor is not None:
             rec["others_load"] = round(self.monitor.sample().others, 2)  # other processes' cores during this run

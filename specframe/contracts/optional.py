@@ -22,6 +22,8 @@ OPTIONAL: dict[str, tuple[str, Any, str]] = {
     "governor": ("TargetModel", None, "the machine profile's thread governor"),
     "settings": ("TargetModel", None, "the machine profile's chosen settings"),
     "close": ("Scorer, a target's batch", None, "close(): give the request's or batch's resources back"),
+    "describe": ("TargetModel", None, "describe() -> the engine and its build, for records (llama.cpp)"),
+    "engine": ("TargetModel", "transformers", "the name of the engine that runs it"),
 }
 
 

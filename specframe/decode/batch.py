@@ -31,6 +31,7 @@ from ..sampling import SamplingParams, is_greedy_temperature
 from .batch_gate import SpeculationGate
 from .engine import Engine, GenerationResult, _default_scorer
 from .observe import Observers
+from ..contracts.optional import optional
 
 __all__ = ["BatchLoop", "BatchRequest", "SequentialBatch", "decode_batch", "new_batch"]
 
@@ -70,7 +71,7 @@ class SequentialBatch:
 def new_batch(target: Any, rows: int) -> Any:
     """The target's batch for up to ``rows`` requests at once (one forward for all) where it has one, else a
     :class:`SequentialBatch`."""
-    make = getattr(target, "new_batch", None)
+    make = optional(target, "new_batch")
     batch = make(rows) if make is not None else None
     return batch if batch is not None else SequentialBatch(target)
 
@@ -177,7 +178,7 @@ class BatchLoop:
         for a in self.active:
             _leave(a)
         self.active = []
-        close = getattr(self.batch, "close", None)
+        close = optional(self.batch, "close")
         if close is not None:  # (a llama.cpp batch frees its context)
             close()
 

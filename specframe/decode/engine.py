@@ -43,6 +43,7 @@ from ..sampling import SamplingParams
 from ..contracts.scoring import Scored, ScorerFactory
 from .scoring import TargetScorer
 from .stopping import StopChecker, TextStream, special_stop_ids, without_incomplete_character
+from ..contracts.optional import optional
 
 __all__ = ["Engine", "GenerationResult", "proposer_labels"]
 
@@ -179,7 +180,7 @@ class Engine:
 
 def _default_scorer(target: TargetModel) -> ScorerFactory:
     """The live scorer of ``target``: its own (``new_scorer``, e.g. llama.cpp's) or transformers' KV-cache one."""
-    own = getattr(target, "new_scorer", None)
+    own = optional(target, "new_scorer")
     return (lambda t, layers, hidden: own(layers, hidden)) if own is not None else TargetScorer
 
 
@@ -237,7 +238,7 @@ class _Request:
 
     def close(self) -> None:
         """Give the scorer's resources back (an engine's context, a batch row); called once when the request ends."""
-        close = getattr(self.scorer, "close", None)
+        close = optional(self.scorer, "close")
         if close is not None:
             close()
 

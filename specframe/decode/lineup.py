@@ -61,7 +61,7 @@ class Lineup:
     @property
     def verifies_trees(self) -> bool:
         """The verifier takes branching drafts (``supports_trees``)."""
-        return bool(getattr(self.verifier, "supports_trees", False))
+        return bool(self.verifier.supports_trees)
 
     @property
     def needs_hidden_states(self) -> bool:

@@ -24,6 +24,7 @@ from ..contracts.scoring import Scored
 from ..decode.scoring import TargetScorer
 from .driver import GREEDY
 from .trace import FORMAT, VERSION, Trace, TraceQuestion
+from ..contracts.optional import optional
 
 
 class RecordingScorer(TargetScorer):
@@ -135,13 +136,13 @@ def _manifest(sf: Any, questions: list[TraceQuestion], max_new_tokens: int, chat
     target = sf.target
     info = target.info
     text = target.model.config.get_text_config()
-    cost = getattr(info, "cost", None)
-    settings = getattr(target, "settings", None)
+    cost = info.cost
+    settings = optional(target, "settings")
     return {
         "format": FORMAT, "version": VERSION, "specframe": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "model": target.name, "dtype": str(target.dtype).removeprefix("torch."),
-        "engine": getattr(target, "engine", "transformers"),
+        "engine": optional(target, "engine"),
         "max_new_tokens": max_new_tokens, "chat": chat, "recorded_with": [dict(p) for p in proposers],
         "target": {"vocab_size": target.vocab_size, "eos_token_ids": sorted(target.eos_token_ids),
                    "max_context": target.max_context, "supports_trees": bool(target.supports_trees),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import statistics
 import time
 from typing import Any, Callable, Mapping, Sequence
+from ..contracts.optional import optional
 
 NS = (1, 2, 4, 8, 16, 32, 64, 128)  # tokens per forward the machine profile measures (batched steps: all rows)
 REF_ACCEPT = 0.6  # reference per-token acceptance for judging settings (between lookup and learned drafters)
@@ -165,7 +166,7 @@ def measure(target: Any, token_ids: list[int], context: int = 512, max_tokens: i
 
     need = context + max_tokens
     ids = (token_ids * (need // max(len(token_ids), 1) + 1))[:need]
-    rollback = getattr(target, "rollback", None) or kv_rollback  # (an engine with its own KV state: llama.cpp)
+    rollback = optional(target, "rollback") or kv_rollback  # (an engine with its own KV state: llama.cpp)
     with torch.inference_mode():
         seq = torch.tensor([ids], device=target.device)
         cache = target.new_cache()
