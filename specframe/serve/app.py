@@ -57,23 +57,13 @@ def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | No
             ``timeout_graceful_shutdown``).
     """
     app = FastAPI(title="specframe", docs_url=None, redoc_url=None)
-    name = model_name or sf.config.model
-    metrics = ServerMetrics()
-    created = int(time.time())
+    server = _Server(sf, model_name or sf.config.model, allowed, max_tokens_limit, max_pending, drain_s)
+    metrics = server.metrics
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
-        kind = first.get("type", "")
-        if kind == "json_invalid":
-            message = f"the body is not valid JSON: {first.get('msg', '')}"
-        elif kind == "extra_forbidden":
-            message = f"unknown field {param!r}: specframe serve does not take it"
-        else:
-            message = f"{param or 'body'}: {first.get('msg', 'invalid value')}"
         metrics.requests.labels(request.url.path, "400").inc()
+        message, param = _validation_message(exc)
         return JSONResponse(error_body(message, param=param), status_code=400)
 
     @app.exception_handler(_Refused)
@@ -91,7 +81,8 @@ def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | No
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "specframe"}]}
+        return {"object": "list", "data": [{"id": server.name, "object": "model", "created": server.created,
+                                            "owned_by": "specframe"}]}
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -100,43 +91,87 @@ def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | No
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
-        return await _serve(body, request, body.prompt, chat=False)
+        return await server.serve(body, request, body.prompt, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request) -> Any:
-        tok = getattr(sf.target, "tokenizer", None)
-        if tok is None or not getattr(tok, "chat_template", None):
-            raise _Refused(400, f"model {name} has no chat template: use /v1/completions", "messages")
-        ids = list(tok.apply_chat_template([m.for_template() for m in body.messages],
-                                           add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
-        return await _serve(body, request, ids, chat=True)
+        return await server.serve(body, request, server.chat_prompt(body), chat=True)
 
-    async def _serve(body: Any, request: Request, prompt: Any, chat: bool) -> Any:
-        endpoint = request.url.path
-        if body.model is not None and body.model != name:
-            raise _Refused(404, f"model {body.model!r} is not served here; this server serves {name!r}", "model",
+    return app
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """``(message, param)`` of a body that failed validation: its first error, said as OpenAI's API says it."""
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return f"the body is not valid JSON: {first.get('msg', '')}", param
+    if kind == "extra_forbidden":
+        return f"unknown field {param!r}: specframe serve does not take it", param
+    return f"{param or 'body'}: {first.get('msg', 'invalid value')}", param
+
+
+class _Server:
+    """What the routes share: the loaded model, the limits, the metrics; one request's way from its body to the
+    batch loop and back (:meth:`serve`)."""
+
+    def __init__(self, sf: Any, name: str, allowed: set[str] | None, max_tokens_limit: int, max_pending: int,
+                 drain_s: float) -> None:
+        self.sf, self.name, self.allowed = sf, name, allowed
+        self.max_tokens_limit, self.max_pending, self.drain_s = max_tokens_limit, max_pending, drain_s
+        self.metrics = ServerMetrics()
+        self.created = int(time.time())
+
+    def chat_prompt(self, body: ChatRequest) -> list[int]:
+        """The token ids of a chat body under the model's chat template.
+
+        Raises:
+            _Refused: 400, the model has no chat template.
+        """
+        tok = getattr(self.sf.target, "tokenizer", None)
+        if tok is None or not getattr(tok, "chat_template", None):
+            raise _Refused(400, f"model {self.name} has no chat template: use /v1/completions", "messages")
+        return list(tok.apply_chat_template([m.for_template() for m in body.messages],
+                                            add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+
+    def _admit(self, body: Any, prompt: list[int]) -> None:
+        """Refuse what this server will not decode (each a 4xx with the OpenAI error object).
+
+        Raises:
+            _Refused: another model (404); ``max_tokens`` over the limit or past the context (400); a proposer not
+                allowed (400); too many requests in flight (429).
+        """
+        if body.model is not None and body.model != self.name:
+            raise _Refused(404, f"model {body.model!r} is not served here; this server serves {self.name!r}", "model",
                            "model_not_found", "not_found_error")
         limit = body.limit
-        if limit is not None and limit > max_tokens_limit:
-            raise _Refused(400, f"max_tokens {limit} is over this server's limit of {max_tokens_limit}", "max_tokens")
-        if isinstance(prompt, str):
-            prompt = await run_in_threadpool(sf.encode, prompt, False)  # (the raw prompt: no chat template)
-        context = int(sf.target.max_context)
+        if limit is not None and limit > self.max_tokens_limit:
+            raise _Refused(400, f"max_tokens {limit} is over this server's limit of {self.max_tokens_limit}",
+                           "max_tokens")
+        context = int(self.sf.target.max_context)
         if limit is not None and prompt and len(prompt) < context < len(prompt) + limit:
             # (as vLLM and OpenAI answer: a completion that cannot fit is refused, not cut short silently)
             raise _Refused(400, f"this model's maximum context length is {context} tokens; the request asks for "
                                 f"{len(prompt) + limit} ({len(prompt)} in the prompt, {limit} in the completion): "
                                 "shorten the prompt or lower max_tokens", "max_tokens")
         spec = body.speculative
-        if spec is not None and allowed is not None:
+        if spec is not None and self.allowed is not None:
             for p in spec.proposers:
                 pname = p if isinstance(p, str) else p.get("name")
-                if pname not in allowed:
-                    raise _Refused(400, f"proposer {pname!r} is not allowed here; allowed: {', '.join(sorted(allowed))}",
-                                   "speculative.proposers")
-        if sf.pending >= max_pending:
-            raise _Refused(429, f"the server has {sf.pending} requests in flight (its limit): retry later",
+                if pname not in self.allowed:
+                    raise _Refused(400, f"proposer {pname!r} is not allowed here; allowed: "
+                                        f"{', '.join(sorted(self.allowed))}", "speculative.proposers")
+        if self.sf.pending >= self.max_pending:
+            raise _Refused(429, f"the server has {self.sf.pending} requests in flight (its limit): retry later",
                            code="rate_limit_exceeded", kind="rate_limit_error")
+
+    async def serve(self, body: Any, request: Request, prompt: Any, chat: bool) -> Any:
+        """One request: refused (:meth:`_admit`), or submitted to the batch loop and answered whole or streamed."""
+        if isinstance(prompt, str):
+            prompt = await run_in_threadpool(self.sf.encode, prompt, False)  # (the raw prompt: no chat template)
+        self._admit(body, prompt)
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue = asyncio.Queue()
         cancel = threading.Event()
@@ -145,98 +180,106 @@ def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | No
             loop.call_soon_threadsafe(pieces.put_nowait, piece)
 
         kwargs: dict[str, Any] = dict(
-            max_new_tokens=limit, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
-            stop=body.stop or None, chat=False, cancel=cancel,  # (completions: the raw prompt; chat: ids already)
+            max_new_tokens=body.limit, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+            seed=body.seed, stop=body.stop or None, chat=False, cancel=cancel,  # (chat: ids already templated)
             on_text=on_text if body.stream else None)
-        if spec is not None:
+        if body.speculative is not None:
+            spec = body.speculative
             kwargs.update(proposers=spec.proposers, merge=spec.merge, router=spec.router)
         try:
-            future = await run_in_threadpool(sf.submit, prompt, **kwargs)
+            future = await run_in_threadpool(self.sf.submit, prompt, **kwargs)
         except SpecframeError as exc:
             raise _Refused(400, str(exc).strip().splitlines()[0]) from None
         except TypeError as exc:
             raise _Refused(400, str(exc)) from None
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        endpoint = request.url.path
         if not body.stream:
-            waiter = asyncio.ensure_future(asyncio.wrap_future(future))
-            waiter.add_done_callback(_retrieve)
-            watcher = asyncio.ensure_future(_until_disconnected(request))
-            await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if not waiter.done():  # the client went away: its row is freed before the next step
-                cancel.set()
-                metrics.requests.labels(endpoint, "cancelled").inc()
-                return Response(status_code=499)
-            watcher.cancel()
-            result = waiter.result()
-            metrics.finished(result)
-            metrics.requests.labels(endpoint, "200").inc()
-            return _response(rid, chat, result)
+            return await self._whole(rid, chat, future, request, cancel, endpoint)
         include_usage = body.stream_options.include_usage if body.stream_options else True
         # on SIGTERM a stream in flight runs to its end (sse-starlette would cut it at once): the drain
-        return EventSourceResponse(_events(rid, chat, future, pieces, cancel, include_usage, endpoint),
-                                   ping=15, sep="\n", shutdown_grace_period=drain_s)
+        return EventSourceResponse(self._events(rid, chat, future, pieces, cancel, include_usage, endpoint),
+                                   ping=15, sep="\n", shutdown_grace_period=self.drain_s)
 
-    async def _until_disconnected(request: Request) -> None:
-        while not await request.is_disconnected():
-            await asyncio.sleep(0.25)
+    async def _whole(self, rid: str, chat: bool, future: Any, request: Request, cancel: threading.Event,
+                     endpoint: str) -> Any:
+        """The answer of a request that does not stream, or 499 when its client goes away first."""
+        waiter = asyncio.ensure_future(asyncio.wrap_future(future))
+        waiter.add_done_callback(_retrieve)
+        watcher = asyncio.ensure_future(_until_disconnected(request))
+        await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not waiter.done():  # the client went away: its row is freed before the next step
+            cancel.set()
+            self.metrics.requests.labels(endpoint, "cancelled").inc()
+            return Response(status_code=499)
+        watcher.cancel()
+        result = waiter.result()
+        self.metrics.finished(result)
+        self.metrics.requests.labels(endpoint, "200").inc()
+        return self._response(rid, chat, result)
 
-    async def _events(rid: str, chat: bool, future: Any, pieces: asyncio.Queue, cancel: threading.Event,
+    async def _events(self, rid: str, chat: bool, future: Any, pieces: asyncio.Queue, cancel: threading.Event,
                       include_usage: bool, endpoint: str) -> AsyncIterator[str]:
+        """The SSE events of a streamed request: its text pieces as the loop thread sends them, the finish chunk,
+        the usage chunk and ``[DONE]``; an error after the stream started goes in the stream."""
         done = asyncio.wrap_future(future)
         done.add_done_callback(_retrieve)  # a stream the client left still ends its future: nobody reads it
         finished = False
         try:
             if chat:
-                yield json.dumps(_chunk(rid, chat, {"role": "assistant", "content": ""}, None))
+                yield json.dumps(self._chunk(rid, chat, {"role": "assistant", "content": ""}, None))
             while True:
                 getter = asyncio.ensure_future(pieces.get())
                 await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
                 if getter.done():
-                    yield json.dumps(_chunk(rid, chat, getter.result(), None))
+                    yield json.dumps(self._chunk(rid, chat, getter.result(), None))
                     continue
                 getter.cancel()
                 while not pieces.empty():  # pieces the loop thread queued before the request finished
-                    yield json.dumps(_chunk(rid, chat, pieces.get_nowait(), None))
+                    yield json.dumps(self._chunk(rid, chat, pieces.get_nowait(), None))
                 break
             try:
                 result = done.result()
             except Exception as exc:  # noqa: BLE001 - the stream has started: the error goes in it
                 yield json.dumps(error_body(str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__,
                                             "server_error"))
-                metrics.requests.labels(endpoint, "500").inc()
+                self.metrics.requests.labels(endpoint, "500").inc()
                 finished = True
                 return
-            yield json.dumps(_chunk(rid, chat, "" if not chat else {}, result.finish_reason))
+            yield json.dumps(self._chunk(rid, chat, "" if not chat else {}, result.finish_reason))
             if include_usage:
-                yield json.dumps({**_chunk(rid, chat, None, None), "choices": [], "usage": _usage(result)})
+                yield json.dumps({**self._chunk(rid, chat, None, None), "choices": [], "usage": _usage(result)})
             yield "[DONE]"
-            metrics.finished(result)
-            metrics.requests.labels(endpoint, "200").inc()
+            self.metrics.finished(result)
+            self.metrics.requests.labels(endpoint, "200").inc()
             finished = True
         finally:
             if not finished:  # the client went away mid-stream: free its row now
                 cancel.set()
-                metrics.requests.labels(endpoint, "cancelled").inc()
+                self.metrics.requests.labels(endpoint, "cancelled").inc()
 
-    def _chunk(rid: str, chat: bool, piece: Any, finish: str | None) -> dict[str, Any]:
+    def _chunk(self, rid: str, chat: bool, piece: Any, finish: str | None) -> dict[str, Any]:
         if chat:
             delta = piece if isinstance(piece, dict) else {"content": piece}
             choice = {"index": 0, "delta": delta, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": finish}
         return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
-                "model": name, "choices": [choice]}
+                "model": self.name, "choices": [choice]}
 
-    def _response(rid: str, chat: bool, result: Any) -> dict[str, Any]:
+    def _response(self, rid: str, chat: bool, result: Any) -> dict[str, Any]:
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
                       "finish_reason": result.finish_reason}
         else:
             choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": name, "choices": [choice], "usage": _usage(result)}
+                "model": self.name, "choices": [choice], "usage": _usage(result)}
 
-    return app
+
+async def _until_disconnected(request: Request) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.25)
 
 
 def _retrieve(fut: asyncio.Future) -> None:
