@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .config import (
     Plugins,
@@ -26,8 +26,10 @@ from .config import (
     SamplingConfig,
     SpecframeConfig,
     load_config,
+    plugin_entries,
     proposer_shorthand,
     resolve_plugins,
+    runtime_config,
     settings_error,
     validation_line,
 )
@@ -90,7 +92,8 @@ class Specframe:
     """
 
     def __init__(self, config: SpecframeConfig, target: Any, registry: Registry) -> None:
-        self.config = config
+        # the typed config: proposers, merge policy and router as their plugins' own config objects
+        self.config = runtime_config(config, registry) if isinstance(config, SpecframeConfig) else config
         self.target = target
         self.registry = registry
         self._pool = InstancePool(max_idle=POOL_IDLE)
@@ -141,12 +144,13 @@ class Specframe:
         overrides (None: the config's; ``"ngram"`` is short for ``[{"name": "ngram"}]``). A lone proposer is routed
         (its draft trimmed to what pays) when the router is set explicitly, or when the target carries this machine's
         measured cost curve."""
-        base = self.config
-        data: dict[str, Any] = {"proposers": proposer_shorthand(base.proposers if proposers is None else proposers)}
-        if merge is not None or "merge" in base.model_fields_set:
-            data["merge"] = base.merge if merge is None else merge
-        if router is not None or "router" in base.model_fields_set:
-            data["router"] = base.router if router is None else router
+        data = plugin_entries(self.config)
+        if proposers is not None:
+            data["proposers"] = proposer_shorthand(proposers)
+        if merge is not None:
+            data["merge"] = merge
+        if router is not None:
+            data["router"] = router
         try:
             cfg = SpecframeConfig.model_validate(data)
         except ValidationError as exc:
@@ -529,6 +533,9 @@ def load(
     _check_keywords("load", overrides, _LOAD_KEYWORDS)
     if isinstance(config, SpecframeConfig):
         cfg = load_config(None, base=config.model_dump(exclude_unset=True), **overrides)
+    elif isinstance(config, BaseModel):  # a loaded Specframe's typed config (sf.config)
+        base = {k: v for k, v in config.model_dump(exclude_unset=True).items() if k not in ("proposers", "merge", "router")}
+        cfg = load_config(None, base={**base, **plugin_entries(config)}, **overrides)
     else:
         cfg = load_config(config, **overrides)
     reg = registry or build_registry()

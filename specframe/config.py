@@ -25,11 +25,13 @@ Several proposers are combined into one verification tree per step (see docs/com
 matter with two or more proposers (a router may also trim a lone proposer's drafts to what pays on this
 machine). An option no plugin declares is refused there (every plugin config forbids extra keys).
 
-Configs are frozen: a change is a new config (``load_config(None, base=cfg.model_dump(), ...)``). The typed form
-of a config's plugins is :class:`Plugins`: each proposer entry becomes its plugin's own frozen ``Config`` subclass,
-chosen by ``name`` from the registry. :func:`typed_config_model` builds the whole config as one frozen model over
-the installed plugins (``proposers`` a discriminated union by ``name``), whose JSON Schema :func:`config_schema`
-gives an editor (``specframe plugins --schema``).
+Configs are frozen: a change is a new config (``load_config(None, base=cfg.model_dump(), ...)``). A file (or the
+API's keywords) is read into :class:`SpecframeConfig`, whose plugin entries are mappings until plugins are loaded;
+:func:`typed_config_model` is the same config as one frozen model over the installed plugins (``proposers`` a
+discriminated union by ``name``), and it is what a loaded :class:`~specframe.api.Specframe` runs with
+(:func:`runtime_config`: ``sf.config.proposers`` are the proposers' own config objects). Its JSON Schema,
+:func:`config_schema`, gives an editor (``specframe plugins --schema``). The shorthands are read once, by
+:func:`read_shorthands`, for both.
 """
 
 from __future__ import annotations
@@ -436,6 +438,52 @@ def _resolve_router(settings: RouterSettings | dict[str, Any] | str | None, regi
         raise ConfigError(validation_line(exc, f"router {data['name']!r}")) from None
 
 
+def runtime_config(config: SpecframeConfig, registry: Any) -> BaseModel:
+    """The config a loaded :class:`~specframe.api.Specframe` runs with (``sf.config``): an instance of
+    :func:`typed_config_model` for ``registry``, whose ``proposers`` are the proposers' own config objects (e.g.
+    ``NgramConfig``), ``merge`` the merge policy's and ``router`` the router's (None: ``router: none``, or the
+    default router is not installed).
+
+    ``config`` is checked by :func:`resolve_plugins` first, so a bad name or option gives the error every path gives;
+    the fields ``config`` sets are the ones the typed config sets (``model_fields_set``: whether ``merge`` /
+    ``router`` were set explicitly is kept).
+
+    Raises:
+        UnknownProposerError / UnknownMergePolicyError / UnknownRouterError, ConfigError: as :func:`resolve_plugins`.
+    """
+    plugins = resolve_plugins(config, registry)
+    data = config.model_dump(exclude_unset=True)
+    data["proposers"] = [c.model_dump() for _, c in plugins.proposers] if "proposers" in data else None
+    if data["proposers"] is None:
+        del data["proposers"]
+    if "merge" in data:
+        data["merge"] = plugins.merge[1].model_dump() if plugins.merge is not None else data["merge"]
+    if "router" in data:
+        data["router"] = None if plugins.router is None else plugins.router[1].model_dump()
+    try:
+        return typed_config_model(registry).model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(validation_line(exc, "config")) from None
+
+
+def plugin_entries(config: Any) -> dict[str, Any]:
+    """A config's plugins as the mappings a :class:`SpecframeConfig` reads (``proposers``, and ``merge`` /
+    ``router`` where the config sets them): the inverse of :func:`runtime_config` for a typed config, the config's
+    own entries for a :class:`SpecframeConfig`."""
+    if isinstance(config, SpecframeConfig):
+        out: dict[str, Any] = {"proposers": list(config.proposers)}
+        for key in ("merge", "router"):
+            if key in config.model_fields_set:
+                out[key] = getattr(config, key).model_dump()
+        return out
+    out = {"proposers": [p.model_dump() for p in config.proposers]}
+    if "merge" in config.model_fields_set and config.merge is not None:
+        out["merge"] = config.merge.model_dump()
+    if "router" in config.model_fields_set:
+        out["router"] = "none" if config.router is None else config.router.model_dump()
+    return out
+
+
 # --- the typed form: one frozen model over the installed plugins, and its JSON Schema ---------------------------
 
 
@@ -472,8 +520,15 @@ def typed_config_model(registry: Any) -> type[BaseModel]:
                               if name not in ("proposers", "merge", "router")}
     fields["proposers"] = (tuple[proposer, ...], Field(default=({"name": "ngram"},), min_length=1,
                                                        description=base["proposers"].description))
-    fields["merge"] = (merge, Field(default={"name": "priority"}, description=base["merge"].description))
-    fields["router"] = (Optional[router], Field(default={"name": "adaptive"}, description=base["router"].description))
+    # the defaults are the runtime config's where installed; else none (SPECFRAME_PLUGINS may leave them out)
+    default_merge = base["merge"].default_factory().name
+    default_router = base["router"].default_factory().name
+    if default_merge in registry.merge_policies:
+        fields["merge"] = (merge, Field(default={"name": default_merge}, description=base["merge"].description))
+    else:
+        fields["merge"] = (Optional[merge], Field(default=None, description=base["merge"].description))
+    fields["router"] = (Optional[router], Field(default={"name": default_router} if default_router in registry.routers
+                                                else None, description=base["router"].description))
     return create_model("TypedSpecframeConfig", __base__=_Shorthands, **fields)
 
 

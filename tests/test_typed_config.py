@@ -85,3 +85,25 @@ def test_the_runtime_config_and_the_typed_model_read_a_shorthand_alike(registry,
         assert typed.router.model_dump() == resolved.router[1].model_dump()
     if resolved.merge is not None:
         assert typed.merge.model_dump() == resolved.merge[1].model_dump()
+
+
+def test_a_loaded_specframe_runs_with_the_typed_config(specframe_tiny_target):
+    """``sf.config`` is the typed model: each proposer its plugin's own config object, the router's and merge
+    policy's too (None for ``router: none``); it loads again as it is and decodes the same."""
+    import specframe
+
+    sf = specframe.load(target=specframe_tiny_target, proposers=["ngram", {"name": "ngram", "k": 3}],
+                        merge={"name": "priority", "max_nodes": 6}, router="none", max_new_tokens=12)
+    cfg = sf.config
+    assert [type(p).__name__ for p in cfg.proposers] == ["NgramConfig", "NgramConfig"]
+    assert cfg.proposers[1].k == 3 and cfg.router is None and cfg.merge.max_nodes == 6
+    assert type(cfg).__name__ == "TypedSpecframeConfig"
+    with pytest.raises(ValidationError):
+        cfg.max_new_tokens = 5  # frozen
+    again = specframe.load(cfg, target=specframe_tiny_target)
+    assert again.config.model_dump() == cfg.model_dump()  # (each registry builds its own typed class)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    assert again.generate_result(prompt).token_ids == sf.generate_result(prompt).token_ids
+    lone = specframe.load(target=specframe_tiny_target)  # nothing set: the default router is the config's router
+    assert lone.config.router is not None and lone.config.router.name == "adaptive"
+    assert "router" not in lone.config.model_fields_set
