@@ -8,6 +8,9 @@ up to ``max_nodes`` nodes, and the target verifies all of it in one forward. Dra
 (one-hot q), so exactness holds under greedy and sampling alike. On a target that cannot take tree masks
 (sliding-window attention) the draft is the chain of each head's top-1.
 
+Feedback: no ``on_verified`` (``ProposerBase``'s no-op): the heads keep no state between steps; the engine sets
+``DecodeState.hidden`` from each verification forward (the row of the last accepted node) before the next ``propose``.
+
 Heads trained over a frequent-token subset (``specframe train medusa`` keeps the 8 192 most frequent response
 tokens, FR-Spec, Zhao et al. 2025) score only those rows of the LM head: ``[L, H] @ [H, S]`` (L heads, one per
 depth) instead of ``[H, V]``: 0.7 ms instead of 6.0 ms per proposal for SmolLM2 (V = 49 152; measured with S = 8 192,

@@ -19,6 +19,9 @@ period back, and without this the draft would stop after one period (2 tokens fo
 
     tokens = [5, 9, 5, 9, 5, 9], k = 5
     suffix [5, 9] last occurred at 2..3, followed by [5, 9] (the end)  ->  proposes [5, 9, 5, 9, 5]
+
+Feedback: none needed, so no ``on_verified`` (``ProposerBase``'s no-op). The index catches up with
+``DecodeState.tokens`` (the committed tokens, which the engine replaces after each step) at the next ``propose``.
 """
 
 from __future__ import annotations
@@ -126,7 +129,6 @@ class NgramIndex:
             if end is not None:
                 return continuation(toks, end, k)
         return []
-
 
     def track_all(self) -> "NgramIndex":
         """Also record every occurrence (for :meth:`lookup_many`); call before :meth:`extend`."""

@@ -25,7 +25,8 @@ Several proposers are combined into one verification tree per step (see docs/com
 matter with two or more proposers (a router may also trim a lone proposer's drafts to what pays on this
 machine). An option no plugin declares is refused there (every plugin config forbids extra keys).
 
-Configs are frozen: a change is a new config (``load_config(None, base=cfg.model_dump(), ...)``). A file (or the
+Configs are frozen: a change is a new config (``load_config(None, base=cfg.model_dump(exclude_unset=True), ...)``:
+the fields set so far stay set, the rest stay defaults, which :func:`resolve_plugins` tells apart). A file (or the
 API's keywords) is read into :class:`SpecframeConfig`, whose plugin entries are mappings until plugins are loaded;
 :func:`typed_config_model` is the same config as one frozen model over the installed plugins (``proposers`` a
 discriminated union by ``name``), and it is what a loaded :class:`~specframe.api.Specframe` runs with

@@ -341,6 +341,50 @@ def test_merge_with_two_proposers_is_accepted(monkeypatch):
                                 "confidence", "--dtype", "float32"], catch_exceptions=False)
 
 
+def _loaded_config(monkeypatch, *args: str):
+    """The config ``specframe generate ARGS`` would load (the load itself is stopped)."""
+    import specframe.api
+
+    class Loaded(Exception):
+        pass
+
+    def load(cfg, **kwargs):
+        raise Loaded(cfg)
+
+    monkeypatch.setattr(specframe.api, "load", load)
+    with pytest.raises(Loaded) as caught:
+        runner.invoke(cli.app, ["generate", "hello", "--dtype", "float32", *args], catch_exceptions=False)
+    return caught.value.args[0]
+
+
+def test_flags_set_only_what_they_name_so_a_lone_proposer_reads_as_the_same_file(tmp_path, monkeypatch):
+    from specframe.config import resolve_plugins
+    from specframe.registry import ALLOW_ENV, build_registry
+
+    by_flag = _loaded_config(monkeypatch, "--proposer", "ngram")
+    path = tmp_path / "c.yaml"
+    path.write_text("proposers: [ngram]\ndtype: float32\n")
+    by_file = _loaded_config(monkeypatch, "--config", str(path))
+    assert by_flag.model_fields_set == by_file.model_fields_set == {"proposers", "dtype"}
+    # unset: a lone proposer is routed only on a measured cost curve, as for the file (was: always routed)
+    assert resolve_plugins(by_flag, build_registry()).router is None
+    # and with only ngram installed, no default merge policy or router is asked for (was: "unknown merge policy")
+    monkeypatch.setenv(ALLOW_ENV, "ngram")
+    plugins = resolve_plugins(by_flag, build_registry())
+    assert [c.name for _, c in plugins.proposers] == ["ngram"] and (plugins.merge, plugins.router) == (None, None)
+
+
+def test_a_router_flag_naming_the_files_router_keeps_its_options_and_counts_as_set(tmp_path, monkeypatch):
+    path = tmp_path / "c.yaml"
+    path.write_text("proposers: [ngram]\nrouter: {name: adaptive, probe_every: 7}\n")
+    cfg = _loaded_config(monkeypatch, "--config", str(path), "--router", "adaptive")
+    assert "router" in cfg.model_fields_set and cfg.router.model_dump()["probe_every"] == 7
+    cfg = _loaded_config(monkeypatch, "--proposer", "ngram", "--router", "adaptive")
+    assert "router" in cfg.model_fields_set and cfg.router.name == "adaptive"
+    cfg = _loaded_config(monkeypatch, "--config", str(path), "--router", "none")
+    assert cfg.router.name == "none"
+
+
 def test_category_filter_on_a_file_without_categories(tmp_path, no_model_load):
     path = tmp_path / "q.jsonl"
     path.write_text('{"question_id": 1, "turns": ["hi"]}\n')

@@ -80,7 +80,7 @@ def generate(
     ),
     merge: Optional[str] = typer.Option(None, "--merge", help="Merge policy for combined proposers (default priority)."),
     max_nodes: Optional[int] = typer.Option(None, "--max-nodes", help="Node budget of the merged tree (default 24)."),
-    router: Optional[str] = typer.Option(None, "--router", help="Router for combined proposers: adaptive (default) | none."),
+    router: Optional[str] = typer.Option(None, "--router", help="Who drafts each step and with how many nodes (combined proposers; a lone one too when given): adaptive (default) | none."),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Most tokens to generate (default 128)."),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy (default 0)."),
     top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus filter in (0, 1] (default 1)."),
@@ -211,16 +211,20 @@ def _flags_config(f: GenerateFlags):
         stop=list(f.stop) or None, engine=f.engine, **machine_flags(f.threads, f.prepack),
     )
     merge, max_nodes, router = f.merge, f.max_nodes, f.router
+    # each change is a new config from the fields set so far (exclude_unset): a merge or router the file and the
+    # flags leave alone stays unset, as it is for a file saying the same (resolve_plugins reads what is set)
     if f.proposer:
-        cfg = load_config(None, base=cfg.model_dump(), proposers=_proposer_entries(list(f.proposer), cfg.proposers))
+        cfg = load_config(None, base=cfg.model_dump(exclude_unset=True),
+                          proposers=_proposer_entries(list(f.proposer), cfg.proposers))
     if merge is not None or max_nodes is not None:
         settings = {**cfg.merge.model_dump(), **({"name": merge} if merge else {}),
                     **({"max_nodes": max_nodes} if max_nodes is not None else {})}
         if merge and merge != cfg.merge.name:  # another policy: the file's options were for the old one
             settings = {k: v for k, v in settings.items() if k in ("name", "max_nodes")}
-        cfg = load_config(None, base=cfg.model_dump(), merge=settings)
-    if router is not None:
-        cfg = load_config(None, base=cfg.model_dump(), router=router if router != cfg.router.name else None)
+        cfg = load_config(None, base=cfg.model_dump(exclude_unset=True), merge=settings)
+    if router is not None:  # the router the file names keeps its options; another starts from its defaults
+        cfg = load_config(None, base=cfg.model_dump(exclude_unset=True),
+                          router=cfg.router.model_dump() if router == cfg.router.name else router)
     return cfg
 
 

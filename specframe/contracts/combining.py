@@ -133,7 +133,8 @@ class RouterConfig(BaseModel):
 
 @runtime_checkable
 class Router(Protocol):
-    """Decides, each step, which of several combined proposers run and with what node budget.
+    """Decides, each step, which proposers run and with what node budget: several combined ones, or a lone one
+    whose draft it trims to what pays (when the router is set explicitly, or the target carries a measured cost curve).
 
     Construction: ``cls(config, target_info)``. Routing never changes what greedy decoding emits, nor the
     distribution of what sampling emits; but under sampling it decides which proposers draw from the request's

@@ -127,8 +127,9 @@ class DecodeState:
     prompt_len: int  # tokens[:, :prompt_len] is the prompt
     sampling: SamplingParams  # the warp to apply to any draft distribution sampled from
     generator: torch.Generator  # per-request randomness; draw from it, never from the global RNG
-    hidden: Tensor | None = None  # [B, H] target's last hidden state at the last position it processed
-    # (filled only when a proposer declares needs_hidden_states)
+    hidden: Tensor | None = None  # [B, H] target's last hidden state at the last accepted position, the one
+    # before the newest committed token (the newest is not processed yet; nodes rejected after it do not count);
+    # filled only when a proposer declares needs_hidden_states
     features: Tensor | None = None  # [B, T_f, F, H] target dtype: hidden states of the layers ``feature_layers``
     # at positions 0..T_f-1, every position the target has processed (T_f = T - 1 between steps: all committed
     # tokens but the newest); filled only when a proposer declares ``feature_layers`` and the target supports it
@@ -212,6 +213,7 @@ class TargetModel(Protocol):
     eos_token_ids: frozenset[int]
     max_context: int  # positions the target supports
     device: torch.device
+    dtype: torch.dtype  # of its activations (the default scorer builds a token tree's attention mask in it)
     tokenizer: Any  # a transformers tokenizer, or None (then generated text is "")
     supports_trees: bool  # one tree mask serves every layer
 

@@ -1,5 +1,5 @@
 """The scoring contract: the verification forward of one request behind a small interface, so the decode loop runs
-against the live target (:class:`specframe.decode.scoring.TargetScorer`), llama.cpp's (:mod:`specframe.target.llamacpp`)
+against the live target (:class:`specframe.decode.target_scorer.TargetScorer`), llama.cpp's (:mod:`specframe.target.llamacpp`)
 or a recorded trace (:mod:`specframe.replay`) alike.
 
 A *scorer* owns what a request needs from the target: the prefill, one scoring of ``[newest committed token] +

@@ -1,4 +1,4 @@
-"""The decode loop: propose -> one target forward -> verify -> commit + KV rollback -> feedback -> record.
+"""The decode loop: propose -> one target forward -> verify -> commit + KV rollback -> feedback -> metrics.
 
 The engine receives a ready target, proposer(s), a verifier and, to combine several proposers, a merge policy
 and optionally a router (checked once into a :class:`~specframe.decode.lineup.Lineup`); it never names a proposer and
@@ -6,7 +6,7 @@ never calls a pluggy hook (observers arrive as a plain :class:`~specframe.decode
 no plugin observes, and then no event is built). Each request's step (:meth:`_Request.step`) is six calls:
 
 1. drafting (:mod:`specframe.decode.drafting`: routing, each proposer's draft, merging) returns the merged draft;
-2. the scorer (:mod:`specframe.decode.scoring`: the live target, or a recorded trace for replay) runs one forward over
+2. the scorer (:mod:`specframe.decode.target_scorer`: the live target, or a recorded trace for replay) runs one forward over
    the newest committed token + the draft's nodes;
 3. the verifier accepts a path and draws the recovered or bonus token;
 4. the stop checks commit tokens, and the scorer keeps the accepted path's KV entries;
@@ -36,12 +36,11 @@ from ..errors import ConfigError, PromptTooLongError
 from .isolation import REFUSED, IsolationPolicy
 from .lineup import Lineup, proposer_labels
 from .merged_tree import MergedDraft
-from .metrics import RequestMetrics
+from .metrics import MetricsWriter, RequestMetrics
 from .observe import Observers
-from .metrics import MetricsWriter
 from ..sampling import SamplingParams
 from ..contracts.scoring import Scored, ScorerFactory
-from .scoring import TargetScorer
+from .target_scorer import TargetScorer
 from .stopping import StopChecker, TextStream, special_stop_ids, without_incomplete_character
 from ..contracts.optional import optional
 
@@ -109,7 +108,7 @@ class Engine:
                                    origins=origins)
         # target hidden states at every processed position, for proposers that read features (EAGLE-style)
         layers = self.lineup.feature_layers
-        self.feature_layers: tuple[int, ...] = layers if hasattr(target, "forward_features") else ()
+        self.feature_layers: tuple[int, ...] = layers if optional(target, "forward_features") is not None else ()
         if layers and not self.feature_layers:
             log.warning("target %s cannot return hidden-state features: feature-reading proposers draft nothing",
                         type(target).__name__)
@@ -151,7 +150,7 @@ class Engine:
 
         ``observer`` receives one event per step (None: no events; see :meth:`Registry.observers`).
         ``between_steps`` is called after every step (e.g. the thread governor's cheap, rate-limited load check); it
-        cannot change the output. ``scorer`` makes the request's scorer (:mod:`specframe.decode.scoring`; None: the live
+        cannot change the output. ``scorer`` makes the request's scorer (:mod:`specframe.decode.target_scorer`; None: the live
         target with a fresh KV cache; replay passes one backed by a recorded trace; a batch passes its rows).
 
         ``max_new_tokens`` beyond the room the prompt leaves in the context is cut to that room (no buffer is sized
@@ -302,7 +301,7 @@ class _Request:
         report = self.drafting.feedback(merged, accepted, committed, finished, forward_s, scored.logits)
         if self.stream and committed and not finished:  # the last piece comes from run(), cut at a stop string
             self.stream.update(self.stops.generated)
-        # 6. record: metrics and the observers' step event
+        # 6. metrics: the writer counts the step and sends the observers' step event
         t3 = time.perf_counter()
         self.writer.step(report, merged.depths(), committed, finished, t1 - t0, t3 - t2)
 

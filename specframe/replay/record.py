@@ -21,7 +21,7 @@ from .. import __version__
 from ..contracts import DraftTree
 from ..io.prompts import Prompt
 from ..contracts.scoring import Scored
-from ..decode.scoring import TargetScorer
+from ..decode.target_scorer import TargetScorer
 from .driver import GREEDY
 from .trace import FORMAT, VERSION, Trace, TraceQuestion
 from ..contracts.optional import optional
