@@ -1,8 +1,10 @@
 """``draft-model``: a small causal LM drafts a chain autoregressively (Leviathan et al. 2022; Chen et al. 2023;
 transformers' assisted generation; vLLM's ``draft_model``).
 
-The draft keeps its own KV cache across steps: after verification it is rolled back to the longest prefix it
-shares with the committed tokens, so each step feeds only the tokens it has not seen. Under sampling, draft
+The draft keeps its own KV cache across steps: at the next ``propose`` after a verification it is rolled back to the
+longest prefix it shares with the committed tokens (lazily there, not in ``on_verified``: a router may leave it out
+of steps, and the committed tokens are what counts), so each step feeds only the tokens it has not seen. A draft
+forward that raises leaves the cache afresh (the next ``propose`` prefills the context again). Under sampling, draft
 tokens are drawn from the draft's warped distribution q (same temperature / top-k / top-p as the target) with
 the request's generator, and q is returned as ``draft_probs`` for exact rejection sampling (Leviathan et al.
 2022, Algorithm 1). Under greedy decoding the draft takes its argmax and no probabilities are built.
@@ -223,6 +225,18 @@ class ChainDrafter(ProposerBase):
         device = self.target.device
         feed = torch.tensor([tokens[keep:]], dtype=torch.int64, device=device)
         self._seen = tokens[:]
+        try:
+            return self._draft_chain(state, feed, k)
+        except BaseException:
+            # a forward that raised may have stored some layers' keys and values and not others': the cache no
+            # longer matches _seen. Start it afresh (the next propose prefills the context again); the engine
+            # counts the fault and this step goes on without the draft
+            self._cache, self._seen = new_cache(self.draft.config), []
+            raise
+
+    def _draft_chain(self, state: DecodeState, feed: Tensor, k: int) -> DraftTree:
+        """Up to ``k`` draft tokens after feeding ``feed [1, n]`` int64 (the tokens the cache has not seen)."""
+        device = feed.device
         greedy = state.sampling.is_greedy
         drafted: list[int] = []
         probs: list[Tensor] = []
@@ -246,7 +260,7 @@ class ChainDrafter(ProposerBase):
                 feed = torch.tensor([[top]], dtype=torch.int64, device=device)
                 self._seen.append(top)
         if not drafted:
-            return DraftTree.empty(batch)
+            return DraftTree.empty(state.tokens.shape[0])
         q_all = torch.stack(probs).cpu() if probs else None
         return DraftTree.chain(drafted, q_all)
 

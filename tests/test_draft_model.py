@@ -332,6 +332,44 @@ def test_draft_cache_after_rejections_equals_a_fresh_prefill(env, draft):
     assert_cache_is_a_fresh_prefill(prop)
 
 
+class _FailingForward:
+    """The draft, but its ``fail_at``-th forward raises after the first half of its layers stored their keys and
+    values (a fault mid-forward: the cache's layers then disagree in length)."""
+
+    def __init__(self, draft, fail_at: int) -> None:
+        self._draft, self.fail_at, self.calls = draft, fail_at, 0
+
+    def __getattr__(self, name):
+        return getattr(self._draft, name)
+
+    def __call__(self, ids, cache):
+        self.calls += 1
+        if self.calls != self.fail_at:
+            return self._draft(ids, cache)
+        self._draft(ids, cache)
+        half = len(cache.layers) // 2
+        for layer in cache.layers[half:]:  # undo the later layers' update: only the first half got it
+            layer.keys, layer.values = layer.keys[..., : -ids.shape[1], :], layer.values[..., : -ids.shape[1], :]
+        raise RuntimeError("draft forward failed")
+
+
+@pytest.mark.parametrize("fail_at", [1, 6])
+def test_a_draft_forward_that_raises_costs_one_step_and_drafting_resumes(env, fail_at):
+    """A forward raising mid-draft is one fault (that step goes on without the draft); the next propose rolls the
+    cache back to what it really holds and drafts again (it once claimed the positions the failed forward never
+    stored, so every later propose raised too until the proposer was disabled)."""
+    prop = CheckedDraftModel(DraftModelConfig(model=str(env.drafts["other"]), min_confidence=0.0, k=4),
+                             env.target.info)
+    prop._init_drafting()
+    prop.draft = _FailingForward(prop.draft, fail_at)
+    res = env.engine(prop).generate(PROMPT, max_new_tokens=N_NEW)
+    assert res.token_ids == env.refs[0]
+    assert res.metrics.proposer_faults == 1 and not res.metrics.proposer_disabled
+    assert prop.draft.calls > fail_at + 4  # drafting went on after the fault
+    prop.draft = prop.draft._draft
+    assert_cache_is_a_fresh_prefill(prop)
+
+
 def test_rollback_to_a_diverging_continuation(env):
     prop = env.proposer("other", min_confidence=0.0, k=4, schedule="constant")
     tokens = PROMPT + env.refs[0][:5]  # 16 tokens: past qwen2-sliding's window of 8

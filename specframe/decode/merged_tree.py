@@ -8,7 +8,7 @@ trie under a node budget and records the *provenance* of every merged node as a 
 Deduplication and exactness. Two nodes are the same node when they continue the same merged parent with the
 same token. Under greedy verification any two such nodes may be merged (verification follows the target's
 argmax down the tree, so a duplicate sibling could never be chosen instead). Under sampling, SpecInfer's
-multi-draft rejection (:func:`specframe.token_tree.sampling_tree`) tries siblings in turn, subtracting each rejected
+multi-draft rejection (:func:`specframe.acceptance.sampling_tree`) tries siblings in turn, subtracting each rejected
 sibling's ``q`` from the target distribution:
 
 - two *deterministic* nodes (one-hot ``q``, a draft without ``draft_probs``) with the same token may be merged:
