@@ -6,7 +6,7 @@ never calls a pluggy hook (observers arrive as a plain :class:`~specframe.decode
 no plugin observes, and then no event is built). Each request's step (:meth:`_Request.step`) is six calls:
 
 1. drafting (:mod:`specframe.decode.drafting`: routing, each proposer's draft, merging) returns the merged draft;
-2. the scorer (:mod:`specframe.decode.target_scorer`: the live target, or a recorded trace for replay) runs one forward over
+2. the scorer (:mod:`specframe.decode.target_scorer` for the live target; :mod:`specframe.replay` for a recorded trace) runs one forward over
    the newest committed token + the draft's nodes;
 3. the verifier accepts a path and draws the recovered or bonus token;
 4. the stop checks commit tokens, and the scorer keeps the accepted path's KV entries;
