@@ -23,6 +23,16 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
 
 # layer kinds one tree mask serves: full causal attention, and layers without attention or a cache of their own
 _TREE_LAYER_TYPES = frozenset({"full_attention", "dummy"})
+# per-layer attention kinds some configs declare in a list of their own (GPT-Neo: ``attention_types`` expanded into
+# ``attention_layers``, with ``window_size``), which transformers' cache does not see: kinds other than these are local
+_GLOBAL_ATTENTION = frozenset({"global", "full", "full_attention", "attention"})
+
+
+def _declared_local_layers(text: Any) -> list[str]:
+    kinds = getattr(text, "attention_layers", None)
+    if not isinstance(kinds, (list, tuple)):
+        return []
+    return sorted({str(k) for k in kinds if isinstance(k, str)} - _GLOBAL_ATTENTION)
 
 
 def tree_obstacle(config: Any) -> str | None:
@@ -39,13 +49,32 @@ def tree_obstacle(config: Any) -> str | None:
 
     text = config.get_text_config(decoder=True)
     layer_types, _ = get_layer_types_and_kwargs(text)
-    other = sorted({str(t) for t in layer_types} - _TREE_LAYER_TYPES)
+    other = sorted({str(t) for t in layer_types} - _TREE_LAYER_TYPES) or _declared_local_layers(text)
     if other:
         return f"layers of kind {', '.join(other)}"
     kinds = sorted({type(layer).__name__ for layer in DynamicCache(config=config).layers
                     if type(layer) not in (DynamicLayer, DummyLayer)})
     if kinds:
         return f"cache layers {', '.join(kinds)}"
+    return None
+
+
+def cache_obstacle(model: Any) -> str | None:
+    """Why specframe cannot keep and roll back this model's state in a transformers ``Cache``, or None when it can.
+
+    A model whose forward takes no ``cache`` (GPT-1, RWKV, XLNet), one that transformers itself gives a cache of its
+    own instead of a ``DynamicCache`` (MiniMax's linear attention, xLSTM), or one whose recurrent state lives in its
+    modules rather than in the cache (RecurrentGemma) would decode from a state that a rejected draft left behind.
+    """
+    import inspect
+
+    if "cache" not in inspect.signature(model.forward).parameters:
+        return "its forward takes no KV cache (state kept by the model itself, or none)"
+    supports = getattr(type(model), "_supports_default_dynamic_cache", None)
+    if callable(supports) and not supports():
+        return "transformers gives it a cache of its own, not a DynamicCache that specframe can roll back"
+    if any(callable(getattr(m, "_setup_cache", None)) for m in model.modules()):
+        return "its recurrent state is kept inside its layers, outside the KV cache, so a rejected draft cannot be undone"
     return None
 
 
@@ -102,6 +131,10 @@ class Target(TextSide):
 
     def __init__(self, model: Any, tokenizer: Any = None, name: str = "") -> None:
         require_engine_transformers()
+        obstacle = cache_obstacle(model)
+        if obstacle:
+            kind = getattr(model.config, "model_type", type(model).__name__)
+            raise ConfigError(f"model type {kind!r} cannot be a specframe target: {obstacle}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "name_or_path", "") or model.config.model_type

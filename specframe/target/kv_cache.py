@@ -3,6 +3,15 @@
 We use transformers' ``DynamicCache`` with past recording on, so sliding-window layers (Gemma 3) keep enough
 past to be cropped after a partial acceptance. After every verification forward the scorer keeps the accepted
 path only: :func:`rollback` (``crop``) after a chain, :func:`compact` after a tree.
+
+Recurrent layers (Mamba / Mamba-2 scans, gated-delta and other linear attention, short convolutions: transformers'
+``LinearAttentionLayer`` cache layers, as in Qwen3-Next / Qwen3.5, Nemotron-H, Granite-4, Jamba, Falcon-H1) hold a
+state, not one entry per position, so a rejected draft cannot be cut off the end. :class:`SpecCache` keeps, for
+every forward after the prefill, the state after each of its positions (transformers' recorded intermediate
+states: the model runs those positions through its one-token recurrent update, as plain decoding does) until the
+next :func:`rollback`, which restores the accepted position's state and drops the rest. Memory is bounded by the
+positions between two rollbacks (the draft length + 1 in the engine), never the context; the prefill records
+none (it runs the model's chunked scan, as transformers' own ``generate`` does).
 """
 
 from __future__ import annotations
@@ -11,11 +20,46 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import LinearAttentionCacheLayerMixin as _RECURRENT
+
+
+class SpecCache(DynamicCache):
+    """``DynamicCache`` whose recurrent layers record the state after every position of each forward but the
+    first (the prefill), so :func:`rollback` can return to any of them (see the module docstring)."""
+
+    def get_recurrent_states_to_keep(self, layer_idx: int | None = None) -> int:
+        # transformers' scans take min(this, new positions): all of them once the layer holds a state, none at the
+        # prefill (a layer's recurrent state is initialised by the first forward that writes it)
+        layers = self.layers if layer_idx is None else [self.layers[layer_idx]]
+        return max((_ALL if _holds_state(layer) else 0 for layer in layers), default=0)
+
+
+_ALL = 1 << 30  # "every new position": transformers caps it at the forward's length
+
+
+def _holds_state(layer: Any) -> bool:
+    return bool(getattr(layer, "record_past", False) and any(getattr(layer, "is_recurrent_states_initialized",
+                                                                     {}).values()))
+
+
+def _holds_anything(layer: Any) -> bool:
+    if isinstance(layer, _RECURRENT):
+        return any(layer.is_conv_states_initialized.values()) or any(layer.is_recurrent_states_initialized.values())
+    return bool(getattr(layer, "is_initialized", True))
+
+
+def recurrent_layers(cache: DynamicCache) -> list[Any]:
+    """The cache layers that keep a recurrent / convolution state (transformers' linear-attention cache layers)."""
+    return [layer for layer in cache.layers if isinstance(layer, _RECURRENT)]
 
 
 def new_cache(config: Any) -> DynamicCache:
-    cache = DynamicCache(config=config)
-    cache.activate_past_recording()
+    """An empty cache for a model with ``config``: every kind of layer can be rolled back (see the module
+    docstring)."""
+    cache = SpecCache(config=config)
+    cache.activate_past_recording(recurrent_states_to_keep=0)
+    for layer in recurrent_layers(cache):  # one history list per state (transformers shares one list among them)
+        layer.recurrent_states_history = {i: [] for i in range(layer.number_of_states)}
     return cache
 
 
@@ -28,12 +72,21 @@ def rollback(cache: DynamicCache, length: int) -> None:
     """Drop every position at index ``>= length`` (rejected draft nodes).
 
     Raises:
-        ValueError: ``length`` is larger than the cache.
+        ValueError: ``length`` is larger than the cache, or a recurrent layer kept no state for ``length`` (rolled
+            back into a prefill, or a cache not made by :func:`new_cache`).
     """
     current = cache_length(cache)
     if length > current:
         raise ValueError(f"cannot roll the KV cache forward: holds {current} positions, asked for {length}")
-    cache.crop(-(current - length))  # negative = number to remove; 0 still trims sliding-window layers
+    for layer in recurrent_layers(cache) if length < current else ():
+        kept = min((len(h) for i, h in layer.recurrent_states_history.items() if layer.is_recurrent_states_initialized[i]),
+                   default=current - length)
+        if kept < current - length:
+            raise ValueError(f"cannot roll a recurrent layer back {current - length} positions: it kept the states "
+                             f"of the last {kept} only")
+    for layer in cache.layers:  # negative = number to remove; 0 still trims sliding-window layers
+        if _holds_anything(layer):
+            layer.crop(-(current - length))  # (a layer a layer-skip draft never ran holds nothing to crop)
 
 
 def restore(cache: DynamicCache, length: int) -> None:
