@@ -78,6 +78,50 @@ def cache_obstacle(model: Any) -> str | None:
     return None
 
 
+_PROBE = [3, 1, 4, 1, 5, 9, 2, 6]  # token ids of the cache probe (taken modulo the vocabulary)
+
+
+def cached_forward_obstacle(model: Any) -> str | None:
+    """Why this model's verification forwards do not reproduce its one-token decoding, or None when they do.
+
+    The engine's contract with a target, checked once on 8 tokens over specframe's cache: after a 3-token prefill, a
+    forward over 3 new tokens, :func:`~specframe.target.kv_cache.rollback` of the last one and a forward over 3 more
+    must give the logits that decoding those 5 tokens one at a time gives (float32 and float64 within 1e-3 of the
+    logit scale; other dtypes only have to run). It catches a model whose multi-token forward over a cache raises
+    or computes something else (an encoder used as a decoder, a cache read in ways the engine does not keep),
+    which would otherwise fail at the first draft or decode silently wrong tokens.
+    """
+    from .kv_cache import new_cache, rollback
+
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    device = next(model.parameters()).device
+    ids = torch.tensor([[t % vocab for t in _PROBE]], device=device)
+
+    def forward(cache: Any, start: int, stop: int) -> Tensor:
+        return model(input_ids=ids[:, start:stop], cache=cache, use_cache=True).logits[0].float()
+
+    try:
+        with torch.inference_mode():
+            one = new_cache(model.config)
+            forward(one, 0, 3)
+            steps = torch.cat([forward(one, i, i + 1) for i in range(3, 8)])
+            wide = new_cache(model.config)
+            forward(wide, 0, 3)
+            first = forward(wide, 3, 6)
+            rollback(wide, 5)
+            second = forward(wide, 5, 8)
+    except Exception as exc:  # noqa: BLE001 - any failure here is the one-line refusal
+        line = (str(exc).strip().splitlines() or [""])[0][:160]
+        return f"a forward of several new tokens over its cache raised {type(exc).__name__}: {line}"
+    if next(model.parameters()).dtype in (torch.float32, torch.float64):
+        scale = max(1.0, float(steps.abs().max()))
+        gap = max(float((first - steps[0:3]).abs().max()), float((second - steps[2:5]).abs().max()))
+        if gap > 1e-3 * scale:
+            return (f"a forward of several new tokens over its cache gives other logits than decoding them one at a "
+                    f"time (largest gap {gap:.3g}, logit scale {scale:.3g})")
+    return None
+
+
 ENGINE_TRANSFORMERS = (5, 24)  # the KV-cache API the engine drives (cache layers, DummyLayer)
 
 
@@ -131,7 +175,7 @@ class Target(TextSide):
 
     def __init__(self, model: Any, tokenizer: Any = None, name: str = "") -> None:
         require_engine_transformers()
-        obstacle = cache_obstacle(model)
+        obstacle = cache_obstacle(model) or cached_forward_obstacle(model)
         if obstacle:
             kind = getattr(model.config, "model_type", type(model).__name__)
             raise ConfigError(f"model type {kind!r} cannot be a specframe target: {obstacle}")

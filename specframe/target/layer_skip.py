@@ -4,8 +4,8 @@ an early exit, every layer from one on skipped, through the model's own final no
 
 A skipped layer passes its input through unchanged (the residual stream goes on), so the model's own forward —
 embeddings, masks, rotary embeddings, the final norm and LM head — runs as it is, for any architecture whose decoder
-loop calls each layer with the hidden states first and takes back the hidden states (every transformers decoder in
-5.x). Which layers are skipped is a per-thread setting, active only inside :func:`skipping`: the target's own
+loop calls each layer with the hidden states first and takes back the hidden states, alone or first in a tuple (a
+skipped layer returns what the layer returned when it last ran, with its input in place of its output). Which layers are skipped is a per-thread setting, active only inside :func:`skipping`: the target's own
 forwards (any thread, and this one outside the block) run every layer, so sharing the weights never changes the
 target's output. The draft keeps its own KV cache (:func:`specframe.target.kv_cache.new_cache`); a skipped layer's
 cache layer stays empty, so layer 0 (whose cache gives the sequence length) is always run.
@@ -23,6 +23,7 @@ __all__ = ["check_skip", "decoder_layers", "skipping"]
 
 _local = threading.local()  # .skip: frozenset of layer indices skipped in this thread (absent: none)
 _MARK = "_specframe_skippable"
+_RETURNS = "_specframe_returns"  # how many values the layer returned when it last ran (None: a tensor)
 _installing = threading.Lock()
 
 
@@ -33,7 +34,8 @@ def decoder_layers(model: Any) -> Any:
         ConfigError: the model has none where transformers decoders keep them (``model.model.layers`` or
             ``get_decoder().layers``).
     """
-    for get in (lambda m: m.model.layers, lambda m: m.get_decoder().layers, lambda m: m.layers):
+    for get in (lambda m: m.model.layers, lambda m: m.get_decoder().layers, lambda m: m.layers,
+                lambda m: m.transformer.h, lambda m: m.transformer.layers):  # (GPT-2 / GPT-Neo / BLOOM layouts)
         try:
             layers = get(model)
         except (AttributeError, TypeError, NotImplementedError):
@@ -68,14 +70,33 @@ def _install(layers: Any) -> None:
             if getattr(layer, _MARK, None) is not None:
                 continue
 
-            def forward(*args: Any, _run: Any = layer.forward, _index: int = index, **kwargs: Any) -> Any:
+            def forward(*args: Any, _run: Any = layer.forward, _index: int = index, _layer: Any = layer,
+                        **kwargs: Any) -> Any:
                 skip = getattr(_local, "skip", None)
                 if skip and _index in skip:
-                    return args[0] if args else kwargs["hidden_states"]
-                return _run(*args, **kwargs)
+                    hidden = args[0] if args else kwargs["hidden_states"]
+                    width = getattr(_layer, _RETURNS, None)  # a layer that returns (hidden, weights, ...): same arity
+                    return hidden if width is None else (hidden,) + (None,) * (width - 1)
+                out = _run(*args, **kwargs)
+                setattr(_layer, _RETURNS, len(out) if isinstance(out, tuple) else None)
+                return out
 
             layer.forward = forward
             setattr(layer, _MARK, index)
+        _learn_returns(layers)
+
+
+def _learn_returns(layers: Any) -> None:
+    """Run the whole model once on one token (no cache, nothing skipped) so that every wrapped layer records what it
+    returns (a skipped layer returns the same arity)."""
+    import torch
+
+    model = getattr(_local, "model", None)
+    if model is None or getattr(layers[-1], _RETURNS, "unknown") != "unknown":
+        return
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=False)
 
 
 @contextmanager
@@ -87,7 +108,11 @@ def skipping(model: Any, skip: frozenset[int]) -> Iterator[None]:
     """
     layers = decoder_layers(model)
     skip = check_skip(skip, len(layers))
-    _install(layers)
+    _local.model = model
+    try:
+        _install(layers)
+    finally:
+        _local.model = None
     before = getattr(_local, "skip", None)
     _local.skip = skip
     try:

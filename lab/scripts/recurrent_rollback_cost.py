@@ -1,0 +1,205 @@
+"""What rolling back a hybrid target's recurrent state costs, per verification step, two ways (issue 52 c).
+
+    python lab/scripts/recurrent_rollback_cost.py [--layers 24] [--hidden 1024] [--repeats 5] [--out DIR]
+
+The target is a Qwen3.5-like hybrid with random weights of a realistic shape (``qwen3_5_text``: 3 gated-delta
+linear-attention layers to 1 full-attention layer, 24 layers, hidden 1024, vocabulary 32 768; float32, every core),
+after a 256-token prompt. For a draft of k tokens (a forward over w = k + 1 positions) and a accepted drafts:
+
+- ``chunked``: the verification forward with no way back (transformers' chunked scan, nothing kept): the floor.
+- ``(a) snapshot``: what specframe does (:class:`specframe.target.kv_cache.SpecCache`): the forward keeps the state
+  after each of its w positions (the model runs them through its one-token recurrent update), then
+  :func:`~specframe.target.kv_cache.rollback` restores the accepted one.
+- ``(b) replay``: the state before the step is copied, the forward runs chunked; when a draft is rejected the copy
+  is restored and the accepted a + 1 tokens run again through the target (every layer: a generic replay).
+
+Each is timed from the same prefilled cache (a deep copy per repeat, outside the timing), medians over repeats, and
+reported as ms and as a fraction of a plain one-token step (transformers' own cache, no recording). Memory is what
+each keeps beyond the committed state: (a) the recorded states and the wider convolution window, (b) the copy.
+Then end to end, token-identical or not and tok/s: plain decoding (``none``), drafts accepted by construction (an
+oracle drafting plain decoding's own next 4 tokens) and ``ngram``.
+Run it alone: other processes change the figures more than the strategies do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache, Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+from specframe.target.kv_cache import new_cache, recurrent_layers, rollback
+
+
+def build(layers: int, hidden: int) -> Qwen3_5ForCausalLM:
+    kinds = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)]
+    cfg = Qwen3_5TextConfig(vocab_size=32768, hidden_size=hidden, intermediate_size=int(hidden * 3.5),
+                            num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+                            linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+                            linear_value_head_dim=128, layer_types=kinds, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    return Qwen3_5ForCausalLM(cfg).float().eval()
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _state(cache) -> list:
+    out = []
+    for layer in recurrent_layers(cache):
+        out += list(layer.conv_states.values()) + list(layer.recurrent_states.values())
+    return out
+
+
+def _snapshot(cache):
+    return [(layer, {i: t.clone() for i, t in layer.conv_states.items() if t is not None},
+             {i: t.clone() for i, t in layer.recurrent_states.items() if t is not None},
+             layer.cumulative_length_linear.clone()) for layer in recurrent_layers(cache)]
+
+
+def _restore(cache, snap, length: int) -> None:
+    for layer, conv, rec, count in snap:
+        layer.conv_states.update(conv)
+        for i, t in rec.items():
+            layer.recurrent_states[i].copy_(t)
+        layer.cumulative_length_linear = count
+        layer.recurrent_states_history = {i: [] for i in range(layer.number_of_states)}
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", False) and hasattr(layer, "keys") and layer.keys is not None:
+            extra = layer.keys.shape[-2] - length
+            if extra > 0:
+                layer.keys, layer.values = layer.keys[..., :length, :], layer.values[..., :length, :]
+                if hasattr(layer, "cumulative_length"):
+                    layer.cumulative_length = length
+
+
+@torch.inference_mode()
+def measure(model, repeats: int) -> dict:
+    torch.manual_seed(1)
+    prompt = torch.randint(1, 32768, (1, 256))
+    spec = new_cache(model.config)
+    model(input_ids=prompt, cache=spec, use_cache=True, logits_to_keep=1)
+    plain = DynamicCache(config=model.config)
+    model(input_ids=prompt, cache=plain, use_cache=True, logits_to_keep=1)
+    base = 256
+    committed = _bytes(_state(spec))
+
+    def timed(fn) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    one = torch.randint(1, 32768, (1, 1))
+    t_plain = statistics.median(
+        timed(lambda c=copy.deepcopy(plain): model(input_ids=one, cache=c, use_cache=True)) for _ in range(repeats))
+    rows = []
+    for k in (1, 2, 4, 8):
+        w = k + 1
+        block = torch.randint(1, 32768, (1, w))
+        for accepted in sorted({0, k // 2, k}):
+            keep = base + 1 + accepted
+            times: dict[str, list[float]] = {"chunked": [], "a": [], "b": []}
+            mem_a = mem_b = 0
+            for _ in range(repeats):  # interleaved: the three ways alternate within each repeat
+                c = copy.deepcopy(plain)
+                times["chunked"].append(timed(lambda: model(input_ids=block, cache=c, use_cache=True)))
+                c = copy.deepcopy(spec)
+
+                def way_a() -> None:
+                    nonlocal mem_a
+                    model(input_ids=block, cache=c, use_cache=True)
+                    mem_a = sum(_bytes(h) for layer in recurrent_layers(c) for h in layer.recurrent_states_history.values())
+                    mem_a += _bytes(_state(c)) - committed
+                    rollback(c, keep)
+                times["a"].append(timed(way_a))
+                c = copy.deepcopy(plain)
+
+                def way_b() -> None:
+                    nonlocal mem_b
+                    snap = _snapshot(c)
+                    mem_b = sum(_bytes(list(conv.values()) + list(rec.values())) for _, conv, rec, _ in snap)
+                    model(input_ids=block, cache=c, use_cache=True)
+                    if accepted < k:
+                        _restore(c, snap, base)
+                        model(input_ids=block[:, :accepted + 1], cache=c, use_cache=True)
+                times["b"].append(timed(way_b))
+            med = {name: statistics.median(v) for name, v in times.items()}
+            rows.append({"k": k, "accepted": accepted, "chunked_ms": med["chunked"], "a_ms": med["a"], "b_ms": med["b"],
+                         "a_over_plain": (med["a"] - med["chunked"]) / t_plain,
+                         "b_over_plain": (med["b"] - med["chunked"]) / t_plain,
+                         "a_mib": mem_a / 2**20, "b_mib": mem_b / 2**20})
+            print(json.dumps(rows[-1]), flush=True)
+    return {"plain_step_ms": t_plain, "committed_state_mib": committed / 2**20, "rows": rows}
+
+
+def end_to_end(model, tokens: int, k: int = 4) -> dict:
+    """Plain decoding vs drafts that are accepted by construction (an oracle drafting the next ``k`` tokens of plain
+    decoding's own output) and vs ``ngram``, interleaved, on a prompt that repeats itself."""
+    from typing import Literal
+
+    from specframe import DraftTree, ProposerBase, ProposerConfig
+    from specframe.acceptance import GreedyVerifier
+    from specframe.decode.engine import Engine
+    from specframe.target.hf import Target
+    from specframe_plugins.autoregressive import NoneConfig, NoProposer
+    from specframe_plugins.ngram import NgramConfig, NgramProposer
+
+    target = Target(model)
+    torch.manual_seed(2)
+    prompt = torch.randint(1, 32768, (24,)).tolist() * 4
+    plain = Engine(target, [NoProposer(NoneConfig(), target.info)], GreedyVerifier())
+    reference = plain.generate(prompt, max_new_tokens=tokens).token_ids
+
+    class OracleConfig(ProposerConfig):
+        name: Literal["oracle"] = "oracle"
+
+    class Oracle(ProposerBase):
+        name, Config = "oracle", OracleConfig
+
+        def propose(self, state, budget):
+            done = state.tokens.shape[1] - len(prompt)
+            return DraftTree.chain(reference[done:done + min(k, budget)])
+
+    engines = {"none": plain, "oracle": Engine(target, [Oracle(OracleConfig(), target.info)], GreedyVerifier()),
+               "ngram": Engine(target, [NgramProposer(NgramConfig(), target.info)], GreedyVerifier())}
+    out: dict = {}
+    for _ in range(2):  # interleaved
+        for name, engine in engines.items():
+            t0 = time.perf_counter()
+            r = engine.generate(prompt, max_new_tokens=tokens)
+            dt = time.perf_counter() - t0
+            out.setdefault(name, []).append({"tok_s": len(r.token_ids) / dt, "tau": r.metrics.tau,
+                                             "identical": r.token_ids == reference})
+    return {n: {"tok_s": statistics.median(x["tok_s"] for x in v), "tau": v[0]["tau"],
+                "identical": all(x["identical"] for x in v)} for n, v in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    model = build(args.layers, args.hidden)
+    isa = sorted({f for f in Path("/proc/cpuinfo").read_text().split() if f.startswith(("avx512", "amx", "avx2"))})
+    result = {"machine": {"cpu": platform.processor() or platform.machine(), "isa": isa,
+                          "threads": torch.get_num_threads()},
+              "shape": {"layers": args.layers, "hidden": args.hidden, "kinds": "3 linear : 1 full"},
+              **measure(model, args.repeats), "end_to_end": end_to_end(model, args.tokens)}
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
