@@ -122,6 +122,45 @@ def cached_forward_obstacle(model: Any) -> str | None:
     return None
 
 
+def tree_forward_obstacle(model: Any) -> str | None:
+    """Why one tree-masked forward of this model does not give each branch's chain logits, or None when it does.
+
+    Checked once, like :func:`cached_forward_obstacle`: after a 3-token prefill, the newest token and a 3-node tree
+    (a 2-token branch and a 1-token sibling) in one forward with :func:`~specframe.token_tree.tree_attention_mask`
+    and :func:`~specframe.token_tree.tree_position_ids`, against the two branches as chains. A model whose attention
+    cannot take the 4-D mask (ALiBi biases built from a 2-D one, as BLOOM's) or ignores it would raise at the first
+    tree draft or score the wrong context; such a target verifies chains.
+    """
+    from ..token_tree import tree_attention_mask, tree_position_ids
+    from .kv_cache import new_cache
+
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    ids = [t % vocab for t in _PROBE]
+    parent = [-1, 0, -1]  # nodes ids[4] (child of the newest), ids[5] (its child), ids[6] (a sibling of ids[4])
+
+    def run(tokens: list[int], **kw: Any) -> Tensor:
+        cache = new_cache(model.config)
+        model(input_ids=torch.tensor([ids[:3]], device=device), cache=cache, use_cache=True)
+        return model(input_ids=torch.tensor([tokens], device=device), cache=cache, use_cache=True, **kw).logits[0]
+
+    try:
+        with torch.inference_mode():
+            tree = run(ids[3:7], attention_mask=tree_attention_mask(parent, 3, dtype, device),
+                       position_ids=tree_position_ids(parent, 3, device)).float()
+            branch = run(ids[3:6]).float()
+            sibling = run([ids[3], ids[6]]).float()
+    except Exception as exc:  # noqa: BLE001 - the target then verifies chains
+        line = (str(exc).strip().splitlines() or [""])[0][:120]
+        return f"a tree-masked forward raised {type(exc).__name__}: {line}"
+    if dtype in (torch.float32, torch.float64):
+        scale = max(1.0, float(branch.abs().max()))
+        gap = max(float((tree[:3] - branch).abs().max()), float((tree[3] - sibling[1]).abs().max()))
+        if gap > 1e-3 * scale:
+            return f"a tree-masked forward scores other logits than its branches as chains (largest gap {gap:.3g})"
+    return None
+
+
 ENGINE_TRANSFORMERS = (5, 24)  # the KV-cache API the engine drives (cache layers, DummyLayer)
 
 
@@ -188,7 +227,7 @@ class Target(TextSide):
         self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.eos_token_ids = _eos_ids(model, tokenizer)
         # a tree mask is one [N+1, T] mask for every layer: only full-attention layers can take it
-        self.tree_obstacle = tree_obstacle(model.config)
+        self.tree_obstacle = tree_obstacle(model.config) or tree_forward_obstacle(model)
         self.supports_trees = self.tree_obstacle is None
         self.info = TargetInfo(
             vocab_size=self.vocab_size,

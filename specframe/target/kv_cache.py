@@ -34,6 +34,15 @@ class SpecCache(DynamicCache):
         return max((_ALL if _holds_state(layer) else 0 for layer in layers), default=0)
 
 
+    def update_recurrent_state(self, recurrent_states: Any, layer_idx: int, state_idx: int = 0, **kwargs: Any) -> Any:
+        layer = self.layers[layer_idx]
+        prefill = not layer.is_recurrent_states_initialized[state_idx]
+        out = super().update_recurrent_state(recurrent_states, layer_idx, state_idx, **kwargs)
+        if prefill:  # the prefill recorded only the state before it (zeros): no position to return to
+            layer.recurrent_states_history[state_idx] = []
+        return out
+
+
 _ALL = 1 << 30  # "every new position": transformers caps it at the forward's length
 
 
@@ -110,6 +119,8 @@ def compact(cache: DynamicCache, base_len: int, keep: list[int]) -> None:
         rollback(cache, base_len + len(keep))
         return
     for layer in cache.layers:
+        if not _holds_anything(layer) or layer.keys is None:
+            continue  # (a cross-attention layer with no image, a layer a layer-skip draft never ran)
         keys, values = layer.keys, layer.values
         offset = keys.shape[-2] - n  # this layer's first draft position
         idx = torch.tensor(keep, dtype=torch.long, device=keys.device) + offset

@@ -1,0 +1,124 @@
+"""Hybrid and recurrent targets (issue 52 b): Mamba / Mamba-2 scans and gated-delta linear attention beside full
+attention, tiny random float32 models of each family, decode token-identically to transformers' greedy ``generate``
+under ngram, lookahead and draft-model (a tiny hybrid draft, whose own recurrent cache is rolled back too), batched
+equal to alone; the recurrent state after a rollback is the one-token decoding's state; rwkv is refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specframe import ConfigError
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.decode.batch import BatchRequest, decode_batch
+from specframe.decode.engine import Engine
+from specframe.sampling import SamplingParams
+from specframe.target.hf import Target
+from specframe.target.kv_cache import new_cache, recurrent_layers, rollback
+from specframe.testing.decoder_sweep import PROMPT, _proposer
+from specframe.testing.decoder_types import build_tiny, reference_greedy
+from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
+
+HYBRIDS = ("qwen3_next", "qwen3_5_text", "nemotron_h", "jamba", "falcon_h1", "granitemoehybrid", "mamba2")
+TOKENS = 24
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module", params=HYBRIDS)
+def hybrid(request):
+    model = build_tiny(request.param, seed=0)
+    return request.param, model, Target(model, None, name=request.param), reference_greedy(model, PROMPT, TOKENS)
+
+
+def _draft_folder(model_type, tmp_path):
+    draft = build_tiny(model_type, seed=1)  # another random model of the same shape and vocabulary
+    draft.save_pretrained(tmp_path / "draft")
+    return tmp_path / "draft"
+
+
+@pytest.mark.parametrize("name", ["ngram", "lookahead", "draft-model"])
+def test_hybrid_greedy_is_token_identical(hybrid, name, tmp_path):
+    model_type, _, target, reference = hybrid
+    assert not target.supports_trees and recurrent_layers(target.new_cache())
+    if name == "draft-model":
+        proposer = DraftModelProposer(DraftModelConfig(model=str(_draft_folder(model_type, tmp_path)), k=3,
+                                                       min_confidence=0.0), target.info)
+    else:
+        proposer = _proposer(name, target.info)
+    result = Engine(target, [proposer], GreedyVerifier()).generate(PROMPT, max_new_tokens=TOKENS)
+    assert result.token_ids == reference
+    assert result.metrics.proposer_faults == 0
+    assert result.metrics.drafted_nodes > 0  # drafts were verified, so rollbacks happened
+
+
+def test_hybrid_batched_equals_alone(hybrid):
+    _, _, target, reference = hybrid
+    prompts = [PROMPT, PROMPT[3:], PROMPT[::-1], PROMPT + PROMPT[:5]]
+    alone = [Engine(target, [_proposer("ngram", target.info)], GreedyVerifier())
+             .generate(p, max_new_tokens=12).token_ids for p in prompts]
+    requests = [BatchRequest(Engine(target, [_proposer("ngram", target.info)], GreedyVerifier()), p, 12)
+                for p in prompts]
+    batched = dict(decode_batch(target, requests, batch_size=4))
+    assert [batched[i].token_ids for i in range(4)] == alone
+    assert alone[0] == reference[:12]
+
+
+def test_hybrid_sampling_matches_plain_sampling_of_the_same_seed(hybrid):
+    """Under sampling, a step that accepts every draft must leave the same distribution: with ``none`` and with
+    ``ngram`` the first sampled token's frequencies over 200 seeds agree with the target's probabilities."""
+    _, model, target, _ = hybrid
+    sampling = SamplingParams(temperature=1.0)
+    with torch.inference_mode():
+        p = torch.softmax(model(input_ids=torch.tensor([PROMPT])).logits[0, -1].double(), -1)
+    engine = Engine(target, [_proposer("ngram", target.info)], SpeculativeSamplingVerifier())
+    counts = torch.zeros_like(p)
+    for seed in range(200):
+        first = engine.generate(PROMPT, max_new_tokens=2, sampling=sampling, seed=seed).token_ids[0]
+        counts[first] += 1
+    tv = 0.5 * float((counts / counts.sum() - p).abs().sum())
+    assert tv < 0.25, tv  # 200 samples of a 64-way distribution: TV ~ 0.1-0.2 by chance, ~0.5+ when broken
+
+
+def test_rollback_restores_the_one_token_state(hybrid):
+    """After a 4-token forward and a rollback of 2, the recurrent state is the one reached by decoding the 2 kept
+    tokens one at a time (states compared directly, not through outputs)."""
+    _, model, _, _ = hybrid
+    ids = torch.tensor([PROMPT])
+    with torch.inference_mode():
+        wide, one = new_cache(model.config), new_cache(model.config)
+        model(input_ids=ids[:, :10], cache=wide, use_cache=True)
+        model(input_ids=ids[:, :10], cache=one, use_cache=True)
+        model(input_ids=ids[:, 10:14], cache=wide, use_cache=True)
+        rollback(wide, 12)
+        for i in (10, 11):
+            model(input_ids=ids[:, i:i + 1], cache=one, use_cache=True)
+        rollback(one, 12)  # (trims the convolution windows as the wide cache's rollback did)
+    for a, b in zip(recurrent_layers(wide), recurrent_layers(one)):
+        for i, state in a.recurrent_states.items():
+            if state is not None:
+                torch.testing.assert_close(state, b.recurrent_states[i], rtol=1e-5, atol=1e-5)
+        for i, conv in a.conv_states.items():
+            if conv is not None:
+                torch.testing.assert_close(conv, b.conv_states[i], rtol=1e-5, atol=1e-5)
+
+
+def test_rolling_back_past_what_a_recurrent_layer_kept_raises():
+    model = build_tiny("mamba2")
+    cache = new_cache(model.config)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([PROMPT]), cache=cache, use_cache=True)  # a prefill keeps no states
+    with pytest.raises(ValueError, match="kept the states of the last 0"):
+        rollback(cache, len(PROMPT) - 2)
+
+
+def test_rwkv_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="'rwkv' cannot be a specframe target") as info:
+        Target(build_tiny("rwkv"), None)
+    assert "\n" not in str(info.value)
