@@ -29,7 +29,7 @@ INTERMEDIATE, EXPERT_INTERMEDIATE = 128, 32
 EXPERTS, EXPERTS_PER_TOKEN = 4, 2
 POSITIONS = 512
 WINDOW = 8
-MAX_PARAMETERS = 5_000_000
+MAX_PARAMETERS = 20_000_000
 
 # Integer config fields, by name (full match on the field's own name, first rule wins): name -> new value given the
 # old one (None: leave unchanged). Applied to the decoder config and, for composite configs, to every sub-config.
@@ -40,7 +40,8 @@ _RULES: list[tuple[str, Any]] = [
     (r"(first_k_dense_replace|num_dense_layers|num_dense_blocks|moe_layer_start_index|num_nextn_predict_layers)",
      lambda v: min(v, 1) if v > 1 else None),
     (r"num_kv_shared_layers", lambda v: 0),
-    (r"(.*_)?(n_routed_experts|num_local_experts|num_experts|moe_num_experts|num_experts_per_layer)", _small(EXPERTS)),
+    (r"(.*_)?(n_routed_experts|num_local_experts|num_experts|moe_num_experts|num_experts_per_layer)",
+     lambda v: EXPERTS if v >= 1 else None),
     (r"(.*_)?(num_experts_per_tok|num_experts_per_token|moe_topk|moe_top_k|moe_k|top_k|experts_per_token)",
      _small(EXPERTS_PER_TOKEN)),
     (r"(n_group|num_expert_group|topk_group|n_groups|mamba_n_groups|mamba_ngroups|o_groups)", _small(1)),
@@ -67,6 +68,8 @@ _RULES: list[tuple[str, Any]] = [
     (r"(.*_)?(num_hidden_layers|n_layers?|num_layers|decoder_layers|encoder_layers|num_decoder_layers|"
      r"num_encoder_layers|depth)", _small(2)),
 ]
+# The only per-type entries: default configs with no layer kinds although the model needs them.
+_DEFAULT_KINDS = {"lfm2_moe": {"layer_types": ["conv", "full_attention"]}}
 _LAYER_COUNT_NAMES = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers")
 _ID_NAME = re.compile(r".*(_token_id|_token_index|_token_ids|_index|_id)")
 _NO_ID = ("bos_token_id", "eos_token_id", "forced_eos_token_id", "decoder_start_token_id")
@@ -89,74 +92,70 @@ def _model_class(model_type: str) -> type:
     return getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
 
 
-def _kind_lists(d: dict[str, Any], n: int) -> dict[str, list]:
-    """The config's per-layer descriptions, as one value per layer for each of its ``n`` layers.
+def _kind_lists(d: dict[str, Any], n: int) -> dict[str, tuple[str, list]]:
+    """The config's per-layer descriptions: ``{field: (form, one value per layer for each of its n layers)}``.
 
-    Per-layer lists (length ``n``), index lists (``*_indices``, ``*_layers``, ...: membership), period/offset pairs
-    and pattern strings (``hybrid_override_pattern``) and run-length lists (gpt_neo's ``attention_types``).
+    Forms: "list" (per-layer list of length ``n``), "cycle" (a shorter list of kinds repeated, recurrent_gemma's
+    ``block_types``), "index" (a list of layer indices, ``*_indices``, ``*_layers``, ...: membership), "period"
+    (``X_period`` / ``X_offset``: membership), "pattern" (a string, ``hybrid_override_pattern``), "runs"
+    (``[[kinds, repeat], ...]``, gpt_neo's ``attention_types``).
     """
-    out: dict[str, list] = {}
+    out: dict[str, tuple[str, list]] = {}
     for name, v in d.items():
-        if isinstance(v, list) and 1 < len(v) < n and all(isinstance(x, str) and _KIND_WORDS.search(x) for x in v):
-            out[name] = [v[i % len(v)] for i in range(n)]  # a cycle (recurrent_gemma's block_types)
-        elif isinstance(v, str) and len(v) == n and n > 1 and name.endswith("pattern"):
-            out[name] = list(v)
-        elif isinstance(v, list) and v and all(isinstance(x, list) and len(x) == 2 and isinstance(x[1], int)
-                                                for x in v):  # [[kinds, repeat], ...]
-            out[name] = [k for kinds, rep in v for _ in range(rep) for k in kinds]
+        ints = isinstance(v, list) and bool(v) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+        if ints and _INDEX_LIST.fullmatch(name) and v == sorted(set(v)) and max(v) < n:
+            out[name] = "index", [i in v for i in range(n)]
         elif isinstance(v, list) and len(v) == n:
-            out[name] = list(v)
-        elif (isinstance(v, list) and v and _INDEX_LIST.fullmatch(name) and all(isinstance(i, int) for i in v)
-              and v == sorted(set(v)) and max(v) < n):
-            out[name] = [i in v for i in range(n)]
+            out[name] = "list", list(v)
+        elif isinstance(v, list) and 1 < len(v) < n and all(isinstance(x, str) and _KIND_WORDS.search(x) for x in v):
+            out[name] = "cycle", [v[i % len(v)] for i in range(n)]
+        elif isinstance(v, str) and len(v) == n > 1 and name.endswith("pattern"):
+            out[name] = "pattern", list(v)
+        elif isinstance(v, list) and v and all(isinstance(x, list) and len(x) == 2 and isinstance(x[1], int)
+                                                for x in v):
+            out[name] = "runs", [k for kinds, rep in v for _ in range(rep) for k in kinds]
         elif name.endswith("_period") and isinstance(v, int) and v > 0 and isinstance(d.get(name[:-6] + "offset"), int):
-            off = d[name[:-6] + "offset"]
-            out[name] = [i % v == off for i in range(n)]
+            out[name] = "period", [i % v == d[name[:-6] + "offset"] for i in range(n)]
     return out
 
 
-def _pick_layers(kinds: dict[str, list], n: int) -> list[int]:
+def _pick_layers(kinds: dict[str, tuple[str, list]], n: int) -> list[int]:
     """The fewest layer indices covering every kind value (strings and memberships), at least 2, earliest first."""
-    def signature(i: int) -> tuple:
-        return tuple((k, v[i]) for k, v in kinds.items() if isinstance(v[i], (str, bool)))
+    def signature(i: int) -> set:
+        return {(k, v[i]) for k, (_, v) in kinds.items() if isinstance(v[i], (str, bool))}
 
-    needed = {kv for i in range(n) for kv in signature(i)}
-    firsts: dict[tuple, int] = {}
+    needed = set().union(*(signature(i) for i in range(n)))
+    firsts: dict[frozenset, int] = {}
     for i in range(n):
-        firsts.setdefault(signature(i), i)
+        firsts.setdefault(frozenset(signature(i)), i)
     candidates = sorted(firsts.values())
+    picked = list(range(min(n, 2)))
     for size in range(1, len(candidates) + 1):
-        for combo in itertools.combinations(candidates, size):
-            if {kv for i in combo for kv in signature(i)} >= needed:
-                picked = list(combo)
-                for i in range(n):  # at least two layers
-                    if len(picked) >= 2:
-                        break
-                    if i not in picked:
-                        picked.append(i)
-                return sorted(picked)
-    return list(range(min(n, 2)))
+        combo = next((c for c in itertools.combinations(candidates, size)
+                      if set().union(*(signature(i) for i in c)) >= needed), None)
+        if combo is not None:
+            picked = list(combo) + [i for i in range(n) if i not in combo][:max(0, 2 - size)]
+            break
+    return sorted(picked)
 
 
-def _cut_layers(d: dict[str, Any], kinds: dict[str, list], picked: list[int]) -> dict[str, Any]:
+def _cut_layers(d: dict[str, Any], kinds: dict[str, tuple[str, list]], picked: list[int]) -> dict[str, Any]:
     """Overrides that rewrite the config's per-layer descriptions for the ``picked`` layers."""
     out: dict[str, Any] = {}
     m = len(picked)
-    for name, per_layer in kinds.items():
+    for name, (form, per_layer) in kinds.items():
         new = [per_layer[i] for i in picked]
-        old = d[name]
-        if isinstance(old, str):
+        if form == "pattern":
             out[name] = "".join(new)
-        elif name.endswith("_period"):
+        elif form == "period":
             hits = [j for j, hit in enumerate(new) if hit]
             out[name], out[name[:-6] + "offset"] = (m, hits[0]) if hits else (m + 1, m)
-        elif isinstance(old, list) and old and isinstance(old[0], list) and len(old[0]) == 2:
+        elif form == "runs":
             out[name] = [[[k], 1] for k in new]
-        elif isinstance(old, list) and (len(old) == len(per_layer) or isinstance(new[0], str)) \
-                and not _INDEX_LIST.fullmatch(name):
-            out[name] = new
-        else:
+        elif form == "index":
             out[name] = [j for j, hit in enumerate(new) if hit]
+        else:
+            out[name] = new
     return out
 
 
@@ -168,6 +167,9 @@ def _hybrid_default(config: Any, n: int) -> Any:
     attention heads (granitemoehybrid) gets a full-attention last layer.
     """
     d = config.to_dict()
+    if config.model_type in _DEFAULT_KINDS:
+        kinds = _DEFAULT_KINDS[config.model_type]
+        return type(config)(**kinds, **{_layer_count(d)[0]: len(next(iter(kinds.values())))})
     for name, v in d.items():
         if re.fullmatch(r"(full_)?(attn|attention)_(layer_)?(idxs|indices|ids)", name) and (
                 not v or sorted(v) == list(range(n))):
@@ -200,7 +202,7 @@ def _shrink(config: Any) -> dict[str, Any]:
     for name, v in d.items():
         if name == "is_decoder":  # encoder types under their causal-LM class run as decoders
             over[name] = True
-        if v is None and re.fullmatch(r".*(head_dim|key_value_heads|num_experts_per_tok)", name) \
+        if v is None and re.fullmatch(r".*(head_dim|key_value_heads|num_experts_per_tok|n_routed_experts|n_shared_experts)", name) \
                 and "int" in fields.get(name, ""):  # left to derive, but the model reads it (hunyuan, nemotron)
             v = 10**9
         if isinstance(v, bool):
@@ -228,6 +230,8 @@ def _shrink(config: Any) -> dict[str, Any]:
                 break
     if "kv_lora_rank" in d and "num_key_value_heads" in d:  # MLA: one KV head per query head
         over["num_key_value_heads"] = over.get("num_attention_heads", d.get("num_attention_heads"))
+    if "qk_rope_head_dim" in over and d.get("head_dim") == d["qk_rope_head_dim"]:  # MLA rotary head (longcat)
+        over["head_dim"] = over["qk_rope_head_dim"]
     n_name, n = _layer_count(d)
     if n:
         kinds = _kind_lists(d, n)
@@ -359,7 +363,7 @@ def family(model_type: str, config: Any) -> str:
     """One of "hybrid", "recurrent", "sliding window", "moe", "dense" (first that applies), from the config.
 
     Recurrent layers are linear-attention / mamba / conv / recurrent kinds (or a config with no attention heads at
-    all: rwkv, xlstm); hybrid = recurrent and attention layers mixed; sliding window = sliding / chunked / local
+    all, or a recurrent model type: rwkv, xlstm); hybrid = recurrent and attention layers mixed; sliding window = sliding / chunked / local
     layers or a window size on a model with attention; moe = more than one expert.
     """
     if hasattr(config, "get_text_config"):
@@ -368,16 +372,12 @@ def family(model_type: str, config: Any) -> str:
     d = config.to_dict()
     recurrent = {k for k in kinds if re.search(r"linear|mamba|conv|recurrent|rwkv|ssm|^m$", k)}
     attention = {k for k in kinds if re.search(r"attention|attn|global|local|full|sliding|chunk|^\*$", k)} - recurrent
-    has_heads = any(re.fullmatch(r"(num_attention_heads|n_head|num_heads|attention_heads)", k) for k in d)
+    has_heads = any(re.fullmatch(r"(.*attention_heads|n_heads?|num_heads)", k) for k in d)
     if {"hybrid", "hybrid_sliding"} & kinds or (recurrent and attention):
         return "hybrid"
-    if recurrent or not has_heads:
+    if recurrent or not has_heads or re.search(r"mamba|rwkv|lstm|rnn", config.model_type):
         return "recurrent"
-    windowed = {k for k in kinds if re.search(r"sliding|chunk|local", k)}
-    window = any(re.fullmatch(r"(sliding_window|attention_chunk_size|window_size)", k) and isinstance(v, int) and v > 0
-                 for k, v in d.items())
-    if windowed or (window and "sliding_attention" not in kinds and not kinds - {"full_attention"}
-                    and not d.get("use_sliding_window") is False):
+    if any(re.search(r"sliding|chunk|local", k) for k in kinds):
         return "sliding window"
     experts = max((v for k, v in d.items() if isinstance(v, int) and not isinstance(v, bool)
                    and re.fullmatch(r"(.*_)?(n_routed_experts|num_local_experts|num_experts|moe_num_experts)", k)),
