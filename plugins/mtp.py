@@ -1,6 +1,7 @@
 """``mtp``: draft with the multi-token-prediction layers a target checkpoint carries (DeepSeek-V3/R1, GLM-4.5:
 ``num_nextn_predict_layers`` modules after the decoder layers; DeepSeek-AI 2024, "DeepSeek-V3 Technical Report",
-§2.2). See :mod:`specframe.learned.mtp` for the computation.
+§2.2; Qwen3-Next / Qwen3.5's ``mtp.*`` and MiMo's ``model.mtp_layers.*``). See :mod:`specframe.learned.mtp` for the
+computation and the layouts.
 
 The MTP modules read the target's last hidden state (after its final norm) at every committed position, taken from
 the verification forward the engine already runs (``feature_layers``: the last ``hidden_states`` entry): no extra
@@ -61,15 +62,10 @@ class MtpProposer(ProposerBase):
         if target.model is None:
             raise ConfigError(f"mtp needs the target model (its hidden states, embedding and decoder-layer class), "
                               f"which this target (engine {target.engine}) does not give: use engine transformers")
-        text = target.model.config.get_text_config()
-        if mtp_layer_count(target.model.config) < 1 and getattr(text, "mtp_num_hidden_layers", 0):
-            raise ConfigError(f"target {target.name!r} carries Qwen3-Next-style MTP layers (mtp.*, "
-                              f"mtp_num_hidden_layers), which mtp does not read yet: it reads the DeepSeek-V3 layout "
-                              f"(model.layers.{{L}}.eh_proj, num_nextn_predict_layers)")
         if mtp_layer_count(target.model.config) < 1:
             raise ConfigError(f"target {target.name!r} carries no MTP layers (its config has no "
-                              f"num_nextn_predict_layers): mtp drafts only for models trained with them, such as "
-                              f"DeepSeek-V3/R1 and GLM-4.5")
+                              f"num_nextn_predict_layers or mtp_num_hidden_layers): mtp drafts only for models trained "
+                              f"with them, such as DeepSeek-V3/R1, GLM-4.5, Qwen3-Next, Qwen3.5 and MiMo")
         folder = Path(config.checkpoint).expanduser() if config.checkpoint else None
         key = ("mtp", folder_key(folder) if folder else None, id(target.model), str(target.dtype))
         self.drafter = shared(key, lambda: load_mtp(target.model, folder))
