@@ -11,7 +11,8 @@ every forward after the prefill, the state after each of its positions (transfor
 states: the model runs those positions through its one-token recurrent update, as plain decoding does) until the
 next :func:`rollback`, which restores the accepted position's state and drops the rest. Memory is bounded by the
 positions between two rollbacks (the draft length + 1 in the engine), never the context; the prefill records
-none (it runs the model's chunked scan, as transformers' own ``generate`` does).
+none (it runs the model's chunked scan, as transformers' own ``generate`` does) and keeps only the convolution
+window, as a cache without recording does.
 """
 
 from __future__ import annotations
@@ -33,14 +34,45 @@ class SpecCache(DynamicCache):
         layers = self.layers if layer_idx is None else [self.layers[layer_idx]]
         return max((_ALL if _holds_state(layer) else 0 for layer in layers), default=0)
 
+    def update_conv_state(self, conv_states: Any, layer_idx: int, state_idx: int = 0, **kwargs: Any) -> Any:
+        layer = self.layers[layer_idx]
+        prefill = not layer.has_previous_state[state_idx]
+        out = super().update_conv_state(conv_states, layer_idx, state_idx, **kwargs)
+        if prefill:  # keep the convolution window only, as without recording (the prompt's columns are never undone)
+            kept, width = layer.conv_states[state_idx], layer.conv_kernel_size[state_idx]
+            if kept.shape[-1] >= width:
+                layer.conv_states[state_idx] = kept[..., -width:].clone()
+            else:
+                layer.conv_states[state_idx] = torch.nn.functional.pad(kept, (width - kept.shape[-1], 0))
+        return out
 
     def update_recurrent_state(self, recurrent_states: Any, layer_idx: int, state_idx: int = 0, **kwargs: Any) -> Any:
         layer = self.layers[layer_idx]
-        prefill = not layer.is_recurrent_states_initialized[state_idx]
-        out = super().update_recurrent_state(recurrent_states, layer_idx, state_idx, **kwargs)
-        if prefill:  # the prefill recorded only the state before it (zeros): no position to return to
+        if not layer.is_recurrent_states_initialized[state_idx]:  # the prefill: nothing to return to
+            out = super().update_recurrent_state(recurrent_states, layer_idx, state_idx, **kwargs)
             layer.recurrent_states_history[state_idx] = []
-        return out
+            return out
+        # the state before this forward and after each of its positions but the last, copied into buffers this cache
+        # keeps (transformers keeps the model's own tensors: fresh memory every step, which costs page faults)
+        new, last = ([], recurrent_states) if isinstance(recurrent_states, torch.Tensor) else \
+            (list(recurrent_states[:-1]), recurrent_states[-1])
+        history = layer.recurrent_states_history[state_idx]
+        pool = self._pool.setdefault((layer_idx, state_idx), [])
+        need = len(history) + 1 + len(new)
+        pool.extend(torch.empty_like(last) for _ in range(need - len(pool)))
+        slots = pool[len(history):need]
+        for slot, state in zip(slots, [layer.recurrent_states[state_idx], *new]):
+            slot.copy_(state)
+        history.extend(slots)
+        layer.recurrent_states[state_idx].copy_(last)
+        return layer.recurrent_states[state_idx]
+
+    @property
+    def _pool(self) -> dict:
+        pool = self.__dict__.get("_buffers_by_state")
+        if pool is None:
+            pool = self.__dict__["_buffers_by_state"] = {}
+        return pool
 
 
 _ALL = 1 << 30  # "every new position": transformers caps it at the forward's length
@@ -94,8 +126,19 @@ def rollback(cache: DynamicCache, length: int) -> None:
             raise ValueError(f"cannot roll a recurrent layer back {current - length} positions: it kept the states "
                              f"of the last {kept} only")
     for layer in cache.layers:  # negative = number to remove; 0 still trims sliding-window layers
-        if _holds_anything(layer):
-            layer.crop(-(current - length))  # (a layer a layer-skip draft never ran holds nothing to crop)
+        if _holds_anything(layer):  # (a layer a layer-skip draft never ran holds nothing to crop)
+            _crop(layer, current - length)
+
+
+def _crop(layer: Any, tokens: int) -> None:
+    """``layer.crop(-tokens)``; a recurrent layer's kept state is copied into its live state first (the kept ones
+    are buffers the cache reuses: transformers' crop would make one of them the live state)."""
+    if isinstance(layer, _RECURRENT) and tokens > 0:
+        for i, history in layer.recurrent_states_history.items():
+            if layer.is_recurrent_states_initialized[i] and len(history) >= tokens:
+                layer.recurrent_states[i].copy_(history[-tokens])
+                layer.recurrent_states_history[i] = [layer.recurrent_states[i]] * tokens
+    layer.crop(-tokens)
 
 
 def restore(cache: DynamicCache, length: int) -> None:
@@ -104,7 +147,7 @@ def restore(cache: DynamicCache, length: int) -> None:
     for layer in cache.layers:
         extra = int(layer.get_seq_length()) - length
         if extra > 0:
-            layer.crop(-extra)
+            _crop(layer, extra)
 
 
 def compact(cache: DynamicCache, base_len: int, keep: list[int]) -> None:
