@@ -95,6 +95,8 @@ def measure(model, repeats: int) -> dict:
     prompt = torch.randint(1, 32768, (1, 256))
     spec = new_cache(model.config)
     model(input_ids=prompt, cache=spec, use_cache=True, logits_to_keep=1)
+    model(input_ids=torch.randint(1, 32768, (1, 9)), cache=spec, use_cache=True)  # as after a step of the engine: the
+    rollback(spec, 256)  # cache's state buffers exist (they are reused from step to step), the window is trimmed
     plain = DynamicCache(config=model.config)
     model(input_ids=prompt, cache=plain, use_cache=True, logits_to_keep=1)
     base = 256
@@ -237,6 +239,26 @@ def router_end_to_end(model, tokens: int) -> dict:
             for n, v in out.items()}
 
 
+def table(result: dict) -> str:
+    """The result as Markdown tables (what ``--out`` writes beside ``result.json`` as ``table.md``)."""
+    m = result["machine"]
+    lines = [f"Machine: {m['cpu']}, ISA {' '.join(m['isa'])}, {m['threads']} threads. Plain one-token step "
+             f"{result['plain_step_ms']:.0f} ms; committed recurrent state {result['committed_state_mib']:.0f} MiB.", "",
+             "| k | accepted | chunked ms | sequential ms | (a) ms | (b) ms | (a) extra / plain step | "
+             "(b) extra / plain step | (a) MiB | (b) MiB |", "|" + "---:|" * 10]
+    for x in result["rows"]:
+        lines.append(f"| {x['k']} | {x['accepted']} | {x['chunked_ms']:.0f} | {x['sequential_ms']:.0f} | {x['a_ms']:.0f} "
+                     f"| {x['b_ms']:.0f} | {x['a_over_plain']:.2f} | {x['b_over_plain']:.2f} | {x['a_mib']:.0f} "
+                     f"| {x['b_mib']:.0f} |")
+    for key, title in (("end_to_end", "random weights"), ("router_end_to_end", "scripted to repeat its prompt")):
+        runs = result[key]
+        lines += ["", f"End to end, {title}:", "", "| run | tok/s | τ | vs none | identical |", "|---|---:|---:|---:|---|"]
+        for name, v in runs.items():
+            lines.append(f"| {name} | {v['tok_s']:.2f} | {v['tau']:.2f} | {v['tok_s'] / runs['none']['tok_s']:.2f}x "
+                         f"| {v['identical']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=24)
@@ -256,6 +278,7 @@ def main() -> None:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+        (args.out / "table.md").write_text(table(result))
 
 
 if __name__ == "__main__":
