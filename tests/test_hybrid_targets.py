@@ -122,3 +122,25 @@ def test_rwkv_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="'rwkv' cannot be a specframe target") as info:
         Target(build_tiny("rwkv"), None)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_next", "mamba2"])
+@pytest.mark.parametrize("name", ["ngram", "draft-model"])
+def test_conformance_kit_on_hybrid_targets(model_type, name, tmp_path):
+    """The kit's exactness checks (greedy and sampling lossless, draft probabilities, rollback after a partial
+    acceptance) with a hybrid target in place of its tiny Llama."""
+    from specframe.testing import Kit
+    from specframe_plugins.ngram import NgramProposer
+
+    target = Target(build_tiny(model_type, seed=0), None, name=model_type)
+    if name == "ngram":
+        kit = Kit(NgramProposer, {}, samples=200, target=target)
+    else:
+        folder = _draft_folder(model_type, tmp_path)
+        kit = Kit(DraftModelProposer, {"model": str(folder), "k": 2, "min_confidence": 0.0}, samples=200,
+                  target=target)
+    checks = ["check_greedy_lossless", "check_sampling_lossless", "check_rollback_after_partial_acceptance"]
+    if name == "draft-model":  # (ngram's drafts are deterministic: no draft probabilities to check)
+        checks.append("check_draft_probs_match_samples")
+    for check in checks:
+        getattr(kit, check)()  # raises ConformanceError on failure

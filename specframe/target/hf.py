@@ -78,6 +78,20 @@ def cache_obstacle(model: Any) -> str | None:
     return None
 
 
+def takes_positions(model: Any) -> bool:
+    """The model's forward takes ``position_ids`` (then specframe always passes them, as transformers' ``generate``
+    does: a few models, BAMBA among them, number a multi-token forward from 0 when given none)."""
+    import inspect
+
+    return "position_ids" in inspect.signature(model.forward).parameters
+
+
+def consecutive_positions(cache: Any, n: int, device: Any) -> Tensor:
+    """``[1, n]`` int64: the positions after what ``cache`` holds."""
+    past = int(cache.get_seq_length()) if cache is not None else 0
+    return torch.arange(past, past + n, device=device)[None]
+
+
 _PROBE = [3, 1, 4, 1, 5, 9, 2, 6]  # token ids of the cache probe (taken modulo the vocabulary)
 
 
@@ -97,8 +111,11 @@ def cached_forward_obstacle(model: Any) -> str | None:
     device = next(model.parameters()).device
     ids = torch.tensor([[t % vocab for t in _PROBE]], device=device)
 
+    positions = takes_positions(model)
+
     def forward(cache: Any, start: int, stop: int) -> Tensor:
-        return model(input_ids=ids[:, start:stop], cache=cache, use_cache=True).logits[0].float()
+        pos = {"position_ids": consecutive_positions(cache, stop - start, device)} if positions else {}
+        return model(input_ids=ids[:, start:stop], cache=cache, use_cache=True, **pos).logits[0].float()
 
     try:
         with torch.inference_mode():
@@ -139,9 +156,13 @@ def tree_forward_obstacle(model: Any) -> str | None:
     ids = [t % vocab for t in _PROBE]
     parent = [-1, 0, -1]  # nodes ids[4] (child of the newest), ids[5] (its child), ids[6] (a sibling of ids[4])
 
+    positions = takes_positions(model)
+
     def run(tokens: list[int], **kw: Any) -> Tensor:
         cache = new_cache(model.config)
         model(input_ids=torch.tensor([ids[:3]], device=device), cache=cache, use_cache=True)
+        if positions and "position_ids" not in kw:
+            kw["position_ids"] = consecutive_positions(cache, len(tokens), device)
         return model(input_ids=torch.tensor([tokens], device=device), cache=cache, use_cache=True, **kw).logits[0]
 
     try:
@@ -219,6 +240,7 @@ class Target(TextSide):
             kind = getattr(model.config, "model_type", type(model).__name__)
             raise ConfigError(f"model type {kind!r} cannot be a specframe target: {obstacle}")
         self.model = model.eval()
+        self.takes_positions = takes_positions(model)
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "name_or_path", "") or model.config.model_type
         param = next(model.parameters())
@@ -318,6 +340,9 @@ class Target(TextSide):
             ``(logits, hidden, features)``: as :meth:`forward`, plus ``features [B, n, len(layers), H]`` in the
             model's dtype (None when ``layers`` is empty).
         """
+        if position_ids is None and self.takes_positions:  # (as generate: some models number from 0 otherwise)
+            position_ids = consecutive_positions(cache, input_ids.shape[1], input_ids.device).expand(
+                input_ids.shape[0], -1)
         out = self.model(
             input_ids=input_ids, cache=cache, use_cache=True, output_hidden_states=bool(want_hidden or layers),
             logits_to_keep=logits_to_keep, attention_mask=attention_mask, position_ids=position_ids,

@@ -35,7 +35,8 @@ def decoder_layers(model: Any) -> Any:
             ``get_decoder().layers``).
     """
     for get in (lambda m: m.model.layers, lambda m: m.get_decoder().layers, lambda m: m.layers,
-                lambda m: m.transformer.h, lambda m: m.transformer.layers):  # (GPT-2 / GPT-Neo / BLOOM layouts)
+                lambda m: m.transformer.h, lambda m: m.transformer.layers, lambda m: m.transformer.blocks,
+                lambda m: m.base_model.encoder.layer):  # (GPT-2 / GPT-Neo / BLOOM / MPT / BERT-as-decoder layouts)
         try:
             layers = get(model)
         except (AttributeError, TypeError, NotImplementedError):
