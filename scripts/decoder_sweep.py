@@ -3,7 +3,7 @@
     python scripts/decoder_sweep.py [--out lab/results/decoder-sweep] [--tokens 16] [TYPE ...]
 
 Each type's tiny random model (float32) against transformers' own greedy ``generate``, under ``none``, ``ngram``,
-``lookahead``, ``layer-skip`` and ``early-exit`` (:mod:`specframe.testing.decoder_sweep` says what each cell means).
+``lookahead``, ``layer-skip``, ``early-exit`` and ``retrieval`` (:mod:`specframe.testing.decoder_sweep` says what each cell means).
 Rows go to ``rows.jsonl`` as they finish (a rerun skips the types already there: delete the file to start over);
 ``table.md`` is rewritten from it after each row, with counts per family. Exits 1 when any row has a traceback, a
 divergence or lost drafts.

@@ -1,6 +1,6 @@
 """Every causal-LM type of the installed transformers, as a tiny random float32 model, is a specframe target that
 decodes token-identically to transformers' greedy ``generate`` under none / ngram / lookahead / layer-skip /
-early-exit, or is refused in one line that names the type and what it lacks (issue 52; the table:
+early-exit / retrieval, or is refused in one line that names the type and what it lacks (issue 52; the table:
 ``python scripts/decoder_sweep.py``). Types transformers itself cannot build or generate with are skipped."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specframe.testing.decoder_sweep import check_type
+from specframe.testing.decoder_sweep import PROPOSERS, check_type
 from specframe.testing.decoder_types import causal_lm_types
 
 # whole-type refusals and a word of each message (Target's one-line ConfigError)
@@ -53,7 +53,7 @@ def test_decoder_type_is_exact_or_refused_in_one_line(model_type):
         return
     assert model_type not in REFUSED, f"{model_type} is no longer refused: take it off REFUSED"
     assert row.status == "exact", row.cells
-    assert set(row.cells) == {"none", "ngram", "lookahead", "layer-skip", "early-exit"}
+    assert set(row.cells) == set(PROPOSERS)
 
 
 def test_known_broken_types_still_break():

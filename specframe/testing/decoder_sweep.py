@@ -2,7 +2,7 @@
 
 For one model type (:func:`check_type`): the tiny random model of :mod:`specframe.testing.decoder_types` (float32),
 transformers' own greedy ``generate`` as the reference, then specframe's engine under each proposer that needs no
-trained weights (:data:`PROPOSERS`), greedy, ``router`` off. Each cell of the row is one of
+trained weights (:data:`PROPOSERS`; ``retrieval`` over a datastore of the reference itself), greedy, ``router`` off. Each cell of the row is one of
 
 - ``exact``: token-identical to the reference, and the proposer never raised (a raise is a lost draft, counted in
   ``proposer_faults``);
@@ -18,7 +18,9 @@ A type transformers itself cannot build or generate with is ``unbuildable`` (not
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -29,11 +31,13 @@ from ..errors import SpecframeError
 from ..target.hf import Target
 from .decoder_types import buildable, family, reference_greedy
 
-PROPOSERS = ("none", "ngram", "lookahead", "layer-skip", "early-exit")
+PROPOSERS = ("none", "ngram", "lookahead", "layer-skip", "early-exit", "retrieval")
 PROMPT = [5, 9, 12, 7, 5, 9, 12, 30, 41, 5, 9, 12, 7, 18, 5, 9]  # repeated n-grams: ngram drafts from step 1
 
 
-def _proposer(name: str, info: Any) -> Any:
+def _proposer(name: str, info: Any, reference: list[int] | None = None, workdir: Path | None = None) -> Any:
+    """A proposer by name on ``info``'s target; ``retrieval`` gets a datastore in ``workdir`` of two documents: the
+    prompt followed by ``reference`` (its drafts are accepted), and by ``reference`` reversed (a second branch)."""
     from specframe_plugins.autoregressive import NoneConfig, NoProposer
     from specframe_plugins.lookahead import LookaheadConfig, LookaheadProposer
     from specframe_plugins.ngram import NgramConfig, NgramProposer
@@ -45,8 +49,18 @@ def _proposer(name: str, info: Any) -> Any:
         "lookahead": lambda: LookaheadProposer(LookaheadConfig(), info),
         "layer-skip": lambda: LayerSkipProposer(LayerSkipConfig(skip=[1], k=3), info),
         "early-exit": lambda: EarlyExitProposer(EarlyExitConfig(exit_layer=1, k=3), info),
+        "retrieval": lambda: _retrieval(info, reference or [], workdir or Path(tempfile.mkdtemp())),
     }
     return make[name]()
+
+
+def _retrieval(info: Any, reference: list[int], workdir: Path) -> Any:
+    from specframe.datastore.store import build_datastore
+    from specframe_plugins.retrieval import RetrievalConfig, RetrievalProposer
+
+    folder = workdir / "datastore"
+    build_datastore([PROMPT + reference, PROMPT + reference[::-1]], folder, vocab_size=info.vocab_size, force=True)
+    return RetrievalProposer(RetrievalConfig(datastore=str(folder)), info)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -72,8 +86,13 @@ class SweepRow:
 
 @torch.inference_mode()
 def _run(target: Target, name: str, reference: list[int]) -> str:
+    with tempfile.TemporaryDirectory() as work:
+        return _run_in(target, name, reference, Path(work))
+
+
+def _run_in(target: Target, name: str, reference: list[int], work: Path) -> str:
     try:
-        proposer = _proposer(name, target.info)
+        proposer = _proposer(name, target.info, reference, work)
     except SpecframeError as exc:
         return f"refused: {_one_line(exc)}"
     engine = Engine(target, [proposer], GreedyVerifier())
