@@ -6,7 +6,6 @@ early-exit / retrieval, or is refused in one line that names the type and what i
 from __future__ import annotations
 
 import pytest
-import torch
 
 from specframe.testing.decoder_sweep import PROPOSERS, check_type
 from specframe.testing.decoder_types import causal_lm_types
@@ -29,14 +28,6 @@ KNOWN_BROKEN = {
     "moshi": "chain drafts diverge at token 6 past its sliding window (a 16-token prompt, window 8); none is exact",
     "doge": "greedy decoding over specframe's cache diverges from transformers' generate (none at token 8)",
 }
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("model_type", causal_lm_types())

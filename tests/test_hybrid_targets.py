@@ -23,14 +23,6 @@ HYBRIDS = ("qwen3_next", "qwen3_5_text", "nemotron_h", "jamba", "falcon_h1", "gr
 TOKENS = 24
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module", params=HYBRIDS)
 def hybrid(request):
     model = build_tiny(request.param, seed=0)

@@ -88,14 +88,6 @@ def write_with_mtp(folder: Path, kind: str, known: bool = False, seed: int = 0) 
 KINDS = ("qwen3_next", "qwen3_5_text", "mimo")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("depth", [1, 3])
 def test_mtp_layout_greedy_output_equals_transformers(kind, depth, tmp_path):
