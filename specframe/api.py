@@ -36,7 +36,7 @@ from .config import (
 from .decode.drafting import FallbackPolicy
 from .decode.batch import BatchRequest
 from .decode.engine import Engine, GenerationResult, proposer_labels
-from .errors import ConfigError, SpecframeError
+from .errors import ConfigError, SpecframeError, first_line
 from .decode.isolation import IsolationPolicy, UnbuiltProposer
 from .registry import Registry, build_registry
 from .sampling import SamplingParams
@@ -54,10 +54,6 @@ LEFT_OUT = {  # what a request does without a plugin whose constructor raised
 _LOAD_KEYWORDS = tuple(SpecframeConfig.model_fields) + tuple(SamplingConfig.model_fields)
 _GENERATE_KEYWORDS = ("proposers", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "chat",
                       "question_id", "on_text", "merge", "router")
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [""])[0]
 
 
 def _check_chat(chat: Any) -> None:
@@ -121,7 +117,7 @@ class Specframe:
             log.warning(
                 "%s %r%s raised %s while it was built: %s; it is left out of every request that asks for it (%s), "
                 "output is unaffected", kind, cls.name, f" (plugin {origin})" if origin else "", type(exc).__name__,
-                _first_line(exc), LEFT_OUT[kind])
+                first_line(exc), LEFT_OUT[kind])
             return None
 
     def _take(self, kind: str, cls: type, cfg: Any, held: list) -> Any:

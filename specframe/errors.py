@@ -7,6 +7,11 @@ exits with code 2. Messages say what to fix.
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (empty when it has none): what a one-line error quotes of a cause."""
+    return (str(exc).strip().splitlines() or [""])[0]
+
+
 class SpecframeError(Exception):
     """Base class of every error specframe raises on purpose."""
 

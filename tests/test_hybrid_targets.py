@@ -136,3 +136,5 @@ def test_conformance_kit_on_hybrid_targets(model_type, name, tmp_path):
         checks.append("check_draft_probs_match_samples")
     for check in checks:
         getattr(kit, check)()  # raises ConformanceError on failure
+    _, results = kit.greedy_battery
+    assert sum(r.metrics.drafted_nodes for r in results) > 0  # the checks ran over verified drafts

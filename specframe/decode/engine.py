@@ -32,7 +32,7 @@ import torch
 from ..contracts.combining import MergePolicy, Router
 from ..contracts import DecodeState, DraftTree, Proposer, TargetModel, Verifier, VerifyResult
 from .drafting import Drafting
-from ..errors import ConfigError, PromptTooLongError
+from ..errors import ConfigError, PromptTooLongError, first_line
 from .isolation import REFUSED, IsolationPolicy
 from .lineup import Lineup, proposer_labels
 from .merged_tree import MergedDraft
@@ -181,10 +181,6 @@ def _default_scorer(target: TargetModel) -> ScorerFactory:
     """The live scorer of ``target``: its own (``new_scorer``, e.g. llama.cpp's) or transformers' KV-cache one."""
     own = optional(target, "new_scorer")
     return (lambda t, layers, hidden: own(layers, hidden)) if own is not None else TargetScorer
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [""])[0]
 
 
 class _Request:
@@ -349,7 +345,7 @@ class _Request:
         log.warning(
             "the target's forward raised %s on a %s draft of %d nodes from %s: %s; this step goes on without it and "
             "the rest of the request %s, output is unaffected", type(exc).__name__, "tree" if was_tree else "chain",
-            merged.tree.num_nodes, "+".join(self.e.labels), _first_line(exc),
+            merged.tree.num_nodes, "+".join(self.e.labels), first_line(exc),
             "drafts chains only" if was_tree else "decodes from the target alone")
         return MergedDraft.single(DraftTree.empty(), len(self.e.lineup.proposers))
 

@@ -197,7 +197,7 @@ def load_mtp(model: nn.Module, folder: Path | None = None) -> MtpDrafter:
     layer_cls, norm_cls, rotary = _decoder_parts(model)
     kinds = getattr(cfg, "layer_types", None)
     if kinds is not None:  # the MTP layers are full-attention layers after the last decoder layer
-        cfg = replace_config(cfg, layer_types=list(kinds) + ["full_attention"] * count)
+        cfg = _with_changes(cfg, layer_types=list(kinds) + ["full_attention"] * count)
     eps = float(getattr(cfg, "rms_norm_eps", 1e-6))
     modules = []
     for i in range(count):
@@ -225,7 +225,7 @@ def load_mtp(model: nn.Module, folder: Path | None = None) -> MtpDrafter:
     return drafter.eval()
 
 
-def replace_config(cfg: Any, **changes: Any) -> Any:
+def _with_changes(cfg: Any, **changes: Any) -> Any:
     """A copy of a transformers config with ``changes``."""
     import copy
 

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from ..contracts import TargetInfo
 from ..errors import ConfigError
+from .probes import cached_forward_obstacle, consecutive_positions, takes_positions, tree_forward_obstacle
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -78,110 +79,6 @@ def cache_obstacle(model: Any) -> str | None:
     return None
 
 
-def takes_positions(model: Any) -> bool:
-    """The model's forward takes ``position_ids`` (then specframe always passes them, as transformers' ``generate``
-    does: a few models, BAMBA among them, number a multi-token forward from 0 when given none)."""
-    import inspect
-
-    return "position_ids" in inspect.signature(model.forward).parameters
-
-
-def consecutive_positions(cache: Any, n: int, device: Any) -> Tensor:
-    """``[1, n]`` int64: the positions after what ``cache`` holds."""
-    past = int(cache.get_seq_length()) if cache is not None else 0
-    return torch.arange(past, past + n, device=device)[None]
-
-
-_PROBE = [3, 1, 4, 1, 5, 9, 2, 6]  # token ids of the cache probe (taken modulo the vocabulary)
-
-
-def cached_forward_obstacle(model: Any) -> str | None:
-    """Why this model's verification forwards do not reproduce its one-token decoding, or None when they do.
-
-    The engine's contract with a target, checked once on 8 tokens over specframe's cache: after a 3-token prefill, a
-    forward over 3 new tokens, :func:`~specframe.target.kv_cache.rollback` of the last one and a forward over 3 more
-    must give the logits that decoding those 5 tokens one at a time gives (float32 and float64 within 1e-3 of the
-    logit scale; other dtypes only have to run). It catches a model whose multi-token forward over a cache raises
-    or computes something else (an encoder used as a decoder, a cache read in ways the engine does not keep),
-    which would otherwise fail at the first draft or decode silently wrong tokens.
-    """
-    from .kv_cache import new_cache, rollback
-
-    vocab = int(model.get_output_embeddings().weight.shape[0])
-    device = next(model.parameters()).device
-    ids = torch.tensor([[t % vocab for t in _PROBE]], device=device)
-
-    positions = takes_positions(model)
-
-    def forward(cache: Any, start: int, stop: int) -> Tensor:
-        pos = {"position_ids": consecutive_positions(cache, stop - start, device)} if positions else {}
-        return model(input_ids=ids[:, start:stop], cache=cache, use_cache=True, **pos).logits[0].float()
-
-    try:
-        with torch.inference_mode():
-            one = new_cache(model.config)
-            forward(one, 0, 3)
-            steps = torch.cat([forward(one, i, i + 1) for i in range(3, 8)])
-            wide = new_cache(model.config)
-            forward(wide, 0, 3)
-            first = forward(wide, 3, 6)
-            rollback(wide, 5)
-            second = forward(wide, 5, 8)
-    except Exception as exc:  # noqa: BLE001 - any failure here is the one-line refusal
-        line = (str(exc).strip().splitlines() or [""])[0][:160]
-        return f"a forward of several new tokens over its cache raised {type(exc).__name__}: {line}"
-    if next(model.parameters()).dtype in (torch.float32, torch.float64):
-        scale = max(1.0, float(steps.abs().max()))
-        gap = max(float((first - steps[0:3]).abs().max()), float((second - steps[2:5]).abs().max()))
-        if gap > 1e-3 * scale:
-            return (f"a forward of several new tokens over its cache gives other logits than decoding them one at a "
-                    f"time (largest gap {gap:.3g}, logit scale {scale:.3g})")
-    return None
-
-
-def tree_forward_obstacle(model: Any) -> str | None:
-    """Why one tree-masked forward of this model does not give each branch's chain logits, or None when it does.
-
-    Checked once, like :func:`cached_forward_obstacle`: after a 3-token prefill, the newest token and a 3-node tree
-    (a 2-token branch and a 1-token sibling) in one forward with :func:`~specframe.token_tree.tree_attention_mask`
-    and :func:`~specframe.token_tree.tree_position_ids`, against the two branches as chains. A model whose attention
-    cannot take the 4-D mask (ALiBi biases built from a 2-D one, as BLOOM's) or ignores it would raise at the first
-    tree draft or score the wrong context; such a target verifies chains.
-    """
-    from ..token_tree import tree_attention_mask, tree_position_ids
-    from .kv_cache import new_cache
-
-    vocab = int(model.get_output_embeddings().weight.shape[0])
-    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    ids = [t % vocab for t in _PROBE]
-    parent = [-1, 0, -1]  # nodes ids[4] (child of the newest), ids[5] (its child), ids[6] (a sibling of ids[4])
-
-    positions = takes_positions(model)
-
-    def run(tokens: list[int], **kw: Any) -> Tensor:
-        cache = new_cache(model.config)
-        model(input_ids=torch.tensor([ids[:3]], device=device), cache=cache, use_cache=True)
-        if positions and "position_ids" not in kw:
-            kw["position_ids"] = consecutive_positions(cache, len(tokens), device)
-        return model(input_ids=torch.tensor([tokens], device=device), cache=cache, use_cache=True, **kw).logits[0]
-
-    try:
-        with torch.inference_mode():
-            tree = run(ids[3:7], attention_mask=tree_attention_mask(parent, 3, dtype, device),
-                       position_ids=tree_position_ids(parent, 3, device)).float()
-            branch = run(ids[3:6]).float()
-            sibling = run([ids[3], ids[6]]).float()
-    except Exception as exc:  # noqa: BLE001 - the target then verifies chains
-        line = (str(exc).strip().splitlines() or [""])[0][:120]
-        return f"a tree-masked forward raised {type(exc).__name__}: {line}"
-    if dtype in (torch.float32, torch.float64):
-        scale = max(1.0, float(branch.abs().max()))
-        gap = max(float((tree[:3] - branch).abs().max()), float((tree[3] - sibling[1]).abs().max()))
-        if gap > 1e-3 * scale:
-            return f"a tree-masked forward scores other logits than its branches as chains (largest gap {gap:.3g})"
-    return None
-
-
 ENGINE_TRANSFORMERS = (5, 24)  # the KV-cache API the engine drives (cache layers, DummyLayer)
 
 
@@ -235,7 +132,7 @@ class Target(TextSide):
 
     def __init__(self, model: Any, tokenizer: Any = None, name: str = "") -> None:
         require_engine_transformers()
-        obstacle = cache_obstacle(model) or cached_forward_obstacle(model)
+        obstacle = cache_obstacle(model) or cached_forward_obstacle(model)  # (probes: specframe.target.probes)
         if obstacle:
             kind = getattr(model.config, "model_type", type(model).__name__)
             raise ConfigError(f"model type {kind!r} cannot be a specframe target: {obstacle}")

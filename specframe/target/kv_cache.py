@@ -8,8 +8,8 @@ Recurrent layers (Mamba / Mamba-2 scans, gated-delta and other linear attention,
 ``LinearAttentionLayer`` cache layers, as in Qwen3-Next / Qwen3.5, Nemotron-H, Granite-4, Jamba, Falcon-H1) hold a
 state, not one entry per position, so a rejected draft cannot be cut off the end. :class:`SpecCache` keeps, for
 every forward after the prefill, the state after each of its positions (transformers' recorded intermediate
-states: the model runs those positions through its one-token recurrent update, as plain decoding does) until the
-next :func:`rollback`, which restores the accepted position's state and drops the rest. Memory is bounded by the
+states: the model runs those positions through its one-token recurrent update, as plain decoding does; copied into
+buffers the cache reuses from step to step) until the next :func:`rollback`, which restores the accepted position's state and drops the rest. Memory is bounded by the
 positions between two rollbacks (the draft length + 1 in the engine), never the context; the prefill records
 none (it runs the model's chunked scan, as transformers' own ``generate`` does) and keeps only the convolution
 window, as a cache without recording does.
@@ -27,6 +27,10 @@ from transformers.cache_utils import LinearAttentionCacheLayerMixin as _RECURREN
 class SpecCache(DynamicCache):
     """``DynamicCache`` whose recurrent layers record the state after every position of each forward but the
     first (the prefill), so :func:`rollback` can return to any of them (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.state_buffers: dict[tuple[int, int], list[torch.Tensor]] = {}  # (layer, state) -> reused kept states
 
     def get_recurrent_states_to_keep(self, layer_idx: int | None = None) -> int:
         # transformers' scans take min(this, new positions): all of them once the layer holds a state, none at the
@@ -57,7 +61,7 @@ class SpecCache(DynamicCache):
         new, last = ([], recurrent_states) if isinstance(recurrent_states, torch.Tensor) else \
             (list(recurrent_states[:-1]), recurrent_states[-1])
         history = layer.recurrent_states_history[state_idx]
-        pool = self._pool.setdefault((layer_idx, state_idx), [])
+        pool = self.state_buffers.setdefault((layer_idx, state_idx), [])
         need = len(history) + 1 + len(new)
         pool.extend(torch.empty_like(last) for _ in range(need - len(pool)))
         slots = pool[len(history):need]
@@ -66,13 +70,6 @@ class SpecCache(DynamicCache):
         history.extend(slots)
         layer.recurrent_states[state_idx].copy_(last)
         return layer.recurrent_states[state_idx]
-
-    @property
-    def _pool(self) -> dict:
-        pool = self.__dict__.get("_buffers_by_state")
-        if pool is None:
-            pool = self.__dict__["_buffers_by_state"] = {}
-        return pool
 
 
 _ALL = 1 << 30  # "every new position": transformers caps it at the forward's length

@@ -5,7 +5,8 @@ an early exit, every layer from one on skipped, through the model's own final no
 A skipped layer passes its input through unchanged (the residual stream goes on), so the model's own forward —
 embeddings, masks, rotary embeddings, the final norm and LM head — runs as it is, for any architecture whose decoder
 loop calls each layer with the hidden states first and takes back the hidden states, alone or first in a tuple (a
-skipped layer returns what the layer returned when it last ran, with its input in place of its output). Which layers are skipped is a per-thread setting, active only inside :func:`skipping`: the target's own
+skipped layer returns what the layer returns when it runs, with its input in place of its output). Which layers are
+skipped is a per-thread setting, active only inside :func:`skipping`: the target's own
 forwards (any thread, and this one outside the block) run every layer, so sharing the weights never changes the
 target's output. The draft keeps its own KV cache (:func:`specframe.target.kv_cache.new_cache`); a skipped layer's
 cache layer stays empty, so layer 0 (whose cache gives the sequence length) is always run.
@@ -62,7 +63,7 @@ def check_skip(skip: Iterable[int], num_layers: int) -> frozenset[int]:
     return out
 
 
-def _install(layers: Any) -> None:
+def _install(model: Any, layers: Any) -> None:
     """Make each layer skippable (once per layer; the weights are shared by every proposer and request)."""
     if getattr(layers[-1], _MARK, None) is not None:  # (installed: every draft forward passes here)
         return
@@ -79,22 +80,20 @@ def _install(layers: Any) -> None:
                     width = getattr(_layer, _RETURNS, None)  # a layer that returns (hidden, weights, ...): same arity
                     return hidden if width is None else (hidden,) + (None,) * (width - 1)
                 out = _run(*args, **kwargs)
-                setattr(_layer, _RETURNS, len(out) if isinstance(out, tuple) else None)
+                if not hasattr(_layer, _RETURNS):  # (learnt once: see _learn_returns)
+                    setattr(_layer, _RETURNS, len(out) if isinstance(out, tuple) else None)
                 return out
 
             layer.forward = forward
             setattr(layer, _MARK, index)
-        _learn_returns(layers)
+        _learn_returns(model)
 
 
-def _learn_returns(layers: Any) -> None:
+def _learn_returns(model: Any) -> None:
     """Run the whole model once on one token (no cache, nothing skipped) so that every wrapped layer records what it
     returns (a skipped layer returns the same arity)."""
     import torch
 
-    model = getattr(_local, "model", None)
-    if model is None or getattr(layers[-1], _RETURNS, "unknown") != "unknown":
-        return
     device = next(model.parameters()).device
     with torch.inference_mode():
         model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=False)
@@ -109,11 +108,7 @@ def skipping(model: Any, skip: frozenset[int]) -> Iterator[None]:
     """
     layers = decoder_layers(model)
     skip = check_skip(skip, len(layers))
-    _local.model = model
-    try:
-        _install(layers)
-    finally:
-        _local.model = None
+    _install(model, layers)
     before = getattr(_local, "skip", None)
     _local.skip = skip
     try:

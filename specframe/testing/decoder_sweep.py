@@ -27,7 +27,7 @@ import torch
 
 from ..acceptance import GreedyVerifier
 from ..decode.engine import Engine
-from ..errors import SpecframeError
+from ..errors import SpecframeError, first_line
 from ..target.hf import Target
 from .decoder_types import buildable, family, reference_greedy
 
@@ -64,8 +64,7 @@ def _retrieval(info: Any, reference: list[int], workdir: Path) -> Any:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    return first_line(exc) or type(exc).__name__
 
 
 @dataclass
