@@ -30,6 +30,7 @@ A context longer than the draft's ``max_position_embeddings`` turns speculation 
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -115,6 +116,9 @@ class _HFDraft:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=target.dtype).to(target.device).eval()
+        if "cache" not in inspect.signature(self.model.forward).parameters:  # (RWKV: a state of its own)
+            raise ConfigError(f"draft model {directory} ({self.model.config.model_type}) takes no KV cache: a draft "
+                              "model must be a transformers causal LM that does (RWKV keeps its own state)")
         tok = None  # no tokenizer files: only the vocabulary sizes can be checked
         if any((directory / f).is_file() for f in _TOKENIZER_FILES):
             tok = AutoTokenizer.from_pretrained(directory)

@@ -1,7 +1,8 @@
 """Hybrid and recurrent targets (issue 52 b): Mamba / Mamba-2 scans and gated-delta linear attention beside full
 attention, tiny random float32 models of each family, decode token-identically to transformers' greedy ``generate``
 under ngram, lookahead and draft-model (a tiny hybrid draft, whose own recurrent cache is rolled back too), batched
-equal to alone; the recurrent state after a rollback is the one-token decoding's state; rwkv is refused in one line."""
+equal to alone; the recurrent state after a rollback is the one-token decoding's state. RWKV, whose state is an
+argument of its own, rolls back by replay (:mod:`specframe.target.state_target`) and passes the same checks."""
 
 from __future__ import annotations
 
@@ -13,24 +14,26 @@ from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.decode.batch import BatchRequest, decode_batch
 from specframe.decode.engine import Engine
 from specframe.sampling import SamplingParams
-from specframe.target.hf import Target
+from specframe.target.hf import make_target
 from specframe.target.kv_cache import new_cache, recurrent_layers, rollback
+from specframe.target.state_target import ModelState, StateTarget
 from specframe.testing.decoder_sweep import PROMPT, _proposer
 from specframe.testing.decoder_types import build_tiny, reference_greedy
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 
-HYBRIDS = ("qwen3_next", "qwen3_5_text", "nemotron_h", "jamba", "falcon_h1", "granitemoehybrid", "mamba2")
+HYBRIDS = ("qwen3_next", "qwen3_5_text", "nemotron_h", "jamba", "falcon_h1", "granitemoehybrid", "mamba2", "rwkv")
 TOKENS = 24
 
 
 @pytest.fixture(scope="module", params=HYBRIDS)
 def hybrid(request):
     model = build_tiny(request.param, seed=0)
-    return request.param, model, Target(model, None, name=request.param), reference_greedy(model, PROMPT, TOKENS)
+    return request.param, model, make_target(model, None, name=request.param), reference_greedy(model, PROMPT, TOKENS)
 
 
 def _draft_folder(model_type, tmp_path):
-    draft = build_tiny(model_type, seed=1)  # another random model of the same shape and vocabulary
+    # another random model of the same shape and vocabulary (a draft model needs a KV cache: RWKV's is a Mamba-2)
+    draft = build_tiny("mamba2" if model_type == "rwkv" else model_type, seed=1)
     draft.save_pretrained(tmp_path / "draft")
     return tmp_path / "draft"
 
@@ -38,7 +41,8 @@ def _draft_folder(model_type, tmp_path):
 @pytest.mark.parametrize("name", ["ngram", "lookahead", "draft-model"])
 def test_hybrid_greedy_is_token_identical(hybrid, name, tmp_path):
     model_type, _, target, reference = hybrid
-    assert not target.supports_trees and recurrent_layers(target.new_cache())
+    assert not target.supports_trees
+    assert isinstance(target, StateTarget) if model_type == "rwkv" else recurrent_layers(target.new_cache())
     if name == "draft-model":
         proposer = DraftModelProposer(DraftModelConfig(model=str(_draft_folder(model_type, tmp_path)), k=3,
                                                        min_confidence=0.0), target.info)
@@ -81,8 +85,10 @@ def test_hybrid_sampling_matches_plain_sampling_of_the_same_seed(hybrid):
 def test_rollback_restores_the_one_token_state(hybrid):
     """After a 4-token forward and a rollback of 2, the recurrent state is the one reached by decoding the 2 kept
     tokens one at a time (states compared directly, not through outputs)."""
-    _, model, _, _ = hybrid
+    model_type, model, target, _ = hybrid
     ids = torch.tensor([PROMPT])
+    if model_type == "rwkv":
+        return _check_replayed_state(target, ids)
     with torch.inference_mode():
         wide, one = new_cache(model.config), new_cache(model.config)
         model(input_ids=ids[:, :10], cache=wide, use_cache=True)
@@ -110,13 +116,47 @@ def test_rolling_back_past_what_a_recurrent_layer_kept_raises():
         rollback(cache, len(PROMPT) - 2)
 
 
-def test_rwkv_is_refused_in_one_line():
-    with pytest.raises(ConfigError, match="'rwkv' cannot be a specframe target") as info:
-        Target(build_tiny("rwkv"), None)
+def _check_replayed_state(target, ids):
+    """RWKV: after a 4-token forward and a rollback of 2 (restore + replay), its five state tensors are those of
+    decoding the 2 kept tokens one at a time."""
+    wide, one = ModelState(), ModelState()
+    with torch.inference_mode():
+        for cache in (wide, one):
+            target.forward(ids[:, :10], cache)
+        target.forward(ids[:, 10:14], wide)
+        target.rollback(wide, 12)
+        for i in (10, 11):
+            target.forward(ids[:, i:i + 1], one)
+    assert wide.length == one.length == 12
+    for a, b in zip(wide.state, one.state):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_state_target_rolls_back_its_last_forward_only():
+    target = make_target(build_tiny("rwkv"), None)
+    cache = target.new_cache()
+    with torch.inference_mode():
+        target.forward(torch.tensor([PROMPT[:8]]), cache)
+        target.forward(torch.tensor([PROMPT[8:12]]), cache)
+        with pytest.raises(ValueError, match="only its last forward"):
+            target.rollback(cache, 7)
+        with pytest.raises(ValueError, match="roll the state forward"):
+            target.rollback(cache, 13)
+        target.rollback(cache, 10)
+        with pytest.raises(ValueError, match="only its last forward"):  # (the replay is not undoable)
+            target.rollback(cache, 9)
+    assert cache.get_seq_length() == 10
+
+
+def test_a_draft_model_without_a_kv_cache_is_refused_in_one_line(tmp_path):
+    build_tiny("rwkv", seed=1).save_pretrained(tmp_path / "rwkv")
+    target = make_target(build_tiny("mamba2"), None)
+    with pytest.raises(ConfigError, match="takes no KV cache") as info:
+        DraftModelProposer(DraftModelConfig(model=str(tmp_path / "rwkv")), target.info)
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_next", "mamba2"])
+@pytest.mark.parametrize("model_type", ["qwen3_next", "mamba2", "rwkv"])
 @pytest.mark.parametrize("name", ["ngram", "draft-model"])
 def test_conformance_kit_on_hybrid_targets(model_type, name, tmp_path):
     """The kit's exactness checks (greedy and sampling lossless, draft probabilities, rollback after a partial
@@ -124,7 +164,7 @@ def test_conformance_kit_on_hybrid_targets(model_type, name, tmp_path):
     from specframe.testing import Kit
     from specframe_plugins.ngram import NgramProposer
 
-    target = Target(build_tiny(model_type, seed=0), None, name=model_type)
+    target = make_target(build_tiny(model_type, seed=0), None, name=model_type)
     if name == "ngram":
         kit = Kit(NgramProposer, {}, samples=200, target=target)
     else:

@@ -38,7 +38,7 @@ def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
         raise ConfigError(f"engine must be transformers or llama.cpp, got {engine!r}")
     from .models import check_device, convert_gguf, load_model, model_directory, resolve_dtype, resolve_model
     from .packed import pack_linears
-    from .hf import Target
+    from .hf import make_target
     from .profile import Candidate, ThreadGovernor, load_independent, resolve_settings
 
     check_device(device)
@@ -61,7 +61,7 @@ def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
         model, tok = load_model(directory, torch_dtype, device)
     if settings.prepack:
         pack_linears(model)
-    target = Target(model, tok, name=source.name)
+    target = make_target(model, tok, name=source.name)
     from .machine import usable_cores
 
     measured = profile.find(Candidate(settings.dtype, settings.threads, settings.prepack)) if profile else None

@@ -40,15 +40,13 @@ def consecutive_positions(cache: Any, n: int, device: Any) -> Tensor:
     return torch.arange(past, past + n, device=device)[None]
 
 
-class _Probe:
-    """The model, its probe ids and one forward over a cache the way the target runs it."""
+class CacheRunner:
+    """How the probes run a model over specframe's transformers cache, the way the target does: a new cache, a
+    forward over new tokens (``[1, n, V]`` logits), a rollback. A target kind with a state of its own passes its own
+    runner (:mod:`specframe.target.state_target`)."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
-        param = next(model.parameters())
-        self.device, self.dtype = param.device, param.dtype
-        vocab = int(model.get_output_embeddings().weight.shape[0])
-        self.ids = [t % vocab for t in _PROBE]
         self.positions = takes_positions(model)
 
     def new_cache(self) -> Any:
@@ -56,12 +54,33 @@ class _Probe:
 
         return new_cache(self.model.config)
 
+    def forward(self, cache: Any, ids: Tensor, **kw: Any) -> Tensor:
+        if self.positions and "position_ids" not in kw:
+            kw["position_ids"] = consecutive_positions(cache, ids.shape[1], ids.device)
+        return self.model(input_ids=ids, cache=cache, use_cache=True, **kw).logits
+
+    def rollback(self, cache: Any, length: int) -> None:
+        from .kv_cache import rollback
+
+        rollback(cache, length)
+
+
+class _Probe:
+    """The model, its probe ids and one forward over a cache the way the target runs it."""
+
+    def __init__(self, model: Any, runner: Any = None) -> None:
+        self.runner = runner or CacheRunner(model)
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        vocab = int(model.get_output_embeddings().weight.shape[0])
+        self.ids = [t % vocab for t in _PROBE]
+
+    def new_cache(self) -> Any:
+        return self.runner.new_cache()
+
     def forward(self, cache: Any, tokens: list[int], **kw: Any) -> Tensor:
         """``[n, V]`` float32 logits of ``tokens`` appended after ``cache``."""
-        if self.positions and "position_ids" not in kw:
-            kw["position_ids"] = consecutive_positions(cache, len(tokens), self.device)
-        ids = torch.tensor([tokens], device=self.device)
-        return self.model(input_ids=ids, cache=cache, use_cache=True, **kw).logits[0].float()
+        return self.runner.forward(cache, torch.tensor([tokens], device=self.device), **kw)[0].float()
 
     def prefilled(self) -> Any:
         """A cache holding the first 3 probe ids."""
@@ -79,18 +98,16 @@ class _Probe:
         return f"largest gap {gap:.3g}, logit scale {scale:.3g}" if gap > _TOLERANCE * scale else None
 
 
-def cached_forward_obstacle(model: Any) -> str | None:
+def cached_forward_obstacle(model: Any, runner: Any = None) -> str | None:
     """Why this model's verification forwards do not reproduce its one-token decoding, or None when they do.
 
     After a 3-token prefill: a forward over 3 new tokens, :func:`~specframe.target.kv_cache.rollback` of the last
     one and a forward over 3 more must give the logits that decoding those 5 tokens one at a time gives. It catches
     a model whose multi-token forward over a cache raises or computes something else (an encoder used as a decoder,
     a cache read in ways the engine does not keep), which would otherwise fail at the first draft or decode silently
-    wrong tokens.
+    wrong tokens. ``runner``: how the target runs the model (default: :class:`CacheRunner`).
     """
-    from .kv_cache import rollback
-
-    p = _Probe(model)
+    p = _Probe(model, runner)
     ids = p.ids
     try:
         with torch.inference_mode():
@@ -98,7 +115,7 @@ def cached_forward_obstacle(model: Any) -> str | None:
             steps = torch.cat([p.forward(one, [t]) for t in ids[3:8]])
             wide = p.prefilled()
             first = p.forward(wide, ids[3:6])
-            rollback(wide, 5)
+            p.runner.rollback(wide, 5)
             second = p.forward(wide, ids[5:8])
     except Exception as exc:  # noqa: BLE001 - any failure here is the one-line refusal
         return f"a forward of several new tokens over its cache raised {type(exc).__name__}: {first_line(exc)[:160]}"

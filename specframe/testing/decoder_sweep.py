@@ -28,7 +28,7 @@ import torch
 from ..acceptance import GreedyVerifier
 from ..decode.engine import Engine
 from ..errors import SpecframeError, first_line
-from ..target.hf import Target
+from ..target.hf import Target, make_target
 from .decoder_types import buildable, family, reference_greedy
 
 PROPOSERS = ("none", "ngram", "lookahead", "layer-skip", "early-exit", "retrieval")
@@ -119,7 +119,7 @@ def check_type(model_type: str, tokens: int = 16, proposers: tuple[str, ...] = P
     row.family = family(model_type, model.config)
     reference = reference_greedy(model, PROMPT, tokens)
     try:
-        target = Target(model, None, name=model_type)
+        target = make_target(model, None, name=model_type)
     except SpecframeError as exc:
         row.status, row.reason = "refused", _one_line(exc)
         return row
