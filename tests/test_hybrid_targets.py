@@ -14,7 +14,7 @@ from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.decode.batch import BatchRequest, decode_batch
 from specframe.decode.engine import Engine
 from specframe.sampling import SamplingParams
-from specframe.target.hf import make_target
+from specframe.target.state_target import make_target
 from specframe.target.kv_cache import new_cache, recurrent_layers, rollback
 from specframe.target.state_target import ModelState, StateTarget
 from specframe.testing.decoder_sweep import PROMPT, _proposer

@@ -109,19 +109,6 @@ def require_engine_transformers() -> None:
             "pins it below 5.20: run the engine in its own environment, the vLLM adapter in vLLM's, see docs/vllm.md)")
 
 
-def make_target(model: Any, tokenizer: Any = None, name: str = "") -> "Target":
-    """The target adapter for ``model``: :class:`Target` over specframe's KV cache, or for a model that keeps its
-    recurrent state itself (RWKV's ``state=``) :class:`~specframe.target.state_target.StateTarget`, which rolls back
-    by replay.
-
-    Raises:
-        ConfigError: the model cannot be a target (the message says why, in one line).
-    """
-    from .state_target import StateTarget, keeps_own_state
-
-    return (StateTarget if keeps_own_state(model) else Target)(model, tokenizer, name)
-
-
 class TextSide:
     """The text side of a target (needs ``self.tokenizer``): prompts to ids with the chat template, ids to text.
     Shared by every engine's target, so a prompt encodes to the same ids on each."""

@@ -38,7 +38,7 @@ def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
         raise ConfigError(f"engine must be transformers or llama.cpp, got {engine!r}")
     from .models import check_device, convert_gguf, load_model, model_directory, resolve_dtype, resolve_model
     from .packed import pack_linears
-    from .hf import make_target
+    from .state_target import make_target
     from .profile import Candidate, ThreadGovernor, load_independent, resolve_settings
 
     check_device(device)

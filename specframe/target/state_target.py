@@ -26,6 +26,16 @@ from ..decode.target_scorer import TargetScorer
 from .hf import Target
 
 
+def make_target(model: Any, tokenizer: Any = None, name: str = "") -> Target:
+    """The target adapter for ``model``: :class:`~specframe.target.hf.Target` over specframe's KV cache, or for a
+    model that keeps its recurrent state itself (RWKV's ``state=``) :class:`StateTarget`, which rolls back by replay.
+
+    Raises:
+        ConfigError: the model cannot be a target (the message says why, in one line).
+    """
+    return (StateTarget if keeps_own_state(model) else Target)(model, tokenizer, name)
+
+
 def keeps_own_state(model: Any) -> bool:
     """The model's forward takes its recurrent state as ``state=`` and no KV ``cache`` (RWKV)."""
     params = inspect.signature(model.forward).parameters

@@ -28,7 +28,8 @@ import torch
 from ..acceptance import GreedyVerifier
 from ..decode.engine import Engine
 from ..errors import SpecframeError, first_line
-from ..target.hf import Target, make_target
+from ..target.hf import Target
+from ..target.state_target import make_target
 from .decoder_types import buildable, family, reference_greedy
 
 PROPOSERS = ("none", "ngram", "lookahead", "layer-skip", "early-exit", "retrieval")
