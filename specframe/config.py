@@ -214,6 +214,11 @@ class LlamaCppSettings(BaseModel):
                                  "training context, at most 8192).")
     trees: bool = Field(False, description="Verify token trees in one batch (several sequence ids); not bit-exact "
                         "on llama.cpp, so off: tree proposers' drafts keep their leading chain.")
+    weights: Literal["gguf", "auto", "bf16", "f16", "q8_0", "q4_0"] = Field(
+        "gguf", description="The tensor types llama.cpp runs: gguf = the file's own; bf16 / f16 / q8_0 / q4_0 = the "
+        "file requantized once into the model cache (kernels that read a weight once for many rows: the wide forward; "
+        "quality measured in docs/llamacpp.md); auto = whichever of gguf, bf16 and q8_0 costs least per token on this "
+        "machine's measured T(n).")
     inexact: bool = Field(False, description="Run where llama.cpp's k-token batches round differently from one-token "
                           "decoding (a build with llamafile / repack kernels, or a model whose kernels depend on the "
                           "batch size; checked at load): output may then diverge from llama.cpp decoding alone.")

@@ -85,7 +85,7 @@ class LlamaCppBatch:
         self.target, self.rows = target, int(rows)
         try:
             self.ctx = LlamaContext(target.llama, target.n_ctx * self.rows, max(N_BATCH, 8 * self.rows), target.threads,
-                                    self.rows, unified=False)
+                                    self.rows, unified=False, padding=target.build.row_padding)
         except ConfigError:
             raise ConfigError(f"llama.cpp could not hold {self.rows} requests of {target.n_ctx} tokens at once: use a "
                               "smaller --batch-size or llamacpp n_ctx") from None

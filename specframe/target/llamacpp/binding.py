@@ -12,9 +12,10 @@ import logging
 import re
 import threading
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -86,8 +87,31 @@ def _quiet_log(llama_cpp: Any) -> None:
     llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
 
 
+@contextmanager
+def holding_errors() -> Iterator[list[str]]:
+    """Keep llama.cpp's error lines in a list (not logged) while the block runs in this thread: its reason goes into
+    the one error line specframe raises, not to stderr before it."""
+    _held.lines = []
+    try:
+        yield _held.lines
+    finally:
+        _held.lines = None
+
+
 def _reason(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+class RowPadding(NamedTuple):
+    """Rows a ``llama_decode`` is padded to: at least ``least``, a multiple of ``multiple``."""
+
+    least: int
+    multiple: int
+
+    def rows(self, n: int) -> int:
+        """The padded row count for ``n`` tokens."""
+        n = max(n, self.least)
+        return -(-n // self.multiple) * self.multiple
 
 
 @dataclass(frozen=True)
@@ -106,12 +130,23 @@ class BuildInfo:
 
     @property
     def batch_invariant(self) -> bool:
-        """Neither batch-size-dependent kernel family is compiled in (see the class docstring)."""
+        """Neither batch-size-dependent kernel family is compiled in (see the class docstring): decoding needs no
+        padding to be exact."""
         return not self.llamafile and not self.repack
+
+    @property
+    def row_padding(self) -> RowPadding:
+        """How many rows every ``llama_decode`` must carry so that each call takes the same kernel: tinyBLAS runs
+        only for 2+ rows (ggml's ``llamafile_sgemm`` declines one), the repacked GEMM runs over groups of 4 rows and
+        leaves the rest to its GEMV. (1, 1) on a batch-invariant build."""
+        if self.repack:
+            return RowPadding(4, 4)
+        return RowPadding(2, 1) if self.llamafile else RowPadding(1, 1)
 
     def to_dict(self) -> dict[str, Any]:
         return {"llama_cpp_python": self.version, "llamafile": self.llamafile, "repack": self.repack,
-                "features": list(self.features), "batch_invariant": self.batch_invariant}
+                "features": list(self.features), "batch_invariant": self.batch_invariant,
+                "row_padding": list(self.row_padding)}
 
 
 def build_info() -> BuildInfo:
@@ -160,11 +195,8 @@ class LlamaModel(_Native):
         params = self.lib.llama_model_default_params()
         params.n_gpu_layers = 0
         params.use_extra_bufts = bool(extra_buffers)
-        _held.lines = []  # llama.cpp's reason goes into the one error line, not to stderr before it
-        try:
+        with holding_errors() as held:
             ptr = self.lib.llama_model_load_from_file(str(self.path).encode("utf-8"), params)
-        finally:
-            held, _held.lines = _held.lines, None
         if not ptr:
             why = next((line.split("error loading model:", 1)[-1].strip() for line in reversed(held)
                         if "error loading model" in line), held[-1].strip() if held else "")
@@ -212,17 +244,22 @@ class LlamaContext(_Native):
         flash_attention: llama.cpp's fused attention (off: its split-KV path depends on the batch shape).
         unified: one KV cache for every sequence (token trees share the committed cells); False: a stream of
             ``n_ctx / n_seq_max`` cells per sequence (batched requests: each attends to its own cells only).
+        padding: rows every decode carries (:attr:`BuildInfo.row_padding`): fewer tokens are followed by copies of
+            the last one at the next positions of its sequences, without logits, whose cells are removed again
+            before :meth:`decode` returns; each stream gets room for them.
 
     Raises:
         ConfigError: llama.cpp cannot create the context (e.g. no memory for ``n_ctx`` cells).
     """
 
     def __init__(self, model: LlamaModel, n_ctx: int, n_batch: int, threads: int, n_seq_max: int = 1,
-                 flash_attention: bool = False, unified: bool = True) -> None:
+                 flash_attention: bool = False, unified: bool = True, padding: RowPadding = RowPadding(1, 1)) -> None:
         self.model, self.lib = model, model.lib
+        self.padding = padding
+        slack = padding.rows(1) - 1 + padding.multiple - 1  # cells the padding may occupy (per stream)
         params = self.lib.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = params.n_ubatch = n_batch
+        params.n_ctx = n_ctx + slack * (1 if unified else n_seq_max)
+        params.n_batch = params.n_ubatch = n_batch + slack  # (a padded decode stays one ubatch)
         params.n_seq_max = n_seq_max
         params.n_threads = params.n_threads_batch = threads
         params.flash_attn_type = (self.lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attention
@@ -239,7 +276,7 @@ class LlamaContext(_Native):
         model.contexts.add(self)
         self.memory = self.lib.llama_get_memory(ptr)
         self.n_ctx, self.n_batch, self.n_seq_max, self.threads = n_ctx, n_batch, n_seq_max, threads
-        self.batch = self.lib.llama_batch_init(n_batch, 0, n_seq_max)
+        self.batch = self.lib.llama_batch_init(n_batch + slack, 0, n_seq_max)
         self.n_vocab = model.n_vocab
 
     def set_threads(self, threads: int) -> None:
@@ -280,17 +317,24 @@ class LlamaContext(_Native):
             RuntimeError: llama.cpp refused the batch (no free KV cell: the context is full) or failed.
         """
         n = len(tokens)
+        rows = self.padding.rows(n) if n else 0
         b = self.batch
-        b.n_tokens = n
-        for i in range(n):
-            b.token[i] = tokens[i]
-            b.pos[i] = positions[i]
-            ids = (0,) if seqs is None else seqs[i]
+        b.n_tokens = rows
+        pad_ids = (0,) if seqs is None else seqs[-1]
+        pad_from = max(positions) + 1 if rows > n else 0
+        for i in range(rows):
+            real = i < n
+            b.token[i] = tokens[i] if real else tokens[-1]
+            b.pos[i] = positions[i] if real else pad_from + i - n
+            ids = ((0,) if seqs is None else seqs[i]) if real else pad_ids
             b.n_seq_id[i] = len(ids)
             for j, s in enumerate(ids):
                 b.seq_id[i][j] = s
-            b.logits[i] = logits == "all" or (logits == "last" and i == n - 1)
+            b.logits[i] = real and (logits == "all" or (logits == "last" and i == n - 1))
         rc = int(self.lib.llama_decode(self.ptr, b))
+        if rows > n:
+            for s in pad_ids:
+                self.lib.llama_memory_seq_rm(self.memory, s, pad_from, -1)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc} for {n} tokens"
                                + (" (no free KV cell: the context is full)" if rc == 1 else ""))

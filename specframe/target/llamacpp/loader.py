@@ -62,28 +62,65 @@ def _check_rows(target: Any, model_name: str, inexact: bool) -> None:
     if rows["equal_rows"] == rows["rows"] or inexact:
         return
     raise ConfigError(
-        f"on this llama.cpp build, {target.llama.description} rounds a {rows['rows']}-token batch differently from "
-        f"one-token decoding (row {rows['first_differing_row']} on differs, by up to {rows['max_abs_diff']:.3g} in "
-        "logits), so speculative output would not be exactly llama.cpp's: set llamacpp option inexact: true to "
-        "accept divergences, or use engine transformers")
+        f"on this llama.cpp build, {target.llama.description} rounds k-token batches differently from one-token "
+        f"decoding ({rows['rows'] - rows['equal_rows']} of {rows['rows']} rows of batches of "
+        f"{', '.join(map(str, rows.get('sizes', [])))} differ, by up to {rows['max_abs_diff']:.3g} in logits), so "
+        "speculative output would not be exactly llama.cpp's: set llamacpp option inexact: true to accept "
+        "divergences, use another llamacpp weights type, or use engine transformers")
 
 
-def _exact_build(inexact: bool) -> Any:
-    """This llama-cpp-python build's facts; refuses a build whose k-token batches round differently from one-token
-    decoding unless ``inexact``.
+def _build() -> Any:
+    """This llama-cpp-python build's facts. Any build runs: one with llamafile / repack kernels is decoded with its
+    rows padded (:attr:`~specframe.target.llamacpp.binding.BuildInfo.row_padding`) so every call takes the same
+    kernel, and the load-time row check proves the result (:func:`_check_rows`)."""
+    from .binding import build_info
 
-    Raises:
-        ConfigError: a build with LLAMAFILE or REPACK kernels, without ``inexact``."""
-    from .binding import EXACT_CMAKE_ARGS, build_info
+    return build_info()
 
-    build = build_info()
-    if not build.batch_invariant and not inexact:
-        raise ConfigError(
-            f"this llama-cpp-python build uses {' and '.join(k for k, on in (('LLAMAFILE', build.llamafile), ('REPACK', build.repack)) if on)} "
-            "kernels, whose k-token batches round differently from one-token decoding (not exact): rebuild it with "
-            f"bash scripts/install_llamacpp.sh (CMAKE_ARGS=\"{EXACT_CMAKE_ARGS}\"), or set llamacpp option "
-            "inexact: true to accept divergences")
-    return build
+
+AUTO_WEIGHTS = ("gguf", "bf16", "q8_0")  # what weights: auto chooses among (near-lossless for the shipped files)
+
+
+def _weights_file(source: Any, weights: str, log_line: Callable[[str], None]) -> Any:
+    """The GGUF llama.cpp runs for ``weights`` (the source itself for ``gguf``)."""
+    if weights == "gguf":
+        return source.gguf
+    from .weights import requantized
+
+    return requantized(source.gguf, weights, log_line)
+
+
+def _choose_weights(source: Any, build: Any, fit: int, threads: int | str, speculative: bool, progress: Any,
+                    log_line: Callable[[str], None]) -> tuple[str, str]:
+    """``weights: auto``: the candidate of :data:`AUTO_WEIGHTS` with the lowest measured cost per token here
+    (:func:`specframe.target.profile.token_cost_ms` of each one's profile). Returns ``(weights, reason)``."""
+    from ..cost import REF_ACCEPT
+    from ..profile import token_cost_ms
+    from .binding import LlamaModel
+    from .profile import get_profile
+    from .target import LlamaCppTarget
+
+    costs: dict[str, float] = {}
+    for kind in AUTO_WEIGHTS:
+        path = _weights_file(source, kind, log_line)
+        probe = LlamaCppTarget(path, None, name=source.name, threads=fit, build=build, llama=LlamaModel(path))
+        try:
+            profile = get_profile(probe, _profile_name(source.name, kind), progress)
+            cand, measured, _ = profile.choose("auto", threads, False, fit, speculative)
+        finally:
+            probe.llama.close()
+        if measured is not None:
+            costs[kind] = token_cost_ms(measured.t_ms, speculative, REF_ACCEPT)
+    if not costs:
+        return "gguf", "nothing measured: the file's own types"
+    best = min(costs, key=costs.get)
+    return best, "fastest measured (ms per token: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(costs.items(),
+                                                                                                 key=lambda kv: kv[1])) + ")"
+
+
+def _profile_name(name: str, weights: str) -> str:
+    """The name a model's profile and row check are kept under (one per weight type)."""
+    return name if weights == "gguf" else f"{name}-{weights}"
 
 
 def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
@@ -95,13 +132,14 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
     ``threads: auto`` is chosen from this machine's llama.cpp profile (:mod:`specframe.target.llamacpp.profile`, measured once
     per build, with a bar on ``progress``) within the cores other processes leave free; the live cost curve is
     ``target.info.cost``. ``options``: ``n_ctx`` (KV cells), ``trees`` (verify token trees: not bit-exact),
-    ``inexact`` (run where llama.cpp's k-token batches round differently from one-token decoding: a build with
-    llamafile / repack kernels, or a model whose kernels depend on the batch size).
+    ``weights`` (the tensor types run: ``gguf``, a requantization, or ``auto``), ``inexact`` (run where llama.cpp's
+    k-token batches round differently from one-token decoding even padded: a model whose kernels depend on the batch
+    size).
 
     Raises:
         ConfigError: settings of the transformers engine (see :func:`check_request`), a model that is not a GGUF,
-            llama-cpp-python missing or too old, a build or model that is not batch-invariant (unless ``inexact``), or
-            a file llama.cpp cannot load.
+            llama-cpp-python missing or too old, a model whose rows differ by batch size on this build (unless
+            ``inexact``), a file llama.cpp cannot load or requantize.
     """
     from ..machine import LoadMonitor, choose_threads, usable_cores
     from ..models import resolve_model
@@ -115,27 +153,38 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
     if source.gguf is None:
         raise ConfigError(f"engine llama.cpp runs .gguf files, and {name_or_path} is not one: give a .gguf file (or "
                           "a folder with one), or use engine transformers")
-    build = _exact_build(bool(opts.get("inexact")))
+    build = _build()
     from .binding import LlamaModel
 
-    llama = LlamaModel(source.gguf)  # a file llama.cpp cannot load fails here, in one line
+    weights = opts.get("weights") or "gguf"
+    LlamaModel(source.gguf).close()  # a file llama.cpp cannot load fails here, in one line
     tokenizer = _tokenizer(source.gguf, log_line)
     cores, cores_why = usable_cores()
     others = LoadMonitor().sample(settle_s=0.2).others
     fit = choose_threads(cores, others)
-    target = LlamaCppTarget(source.gguf, tokenizer, name=source.name, threads=fit, n_ctx=opts.get("n_ctx"),
+    measuring = bool(measure or (measure is None and threads == "auto"))
+    weights_why = "as given"
+    if weights == "auto":
+        weights, weights_why = _choose_weights(source, build, fit, threads, speculative, progress, log_line) \
+            if measuring else ("gguf", "not measured: the file's own types")
+    path = _weights_file(source, weights, log_line)
+    llama = LlamaModel(path)
+    target = LlamaCppTarget(path, tokenizer, name=source.name, threads=fit, n_ctx=opts.get("n_ctx"),
                             trees=bool(opts.get("trees")), build=build, llama=llama)
-    profile = get_profile(target, source.name, progress) if (measure or (measure is None and threads == "auto")) \
-        else None
+    target.weights, target.weights_why = weights, weights_why
+    model_name = _profile_name(source.name, weights)
+    profile = get_profile(target, model_name, progress) if measuring else None
     if profile is not None:
         cand, _, reason = profile.choose("auto", threads, False, fit, speculative)
     else:
         cand, reason = Candidate(DTYPE, int(threads) if threads != "auto" else fit, False), "as given"
-    settings = Settings(DTYPE, cand.threads, False, f"the GGUF's own tensor types ({target.llama.description})",
+    what = f"the GGUF's own tensor types ({target.llama.description})" if weights == "gguf" else \
+        f"{source.gguf.name} requantized to {weights} ({weights_why})"
+    settings = Settings(DTYPE, cand.threads, False, what,
                         "as given" if threads != "auto" else f"{cores_why}; others using {others:.1f}; {reason}",
                         "not used by llama.cpp", str(profile.path) if profile is not None and profile.path else None)
     target.set_threads(settings.threads)
-    _check_rows(target, source.name, bool(opts.get("inexact")))
+    _check_rows(target, model_name, bool(opts.get("inexact")))
     measured = profile.find(cand) if profile is not None else None
     curve = CostCurve(measured.t_ms if measured else None, load_independent(profile, cand))
     governor = ThreadGovernor(settings, threads == "auto", cores, profile, curve, apply=target.set_threads)

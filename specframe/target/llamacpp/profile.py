@@ -36,7 +36,7 @@ def time_decodes(target: Any, threads: int, contexts: Iterable[int] = CONTEXTS, 
 
     ns = list(ns)
     rng = random.Random(0)
-    ctx = LlamaContext(target.llama, target.n_ctx, max(512, max(ns)), threads)
+    ctx = LlamaContext(target.llama, target.n_ctx, max(512, max(ns)), threads, padding=target.build.row_padding)
     out: dict[int, list[float]] = {}
     try:
         for length in contexts:
@@ -97,30 +97,37 @@ def get_profile(target: Any, model_name: str, progress: Any = None, refresh: boo
     return prof
 
 
-ROWS_CONTEXT, ROWS_K = 64, 16  # the load-time check: a 16-token batch after 64 cached tokens
+ROWS_CONTEXT, ROWS_K = 64, 16  # the load-time check: batches after 64 cached tokens, against 16 one-token steps
+ROWS_SIZES = (2, 3, 5, 16)  # batch sizes checked (odd ones too: padding rounds them up to the kernel's groups)
 
 
 def row_check(target: Any, threads: int) -> dict[str, Any]:
-    """Does a ``ROWS_K``-token batch give every row the logits that one-token decoding gives, bit for bit, on this
-    model and build? (random tokens after ``ROWS_CONTEXT`` cached ones.) Returns ``{"equal_rows", "rows",
-    "first_differing_row", "max_abs_diff"}``."""
+    """Does every row of a k-token batch (k in ``ROWS_SIZES``) get the logits one-token decoding gives, bit for bit,
+    on this model and build, decoding as the engine does (padded to the build's :attr:`row_padding`)? (random tokens
+    after ``ROWS_CONTEXT`` cached ones.) Returns ``{"equal_rows", "rows", "first_differing_row", "max_abs_diff",
+    "sizes", "padding"}`` (rows counted over every size)."""
     import random
 
     import torch
 
     rng = random.Random(0)
     ids = [rng.randrange(target.vocab_size) for _ in range(ROWS_CONTEXT + ROWS_K)]
-    ctx = LlamaContext(target.llama, ROWS_CONTEXT + ROWS_K + 8, 512, threads)
+    padding = target.build.row_padding
+    ctx = LlamaContext(target.llama, ROWS_CONTEXT + ROWS_K + 8, 512, threads, padding=padding)
+    same: list[bool] = []
+    worst = 0.0
     try:
         ctx.decode(ids[:ROWS_CONTEXT], list(range(ROWS_CONTEXT)), logits="last")
         one = torch.cat([ctx.decode([ids[ROWS_CONTEXT + i]], [ROWS_CONTEXT + i]) for i in range(ROWS_K)])
-        ctx.remove(0, ROWS_CONTEXT)
-        batch = ctx.decode(ids[ROWS_CONTEXT:], list(range(ROWS_CONTEXT, ROWS_CONTEXT + ROWS_K)))
+        for k in ROWS_SIZES:
+            ctx.remove(0, ROWS_CONTEXT)
+            batch = ctx.decode(ids[ROWS_CONTEXT:ROWS_CONTEXT + k], list(range(ROWS_CONTEXT, ROWS_CONTEXT + k)))
+            same += [bool(torch.equal(batch[i], one[i])) for i in range(k)]
+            worst = max(worst, float((batch - one[:k]).abs().max()))
     finally:
         ctx.close()
-    same = [bool(torch.equal(batch[i], one[i])) for i in range(ROWS_K)]
-    return {"equal_rows": sum(same), "rows": ROWS_K, "first_differing_row": same.index(False) if not all(same) else None,
-            "max_abs_diff": float((batch - one).abs().max())}
+    return {"equal_rows": sum(same), "rows": len(same), "first_differing_row": same.index(False) if not all(same) else None,
+            "max_abs_diff": worst, "sizes": list(ROWS_SIZES), "padding": list(padding)}
 
 
 def cached_row_check(target: Any, model_name: str, threads: int) -> dict[str, Any]:
@@ -130,7 +137,7 @@ def cached_row_check(target: Any, model_name: str, threads: int) -> dict[str, An
     path = profile_path(profile_key(model_name, target)).with_suffix(".rows.json")
     try:
         doc = json.loads(path.read_text())
-        if isinstance(doc, dict) and isinstance(doc.get("equal_rows"), int) and doc.get("rows") == ROWS_K:
+        if isinstance(doc, dict) and isinstance(doc.get("equal_rows"), int) and doc.get("sizes") == list(ROWS_SIZES):
             return doc
     except (OSError, ValueError):
         pass

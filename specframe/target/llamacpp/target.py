@@ -76,6 +76,7 @@ class LlamaCppTarget(TextSide):
         self.settings: Any = None  # specframe.target.profile.Settings (threads and why) when loaded by load_target
         self.governor: Any = None
         self.row_check: dict[str, Any] | None = None  # the load-time batch-invariance check (loader)
+        self.weights, self.weights_why = "gguf", "as given"  # the tensor types run (llamacpp weights) and why
         self._idle: list[LlamaContext] = []  # contexts of finished requests, reused by later ones
         self._lock = threading.Lock()
 
@@ -96,7 +97,7 @@ class LlamaCppTarget(TextSide):
             ctx = self._idle.pop() if self._idle else None
         if ctx is None:
             ctx = LlamaContext(self.llama, self.n_ctx, N_BATCH, self.threads,
-                               MAX_TREE_SEQS if self.supports_trees else 1)
+                               MAX_TREE_SEQS if self.supports_trees else 1, padding=self.build.row_padding)
         ctx.clear()
         ctx.set_threads(self.threads)
         return ctx
@@ -163,9 +164,9 @@ class LlamaCppTarget(TextSide):
     def describe(self) -> dict[str, Any]:
         """The engine, model and build, for ``--json`` records and bench reports."""
         out = {"engine": ENGINE, "gguf": self.gguf.name, "model": self.llama.description, "n_ctx": self.n_ctx,
-               "trees": self.supports_trees, **self.build.to_dict()}
-        if self.row_check is not None:
-            out["batch_invariant"] = out["batch_invariant"] and self.row_check["equal_rows"] == self.row_check["rows"]
+               "trees": self.supports_trees, "weights": self.weights, **self.build.to_dict()}
+        if self.row_check is not None:  # (decoding padded as the build needs: rows equal to one-token decoding)
+            out["batch_invariant"] = self.row_check["equal_rows"] == self.row_check["rows"]
             out["row_check"] = self.row_check
         return out
 
