@@ -16,7 +16,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from pydantic import BaseModel, ValidationError
 
@@ -320,6 +320,8 @@ class Specframe:
 
         if on_text is not None and not callable(on_text):
             raise ConfigError(f"on_text must be a function taking each new piece of text, got {on_text!r}")
+        if cancel is not None and not callable(getattr(cancel, "is_set", None)):
+            raise ConfigError(f"cancel must be a threading.Event (an object with is_set()), got {cancel!r}")
         req = self._request_settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                      top_k=top_k, seed=seed, stop=stop)
         sampling = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
@@ -380,7 +382,7 @@ class Specframe:
 
     def generate_batch_results(
         self,
-        prompts: Sequence[str | list[int]],
+        prompts: Iterable[str | list[int]],
         *,
         batch_size: int = 8,
         question_ids: Sequence[Any] | None = None,
@@ -404,7 +406,8 @@ class Specframe:
         Other arguments as in :meth:`generate_result`.
 
         Raises:
-            ConfigError: ``batch_size < 1``, an empty list of prompts, or a value out of range; every prompt is
+            ConfigError: ``batch_size < 1``, ``prompts`` empty or not a list (any iterable is read into one), or a
+                value out of range; every prompt is
                 checked before any is generated.
             PromptTooLongError: a prompt that leaves no room in the model's context (the message gives its index).
         """
@@ -413,7 +416,11 @@ class Specframe:
 
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        if isinstance(prompts, (str, bytes)) or not len(prompts):
+        if isinstance(prompts, (str, bytes, dict)) or not isinstance(prompts, Iterable):
+            raise ConfigError(f"prompts must be a non-empty list of prompts (text or token-id lists), got "
+                              f"{type(prompts).__name__}")
+        prompts = list(prompts)  # (an iterator or generator is read once, here)
+        if not prompts:
             raise ConfigError("prompts must be a non-empty list of prompts (text or token-id lists)")
         if question_ids is not None and len(question_ids) != len(prompts):
             raise ConfigError(f"question_ids has {len(question_ids)} entries for {len(prompts)} prompts")
@@ -474,6 +481,11 @@ class Specframe:
         """Text is encoded (with the chat template unless ``chat`` is False); token ids are checked and used as they
         are."""
         if isinstance(prompt, str):
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ConfigError(f"prompt holds a lone UTF-16 surrogate (\\u{ord(prompt[exc.start]):04x} at "
+                                  f"character {exc.start}), which is not text: pass valid Unicode") from None
             return self.encode(prompt, chat)  # (checks chat)
         _check_chat(chat)
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

@@ -257,6 +257,41 @@ def test_generate_batch_bad_arguments(sf, kwargs, match):
         sf.generate_batch_results([PROMPT, PROMPT_2], **kwargs)
 
 
+def test_generate_batch_takes_any_iterable_and_names_prompts_otherwise(sf):
+    """Issue 55 (7): a generator of prompts is read into a list (it raised a raw ``TypeError: object of type
+    'generator' has no len()``); what is no list of prompts gets one line naming ``prompts``."""
+    prompts = _prompts(2, seed=4)
+    want = sf.generate_batch_results(prompts, batch_size=2, max_new_tokens=6)
+    got = sf.generate_batch_results(iter(prompts), batch_size=2, max_new_tokens=6)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert [r.token_ids for r in sf.generate_batch_results((p for p in prompts), max_new_tokens=6)] == \
+        [r.token_ids for r in want]
+    for bad in (5, None, {"a": 1}, "a prompt"):
+        with pytest.raises(ConfigError, match="prompts must be a non-empty list"):
+            sf.generate_batch_results(bad)
+    with pytest.raises(ConfigError, match="prompts must be a non-empty list"):
+        sf.generate_batch_results(iter([]))
+
+
+def test_a_bad_cancel_is_refused_before_queueing_and_the_loop_lives_on(env):
+    """Issue 55 (6): ``cancel=True`` raised ``AttributeError: 'bool' object has no attribute 'is_set'`` in the loop
+    thread and every later ``submit`` hung; now it is one ConfigError at ``submit`` and the loop serves the next."""
+    import threading
+
+    import specframe
+
+    sf = specframe.load(target=env["llama"][0], max_new_tokens=4, batch_size=2)
+    try:
+        for bad in (True, "yes", 1):
+            with pytest.raises(ConfigError, match="cancel must be a threading.Event"):
+                sf.submit([5, 6, 7], max_new_tokens=4, cancel=bad)
+        assert sf.pending == 0
+        ok = sf.submit([5, 6, 7], max_new_tokens=4, cancel=threading.Event()).result(timeout=60)
+        assert ok.token_ids == sf.generate_result([5, 6, 7], max_new_tokens=4).token_ids
+    finally:
+        sf.close()
+
+
 def test_generate_batch_checks_every_prompt_first(sf, monkeypatch):
     started = []
     import specframe.decode.batch as mod

@@ -153,7 +153,8 @@ def test_longest_suffix_wins(tmp_path):
 def test_folder_format(tmp_path):
     docs = [[1, 2, 3], [], [4, 5]]
     build_datastore(docs, tmp_path / "ds", vocab_size=8, model="m", sources=[{"path": "x"}], input_bytes=11)
-    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == ["manifest.json", "suffixes.npy", "tokens.npy"]
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == [".specframe-output", "manifest.json", "suffixes.npy",
+                                                               "tokens.npy"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no temporary folder left
     m = json.loads((tmp_path / "ds" / "manifest.json").read_text())
     assert m["format"] == "specframe-datastore" and m["version"] == 1

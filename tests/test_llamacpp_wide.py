@@ -34,6 +34,23 @@ def test_row_padding_rounds_to_the_kernels_groups():
     assert build(True, True).row_padding == (4, 4) and build(False, True).row_padding == (4, 4)
 
 
+def test_output_rows_are_padded_too():
+    """llama.cpp runs the LM head over the rows that want logits only, so their count is padded as the batch's is
+    (extra rows flagged from the end)."""
+    from specframe.target.llamacpp.binding import RowPadding, _pad_outputs
+
+    def flagged(flags, padding):
+        flags = list(flags)
+        _pad_outputs(flags, RowPadding(*padding))
+        return flags
+
+    assert flagged([False, False, True], (2, 1)) == [False, True, True]  # a prefill's last row
+    assert flagged([True, True], (2, 1)) == [True, True]
+    assert flagged([False] * 3, (2, 1)) == [False] * 3  # no logits wanted: none computed
+    assert flagged([False] * 5 + [True] + [True] * 2, (4, 4)) == [False] * 4 + [True] * 4
+    assert flagged([False, True, True, True, True, True, True, True], (4, 4)) == [True] * 8
+
+
 @pytest.fixture(scope="module")
 def sf():
     import specframe
@@ -112,6 +129,7 @@ def test_requantized_weights_run_and_stay_exact(tmp_path, monkeypatch):
     sf = specframe.load(model="smollm2-135m-instruct", engine="llama.cpp", threads=2, llamacpp={"weights": "q8_0"})
     machine = sf.target.describe()
     assert machine["weights"] == "q8_0" and machine["batch_invariant"] is True
+    assert sf.target.settings.dtype == "q8_0"  # (bench: outputs compare only with plain decoding on the same weights)
     assert "q8_0" in str(sf.target.gguf.parent.name) and sf.target.llama.description != ""
     ids = sf.encode("Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox")
     plain = sf.generate_result(ids, proposers=["none"], max_new_tokens=32, router="none").token_ids

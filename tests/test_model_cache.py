@@ -219,6 +219,7 @@ def test_a_full_disk_during_conversion_is_one_error_and_leaves_nothing(tmp_path,
         raise SafetensorError('Error while serializing: I/O error: No space left on device (os error 28)')
 
     monkeypatch.setattr(safetensors.torch, "save_model", full)
+    monkeypatch.setattr(models, "check_gguf_header", lambda gguf: None)  # (a stand-in file: transformers is faked)
     gguf = _gguf(tmp_path, "venv", b"GGUF" + bytes(100))
     with pytest.raises(models.CacheError, match="no space left on the device") as info:
         model_directory(ModelSource("m", gguf=gguf))
@@ -245,3 +246,17 @@ def test_a_machine_profile_that_cannot_be_saved_warns_and_the_run_goes_on(tmp_pa
     with caplog.at_level("WARNING", logger="specframe"):
         assert tune.get_profile(tmp_path, "m", "cpu", refresh=True) is prof
     assert "machine profile not saved" in caplog.text and str(cache) in caplog.text
+
+
+def test_a_junk_gguf_is_refused_before_the_conversion_is_announced(tmp_path, monkeypatch):
+    """Issue 55 (8): a file with the GGUF magic and junk after it printed "converting junk.gguf once into …" before its
+    error; the header and tensor table are read first now, and nothing is written."""
+    from specframe.errors import ConfigError
+
+    monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path / "cache"))
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF\x03\x00\x00\x00" + b"junk" * 8)
+    said: list[str] = []
+    with pytest.raises(ConfigError, match="junk.gguf is not a readable GGUF file"):
+        models.convert_gguf(junk, tmp_path / "cache" / "models" / "junk-entry", said.append)
+    assert said == [] and not (tmp_path / "cache" / "models" / "junk-entry").exists()

@@ -654,6 +654,33 @@ def test_export_eagle3_between_layouts_keeps_the_drafter(targets, model_folder, 
     assert r1.token_ids == r2.token_ids and r1.metrics.accepted_nodes == r2.metrics.accepted_nodes
 
 
+def test_export_never_deletes_what_it_did_not_write(targets, model_folder, tmp_path):
+    """Issue 55 (5): `--output` set to the source's parent exited 0 and replaced the parent whole (the source and its
+    siblings gone). A folder that is or holds the source, or holds files export did not write, is refused before
+    anything loads; a folder export wrote is replaced on the next export."""
+    from .test_config_cli import assert_user_error
+
+    t = targets["llama"]
+    ex = tmp_path / "ex"
+    src = write_eagle3(ex / "src", t.model.config, "speculators", seed=6, num_layers=1)
+    (ex / "notes.txt").write_text("mine")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for out, needle in ((ex, "holds the source"), (src, "is the source"), (tmp_path, "holds the source")):
+        assert_user_error(_export("eagle3", str(src), "--format", "eagle3", "--output", str(out), "--model",
+                                  str(model_folder)), needle)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.bin").write_bytes(b"x")
+    assert_user_error(_export("eagle3", str(src), "--format", "eagle3", "--output", str(other), "--model",
+                              str(model_folder)), "did not write")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "other" not in p.parts) == before
+    out = tmp_path / "out"
+    for _ in range(2):  # the second export replaces the first one's folder
+        r = _export("eagle3", str(src), "--format", "eagle3", "--output", str(out), "--model", str(model_folder))
+        assert r.exit_code == 0, r.output
+    assert (out / "config.json").is_file() and (ex / "notes.txt").read_text() == "mine"
+
+
 def test_export_refuses_specframes_own_eagle_format_with_one_line(model_folder, tmp_path):
     from specframe.learned.eagle_drafter import EagleSpec, new_drafter
 

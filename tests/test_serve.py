@@ -161,6 +161,11 @@ def test_models_health_and_metrics(server, client):
     ({"prompt": "aa " * 250, "max_tokens": 20}, 400, "maximum context length is 256 tokens; the request asks for 270"),
     ({"prompt": "aa", "max_tokens": 4, "model": "gpt-9"}, 404, "not served here"),
     ({"prompt": [], "max_tokens": 4}, 400, "empty"),
+    # issue 55 (1, 2): a lone surrogate was a plain-text 500; logprobs 0 was dropped with a 200 and logprobs null
+    ({"prompt": "hi \ud800", "max_tokens": 4}, 400, "lone UTF-16 surrogate"),
+    ({"prompt": "hi", "max_tokens": 4, "stop": ["\udfff"]}, 400, "lone UTF-16 surrogate"),
+    ({"prompt": "hi", "max_tokens": 4, "logprobs": 0}, 400, "log-probabilities are not returned"),
+    ({"prompt": "hi", "max_tokens": 4, "logprobs": 1}, 400, "log-probabilities are not returned"),
 ])
 def test_bad_requests_get_the_openai_error_object(server, body, status, needle):
     data = body if isinstance(body, str) else json.dumps(body)
@@ -168,6 +173,48 @@ def test_bad_requests_get_the_openai_error_object(server, body, status, needle):
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert needle in err["message"] and set(err) == {"message", "type", "param", "code"}
+
+
+def test_a_lone_surrogate_in_chat_content_is_a_400(server):
+    for content in ("a \ud800", [{"type": "text", "text": "\udc00"}]):
+        body = json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": 4})
+        r = httpx.post(server + "/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "lone UTF-16 surrogate" in r.json()["error"]["message"], r.text
+
+
+def test_max_pending_holds_under_a_burst(sf):
+    """Issue 55 (4): with ``max_pending`` 6, 16 requests sent at once all got 200 (each passed the check before any
+    was submitted); now admission counts them: 6 run, 10 get a 429, and the server admits again once they finish."""
+    import asyncio
+
+    from specframe.serve.app import create_app
+
+    gate = threading.Event()
+    real_submit = sf.submit
+
+    def held_submit(prompt, **kwargs):  # every admitted request stays in flight until the gate opens
+        gate.wait(30)
+        return real_submit(prompt, **kwargs)
+
+    app = create_app(sf, model_name="tiny", max_tokens_limit=64, max_pending=6)
+
+    async def burst():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            sends = [asyncio.ensure_future(c.post("/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 4}))
+                     for _ in range(16)]
+            await asyncio.sleep(1.0)  # every request reached admission while the first six wait at submit
+            gate.set()
+            codes = sorted(r.status_code for r in await asyncio.gather(*sends))
+            again = await c.post("/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 4})
+            return codes, again.status_code
+
+    sf.submit = held_submit
+    try:
+        codes, again = asyncio.run(burst())
+    finally:
+        del sf.submit
+    assert codes == [200] * 6 + [429] * 10 and again == 200
 
 
 def test_a_full_server_answers_429(sf, server, monkeypatch):
@@ -255,6 +302,23 @@ def test_serve_command_drains_and_exits_0_on_sigterm(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_port_in_use_is_one_error_line_before_the_model_loads(no_model_load):
+    """Issue 55 (3): the server loaded the model, printed "serving …", then died with uvicorn's [Errno 98] and exit 3;
+    now the port is bound first: one error line, exit 2, no model loaded."""
+    from typer.testing import CliRunner
+
+    from specframe.cli import app
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        res = CliRunner().invoke(app, ["serve", "--port", str(port)])
+    assert res.exit_code == 2, res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert lines[0].startswith("error: --port") and "cannot listen on" in lines[0] and "serving" not in res.output
 
 
 def test_serve_bad_flags_one_error_line(no_model_load):

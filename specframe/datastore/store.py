@@ -193,7 +193,7 @@ def _write(output: Path, tokens: np.ndarray, sa: np.ndarray, manifest: dict[str,
         np.save(tmp / SUFFIXES, sa, allow_pickle=False)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
-    replace_folder(output, fill)
+    replace_folder(output, fill, owned=True)  # (build_datastore refused what is not a datastore unless forced)
 
 
 class Datastore:

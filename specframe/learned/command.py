@@ -20,12 +20,17 @@ _VERIFIER = typer.Option(None, "--verifier", help="The target's name as the expo
 
 
 def _check_output(output: Path, src: Path) -> None:
-    if output.exists() and not output.is_dir():
-        fail(f"--output {output} is a file: give a folder")
-    if output.resolve() == src.resolve():
-        fail(f"--output {output} is the source folder: give another")
+    """Before anything loads: the source is a folder, and ``--output`` neither is nor holds it, nor holds files
+    export did not write (it is replaced whole: :func:`specframe.io.atomic.check_output`)."""
+    from ..errors import ConfigError
+    from ..io.atomic import check_output
+
     if not src.is_dir():
         fail(f"{src} is not a folder: give the drafter's folder")
+    try:
+        check_output(output, [src])
+    except ConfigError as exc:
+        fail(f"--output: {exc}")
 
 
 @export_app.command("eagle3")

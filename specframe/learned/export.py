@@ -79,7 +79,7 @@ def export_eagle3(src: Path, fmt: str, out: Path, model: str, verifier: str | No
             "speculative tokens (speculators config)": k, "weights dtype": str(dtype).removeprefix("torch."),
             **{f: v for f, v in d.flags.items() if v}}))
 
-    replace_folder(out, fill)
+    replace_folder(out, fill, sources=[src])
     return out
 
 
@@ -118,7 +118,7 @@ def export_medusa(src: Path, fmt: str, out: Path, model: str, verifier: str | No
             facts["token map"] = f"{module.token_map.numel()} target ids (`token_map`, `truncated_vocab_size`)"
         (tmp / "README.md").write_text(_card("Medusa heads", src, fmt, model, name, facts))
 
-    replace_folder(out, fill)
+    replace_folder(out, fill, sources=[src])
     return out
 
 

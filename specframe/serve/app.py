@@ -102,7 +102,10 @@ def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | No
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     """``(message, param)`` of a body that failed validation: its first error, said as OpenAI's API says it."""
-    first = exc.errors()[0] if exc.errors() else {}
+    errors = exc.errors()
+    # (our own checks' messages say most: in a union, the branch the client meant fails with a value error while the
+    # others fail on the type)
+    first = next((e for e in errors if e.get("type") == "value_error"), errors[0] if errors else {})
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
     kind = first.get("type", "")
@@ -123,6 +126,12 @@ class _Server:
         self.max_tokens_limit, self.max_pending, self.drain_s = max_tokens_limit, max_pending, drain_s
         self.metrics = ServerMetrics()
         self.created = int(time.time())
+        self.in_flight = 0  # requests admitted and not finished: counted at admission, so a burst cannot pass at once
+        self._count = threading.Lock()
+
+    def _finished_one(self, *_: Any) -> None:
+        with self._count:
+            self.in_flight -= 1
 
     def chat_prompt(self, body: ChatRequest) -> list[int]:
         """The token ids of a chat body under the model's chat template.
@@ -163,9 +172,12 @@ class _Server:
                 if pname not in self.allowed:
                     raise _Refused(400, f"proposer {pname!r} is not allowed here; allowed: "
                                         f"{', '.join(sorted(self.allowed))}", "speculative.proposers")
-        if self.sf.pending >= self.max_pending:
-            raise _Refused(429, f"the server has {self.sf.pending} requests in flight (its limit): retry later",
-                           code="rate_limit_exceeded", kind="rate_limit_error")
+        with self._count:  # (checked and counted with no await between: requests of a burst are told apart)
+            busy = max(self.in_flight, self.sf.pending)
+            if busy >= self.max_pending:
+                raise _Refused(429, f"the server has {busy} requests in flight (its limit): retry later",
+                               code="rate_limit_exceeded", kind="rate_limit_error")
+            self.in_flight += 1
 
     async def serve(self, body: Any, request: Request, prompt: Any, chat: bool) -> Any:
         """One request: refused (:meth:`_admit`), or submitted to the batch loop and answered whole or streamed."""
@@ -189,9 +201,15 @@ class _Server:
         try:
             future = await run_in_threadpool(self.sf.submit, prompt, **kwargs)
         except SpecframeError as exc:
+            self._finished_one()
             raise _Refused(400, str(exc).strip().splitlines()[0]) from None
         except TypeError as exc:
+            self._finished_one()
             raise _Refused(400, str(exc)) from None
+        except BaseException:
+            self._finished_one()
+            raise
+        future.add_done_callback(self._finished_one)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         endpoint = request.url.path
         if not body.stream:

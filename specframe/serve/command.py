@@ -4,6 +4,7 @@ Ctrl-C (in-flight requests drain first, then the batch loop stops and the proces
 from __future__ import annotations
 
 import signal
+import socket
 from pathlib import Path
 from typing import List, Optional
 
@@ -34,11 +35,6 @@ def serve(
 
 
 def _serve(config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name) -> None:
-    from ..config import load_config, resolve_plugins
-    from ..cli.console import err, load_with_progress
-    from ..registry import build_registry
-    from ..target.models import resolve_model
-
     if not 1 <= batch_size <= 256:
         raise ConfigError(f"--batch-size must be in [1, 256], got {batch_size}")
     if max_pending < 1 or max_tokens < 1:
@@ -48,10 +44,49 @@ def _serve(config, model, host, port, batch_size, max_pending, max_tokens, allow
     try:
         import fastapi  # noqa: F401
         import sse_starlette  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as exc:
         raise ConfigError(f"specframe serve needs its server libraries ({exc.name} is missing): "
                           "pip install 'specframe[serve]'") from None
+    sock = _listen(host, port)  # before the model loads: a port in use is one error line, not a loaded model's exit
+    try:
+        _load_and_run(sock, config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name)
+    finally:
+        sock.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` (handed to uvicorn, so nothing can take the port in between).
+
+    Raises:
+        ConfigError: the address cannot be bound (in use, not this machine's, not permitted).
+    """
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except (OSError, IndexError) as exc:
+        raise ConfigError(f"--host {host}: not an address to listen on ({exc}): give an IP address or a host name of "
+                          "this machine") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        why = exc.strerror or str(exc)
+        raise ConfigError(f"--port {port}: cannot listen on {host}:{port} ({why}): pick another --port, or stop what "
+                          "listens there") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _load_and_run(sock, config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name) -> None:
+    from ..config import load_config, resolve_plugins
+    from ..cli.console import err, load_with_progress
+    from ..registry import build_registry
+    from ..target.models import resolve_model
+    import uvicorn
+
     cfg = load_config(config, model=model, batch_size=batch_size)
     registry = build_registry()
     resolve_plugins(cfg, registry)
@@ -69,7 +104,8 @@ def _serve(config, model, host, port, batch_size, max_pending, max_tokens, allow
     # there before it started: with a no-op one there, a drained server ends here and the process exits 0.
     previous = {sig: signal.signal(sig, _drained) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=60)
+        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                      timeout_graceful_shutdown=60)).run(sockets=[sock])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -13,6 +13,20 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+def _unicode_text(v: Any) -> Any:
+    """``v`` (a string, or strings in a list) unchanged, if it is text: a lone UTF-16 surrogate (``"\\ud800"`` in
+    JSON) is not, and no tokenizer can encode it."""
+    for text in ([v] if isinstance(v, str) else v if isinstance(v, list) else []):
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                bad = text[exc.start]
+                raise ValueError(f"holds a lone UTF-16 surrogate (\\u{ord(bad):04x} at character {exc.start}), "
+                                 "which is not text: send valid Unicode") from None
+    return v
+
+
 class Speculative(BaseModel):
     """``"speculative": {...}`` in a request body: which proposers draft for this request (names or configs, as in
     specframe's config file), and for two or more the merge policy and router."""
@@ -50,9 +64,20 @@ class _Common(BaseModel):
     logprobs: Optional[Literal[False]] = None
     speculative: Optional[Speculative] = None
 
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _no_logprobs(cls, v: Any) -> Any:
+        # (checked by identity: 0 equals False, and `logprobs: 0` asks the completions API for the chosen tokens'
+        # log-probabilities, which this server does not return)
+        if v is not None and v is not False:
+            raise ValueError(f"log-probabilities are not returned by this server: leave logprobs out or set it to "
+                             f"false/null (got {v!r})")
+        return v
+
     @field_validator("stop")
     @classmethod
     def _stops(cls, v: Any) -> Any:
+        _unicode_text(v)
         stops = [v] if isinstance(v, str) else (v or [])
         if len(stops) > 4 or any(s == "" for s in stops):
             raise ValueError("stop takes up to 4 non-empty strings")
@@ -70,6 +95,8 @@ class CompletionRequest(_Common):
     prompt: Union[str, list[int]]
     echo: Literal[False] = False
 
+    _prompt_text = field_validator("prompt")(classmethod(lambda cls, v: _unicode_text(v)))
+
 
 class TextPart(BaseModel):
     """One part of a message's content in the list form (``[{"type": "text", "text": "..."}]``): text parts only."""
@@ -78,6 +105,8 @@ class TextPart(BaseModel):
 
     type: Literal["text"]
     text: str
+
+    _text = field_validator("text")(classmethod(lambda cls, v: _unicode_text(v)))
 
 
 class Message(BaseModel):
@@ -89,6 +118,8 @@ class Message(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: Union[str, list[TextPart]]
     name: Optional[str] = None
+
+    _content_text = field_validator("content", "name")(classmethod(lambda cls, v: _unicode_text(v)))
 
     @field_validator("content", mode="before")
     @classmethod

@@ -301,6 +301,26 @@ def _build_entry(entry: Path, fill: Callable[[Path], None], **fields: object) ->
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_gguf_header(gguf: Path) -> None:
+    """Read ``gguf``'s header, metadata and tensor table (memory-mapped, no weights read).
+
+    Raises:
+        ConfigError: the file is not a whole GGUF (the message names the file and what the reader found).
+    """
+    try:
+        from gguf import GGUFReader
+    except ImportError:  # (transformers' own GGUF loading needs the same package and says so)
+        return
+    try:
+        reader = GGUFReader(str(gguf))
+        if not reader.tensors:
+            raise ValueError("it holds no tensors")
+    except (ValueError, KeyError, IndexError, OSError, TypeError, OverflowError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"{gguf.name} is not a readable GGUF file: its header or tensor table is corrupt or cut "
+                          f"short ({first}); give a whole .gguf model") from None
+
+
 def convert_gguf(gguf: Path, entry: Path, log: Callable[[str], None]) -> None:
     import safetensors.torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -321,6 +341,7 @@ def convert_gguf(gguf: Path, entry: Path, log: Callable[[str], None]) -> None:
         tok.save_pretrained(tmp)
 
     entry.parent.mkdir(parents=True, exist_ok=True)  # (an unusable cache fails here, before the line below)
+    check_gguf_header(gguf)  # (a junk file too)
     log(f"converting {gguf.name} once into {entry} (de-quantising GGUF takes a while)")
     _build_entry(entry, fill, source=str(gguf), sha256=file_sha256(gguf))
 

@@ -102,6 +102,19 @@ def _reason(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
+def _pad_outputs(flags: list[bool], padding: "RowPadding") -> None:
+    """Flag more rows for logits (from the end, in place) until the output rows are a padded count too: llama.cpp
+    computes the last layer's tail and the LM head over the output rows only, so their number picks that product's
+    kernel as the batch size picks the others'. (The extra logits are computed and dropped.)"""
+    out = sum(flags)
+    need = padding.rows(out) - out if out else 0
+    for i in range(len(flags) - 1, -1, -1):
+        if need <= 0:
+            break
+        if not flags[i]:
+            flags[i], need = True, need - 1
+
+
 class RowPadding(NamedTuple):
     """Rows a ``llama_decode`` is padded to: at least ``least``, a multiple of ``multiple``."""
 
@@ -317,7 +330,10 @@ class LlamaContext(_Native):
             RuntimeError: llama.cpp refused the batch (no free KV cell: the context is full) or failed.
         """
         n = len(tokens)
+        want = [logits == "all" or (logits == "last" and i == n - 1) for i in range(n)]
         rows = self.padding.rows(n) if n else 0
+        flags = want + [logits != "none"] * (rows - n)  # padding rows give logits too, when any are wanted
+        _pad_outputs(flags, self.padding)
         b = self.batch
         b.n_tokens = rows
         pad_ids = (0,) if seqs is None else seqs[-1]
@@ -330,7 +346,7 @@ class LlamaContext(_Native):
             b.n_seq_id[i] = len(ids)
             for j, s in enumerate(ids):
                 b.seq_id[i][j] = s
-            b.logits[i] = real and (logits == "all" or (logits == "last" and i == n - 1))
+            b.logits[i] = flags[i]
         rc = int(self.lib.llama_decode(self.ptr, b))
         if rows > n:
             for s in pad_ids:
@@ -340,9 +356,12 @@ class LlamaContext(_Native):
                                + (" (no free KV cell: the context is full)" if rc == 1 else ""))
         if logits == "none":
             return None
-        rows = n if logits == "all" else 1
         ptr = self.lib.llama_get_logits(self.ptr)
-        return torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab)).copy())
+        out = np.ctypeslib.as_array(ptr, shape=(sum(flags), self.n_vocab))
+        if sum(flags) != sum(want):  # keep the rows asked for (outputs come in batch order)
+            order = [j for j, f in enumerate(flags) if f]
+            out = out[[order.index(i) for i in range(n) if want[i]]]
+        return torch.from_numpy(out.copy())
 
     def close(self) -> None:
         if getattr(self, "ptr", None):

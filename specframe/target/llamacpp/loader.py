@@ -104,6 +104,7 @@ def _choose_weights(source: Any, build: Any, fit: int, threads: int | str, specu
     for kind in AUTO_WEIGHTS:
         path = _weights_file(source, kind, log_line)
         probe = LlamaCppTarget(path, None, name=source.name, threads=fit, build=build, llama=LlamaModel(path))
+        probe.weights = kind
         try:
             profile = get_profile(probe, _profile_name(source.name, kind), progress)
             cand, measured, _ = profile.choose("auto", threads, False, fit, speculative)
@@ -144,7 +145,7 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
     from ..machine import LoadMonitor, choose_threads, usable_cores
     from ..models import resolve_model
     from ..profile import Candidate, Settings, ThreadGovernor, load_independent, measured_threads
-    from .profile import DTYPE, get_profile
+    from .profile import get_profile
     from .target import LlamaCppTarget
 
     opts = dict(options or {})
@@ -177,10 +178,10 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
     if profile is not None:
         cand, _, reason = profile.choose("auto", threads, False, fit, speculative)
     else:
-        cand, reason = Candidate(DTYPE, int(threads) if threads != "auto" else fit, False), "as given"
+        cand, reason = Candidate(weights, int(threads) if threads != "auto" else fit, False), "as given"
     what = f"the GGUF's own tensor types ({target.llama.description})" if weights == "gguf" else \
         f"{source.gguf.name} requantized to {weights} ({weights_why})"
-    settings = Settings(DTYPE, cand.threads, False, what,
+    settings = Settings(weights, cand.threads, False, what,
                         "as given" if threads != "auto" else f"{cores_why}; others using {others:.1f}; {reason}",
                         "not used by llama.cpp", str(profile.path) if profile is not None and profile.path else None)
     target.set_threads(settings.threads)

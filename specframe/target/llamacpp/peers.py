@@ -54,7 +54,7 @@ def run_llamacpp_peer(target: Any, peer: str, options: dict[str, Any], prompt_id
         raise ValueError(f"peer {peer} decodes greedily; the bench samples at temperature {temperature}")
     llm, run_options = _llama(target, peer, options)
     llm.set_seed(seed)
-    calls = {"n": 0, "s": 0.0}
+    calls = {"n": 0, "s": 0.0, "first_s": None}
     plain_eval = type(llm).eval
 
     def counted_eval(tokens: Any) -> None:
@@ -62,16 +62,21 @@ def run_llamacpp_peer(target: Any, peer: str, options: dict[str, Any], prompt_id
         plain_eval(llm, tokens)
         calls["n"] += 1
         calls["s"] += time.perf_counter() - t0
+        if calls["first_s"] is None:  # the prompt's forward: the prefill
+            calls["first_s"] = time.perf_counter() - t0
 
     llm.eval = counted_eval  # (an instance attribute: generate() calls self.eval)
     eos = set(target.eos_token_ids)
     generated: list[int] = []
+    ttft = None
     t0 = time.perf_counter()
     try:
         llm.reset()
         for token in llm.generate(list(prompt_ids), temp=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
                                   reset=True):
             generated.append(int(token))
+            if ttft is None:
+                ttft = time.perf_counter() - t0
             if int(token) in eos or len(generated) >= max_new_tokens:
                 break
     finally:
@@ -85,7 +90,7 @@ def run_llamacpp_peer(target: Any, peer: str, options: dict[str, Any], prompt_id
         "metrics": with_legacy_keys({
             "new_tokens": n, "target_forwards": forwards, "tau": n / forwards,
             "acceptance_rate": None, "drafted_nodes": None, "accepted_nodes": None, "wall_s": wall,
-            "tokens_per_s": n / wall if wall > 0 else 0.0, "forward_s": calls["s"], "prefill_s": None,
+            "tokens_per_s": n / wall if wall > 0 else 0.0, "forward_s": calls["s"], "prefill_s": calls["first_s"], "ttft_s": ttft,
             "propose_s": None, "verify_s": None, "other_s": None, "drafted_by_depth": [],
             "accepted_by_depth": [],
         }),

@@ -74,7 +74,8 @@ def measure(target: Any, model_name: str, progress: Any = None) -> MachineProfil
         if progress else None
     tick = (lambda: progress.advance(task)) if progress else (lambda: None)
     start = time.perf_counter()
-    measured = [Measured(Candidate(DTYPE, t, False), time_decodes(target, t, tick=tick)) for t in threads]
+    label = getattr(target, "weights", DTYPE)  # the tensor types run: "gguf" (the file's own) or a requantization
+    measured = [Measured(Candidate(label, t, False), time_decodes(target, t, tick=tick)) for t in threads]
     return MachineProfile(profile_key(model_name, target), model_name, "cpu", fingerprint(), measured,
                           monitor.sample().others, time.perf_counter() - start)
 
@@ -99,6 +100,7 @@ def get_profile(target: Any, model_name: str, progress: Any = None, refresh: boo
 
 ROWS_CONTEXT, ROWS_K = 64, 16  # the load-time check: batches after 64 cached tokens, against 16 one-token steps
 ROWS_SIZES = (2, 3, 5, 16)  # batch sizes checked (odd ones too: padding rounds them up to the kernel's groups)
+ROWS_VERSION = 2  # (2: output rows padded too; verdicts kept by an earlier version are measured again)
 
 
 def row_check(target: Any, threads: int) -> dict[str, Any]:
@@ -127,7 +129,7 @@ def row_check(target: Any, threads: int) -> dict[str, Any]:
     finally:
         ctx.close()
     return {"equal_rows": sum(same), "rows": len(same), "first_differing_row": same.index(False) if not all(same) else None,
-            "max_abs_diff": worst, "sizes": list(ROWS_SIZES), "padding": list(padding)}
+            "max_abs_diff": worst, "sizes": list(ROWS_SIZES), "padding": list(padding), "version": ROWS_VERSION}
 
 
 def cached_row_check(target: Any, model_name: str, threads: int) -> dict[str, Any]:
@@ -137,7 +139,7 @@ def cached_row_check(target: Any, model_name: str, threads: int) -> dict[str, An
     path = profile_path(profile_key(model_name, target)).with_suffix(".rows.json")
     try:
         doc = json.loads(path.read_text())
-        if isinstance(doc, dict) and isinstance(doc.get("equal_rows"), int) and doc.get("sizes") == list(ROWS_SIZES):
+        if isinstance(doc, dict) and isinstance(doc.get("equal_rows"), int) and doc.get("version") == ROWS_VERSION:
             return doc
     except (OSError, ValueError):
         pass
