@@ -613,3 +613,61 @@ def test_the_load_bench_checks_a_llamacpp_strategy_against_llamacpp_decoding_alo
             rec("llamacpp-none", 8, [1, 5, 6], gguf, True), rec("llamacpp-ngram", 8, [1, 5, 6], gguf, False),
             rec("ngram", 8, [1, 2, 3], hf, False)]
     assert lossless_check(None, lossless_records(load), [], chat=False) == []
+
+
+def test_faults_in_one_request_of_eight_stay_in_that_request(env, monkeypatch):
+    """Issue 55 (b): in a batch of 8 decoded by the loop thread, one request's proposer raises at every step, one
+    client's ``on_text`` raises, and the shared target forward raises on its first drafted calls: the raising client's
+    request alone fails (with its own error), every other request finishes token-identical to it decoded alone, and
+    the loop serves the next request."""
+    from specframe import ProposerBase, ProposerConfig
+
+    from specframe.decode.scheduler import BatchScheduler
+
+    class Raising(ProposerBase):
+        name = "raising"
+
+        def propose(self, state, budget):
+            raise RuntimeError("plugin bug")
+
+    target, heads, draft, eagle = env["llama"]
+    prompts, budgets = _prompts(8, seed=11), _budgets(8)
+    alone = [_engine("ngram", target, heads, draft, eagle).generate(p, max_new_tokens=b).token_ids
+             for p, b in zip(prompts, budgets)]
+    inner, raised = target.model.forward, []
+
+    def flaky_forward(*args, **kwargs):  # the shared forward fails on its first two drafted batches
+        ids = kwargs["input_ids"]
+        if ids.shape[0] > 1 and ids.shape[1] > 1 and len(raised) < 2:
+            raised.append(tuple(ids.shape))
+            raise RuntimeError("kernel failure")
+        return inner(*args, **kwargs)
+
+    def hangs_up(piece):
+        raise OSError("the client hung up")
+
+    items = []
+    for i, (p, b) in enumerate(zip(prompts, budgets)):
+        engine = _engine("ngram", target, heads, draft, eagle)
+        if i == 1:
+            engine = Engine(target, [Raising(ProposerConfig(name="raising"), target.info),
+                                     NgramProposer(NgramConfig(k=5), target.info)], GreedyVerifier(),
+                            merge=policy_of("priority"))
+        items.append(BatchRequest(engine, p, b, on_text=hangs_up if i == 3 else None))
+    monkeypatch.setattr(target.model, "forward", flaky_forward)
+    scheduler = BatchScheduler(target, 8)
+    try:
+        futures = [scheduler.submit(item) for item in items]
+        outcomes = []
+        for f in futures:
+            try:
+                outcomes.append(f.result(timeout=120).token_ids)
+            except OSError as exc:
+                outcomes.append(exc)
+        after = scheduler.submit(BatchRequest(_engine("ngram", target, heads, draft, eagle), prompts[0], budgets[0]))
+        assert after.result(timeout=120).token_ids == alone[0]
+    finally:
+        scheduler.close()
+    assert raised  # the forward did fail
+    assert isinstance(outcomes[3], OSError) and "hung up" in str(outcomes[3])
+    assert [o for i, o in enumerate(outcomes) if i != 3] == [a for i, a in enumerate(alone) if i != 3]
