@@ -182,6 +182,27 @@ def test_a_lone_surrogate_in_chat_content_is_a_400(server):
         assert r.status_code == 400 and "lone UTF-16 surrogate" in r.json()["error"]["message"], r.text
 
 
+def test_openai_and_vllm_spellings_new_users_send(server, client):
+    """Report kinds of round five (issue 55 c): vLLM's ``top_k: -1`` (off) is read as off; a one-string prompt list is
+    that prompt and a batch of several is one clear 400; ``stream_options`` without ``stream`` is a 400 (as OpenAI and
+    vLLM answer); ``client.models.retrieve`` finds the served model and 404s another."""
+    def post(body):
+        return httpx.post(server + "/v1/completions", json={"max_tokens": 6, **body})
+
+    base = post({"prompt": "ba bb bc", "temperature": 1.0, "seed": 3}).json()["choices"][0]["text"]
+    r = post({"prompt": "ba bb bc", "temperature": 1.0, "seed": 3, "top_k": -1})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == base
+    r = post({"prompt": ["ba bb bc"], "temperature": 1.0, "seed": 3})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == base
+    r = post({"prompt": ["ba", "bb"]})
+    assert r.status_code == 400 and "a batch of 2 prompts" in r.json()["error"]["message"]
+    r = post({"prompt": "ba", "stream_options": {"include_usage": True}})
+    assert r.status_code == 400 and "only allowed when stream is true" in r.json()["error"]["message"]
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-9")
+
+
 def test_max_pending_holds_under_a_burst(sf):
     """Issue 55 (4): with ``max_pending`` 6, 16 requests sent at once all got 200 (each passed the check before any
     was submitted); now admission counts them: 6 run, 10 get a 429, and the server admits again once they finish."""

@@ -79,10 +79,20 @@ def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | No
     async def health() -> dict[str, Any]:
         return {"status": "ok", "pending": sf.pending}
 
+    def model_object() -> dict[str, Any]:
+        return {"id": server.name, "object": "model", "created": server.created, "owned_by": "specframe"}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": server.name, "object": "model", "created": server.created,
-                                            "owned_by": "specframe"}]}
+        return {"object": "list", "data": [model_object()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Any:  # (OpenAI's "retrieve model": client.models.retrieve(id))
+        if model_id != server.name:
+            return JSONResponse(error_body(f"model {model_id!r} is not served here; this server serves "
+                                           f"{server.name!r}", "not_found_error", "model", "model_not_found"),
+                                status_code=404)
+        return model_object()
 
     @app.get("/metrics")
     async def prometheus() -> Response:

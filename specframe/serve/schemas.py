@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 def _unicode_text(v: Any) -> Any:
@@ -52,7 +52,7 @@ class _Common(BaseModel):
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
-    top_k: Optional[int] = Field(None, ge=0)
+    top_k: Optional[int] = Field(None, ge=-1)  # -1: off, as vLLM reads it (specframe's 0)
     seed: Optional[int] = Field(None, ge=0)
     stop: Optional[Union[str, list[str]]] = None
     stream: bool = False
@@ -63,6 +63,17 @@ class _Common(BaseModel):
     presence_penalty: Literal[0, 0.0] = 0
     logprobs: Optional[Literal[False]] = None
     speculative: Optional[Speculative] = None
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_off(cls, v: Any) -> Any:
+        return 0 if v == -1 else v
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> Any:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
 
     @field_validator("logprobs", mode="before")
     @classmethod
@@ -96,6 +107,17 @@ class CompletionRequest(_Common):
     echo: Literal[False] = False
 
     _prompt_text = field_validator("prompt")(classmethod(lambda cls, v: _unicode_text(v)))
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, v: Any) -> Any:
+        # OpenAI's prompt may be a list of strings (a batch); a list of one is that prompt, more are refused here
+        if isinstance(v, list) and v and all(isinstance(p, str) for p in v):
+            if len(v) > 1:
+                raise ValueError(f"a batch of {len(v)} prompts in one request is not served here: send one prompt per "
+                                 "request (they are decoded together in the server's batch)")
+            return v[0]
+        return v
 
 
 class TextPart(BaseModel):
