@@ -422,6 +422,11 @@ class Specframe:
         prompts = list(prompts)  # (an iterator or generator is read once, here)
         if not prompts:
             raise ConfigError("prompts must be a non-empty list of prompts (text or token-id lists)")
+        if question_ids is not None and (isinstance(question_ids, (str, bytes, dict))
+                                         or not isinstance(question_ids, Sequence)):
+            raise ConfigError(f"question_ids must be a list (one id per prompt), got {type(question_ids).__name__}")
+        if on_result is not None and not callable(on_result):
+            raise ConfigError(f"on_result must be a function taking (index, result), got {on_result!r}")
         if question_ids is not None and len(question_ids) != len(prompts):
             raise ConfigError(f"question_ids has {len(question_ids)} entries for {len(prompts)} prompts")
         req = self._request_settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,

@@ -251,6 +251,8 @@ def test_generate_batch_equals_generate_one_by_one(sf):
     (dict(batch_size=True), "batch_size must be an integer >= 1"),
     (dict(question_ids=[1]), "question_ids has 1 entries for 2 prompts"),
     (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(question_ids=5), "question_ids must be a list"),  # (issue 55: were raw TypeErrors, on_result's after
+    (dict(on_result=5), "on_result must be a function"),    # the whole batch had been generated)
 ])
 def test_generate_batch_bad_arguments(sf, kwargs, match):
     with pytest.raises(ConfigError, match=match):
