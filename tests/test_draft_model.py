@@ -682,6 +682,23 @@ def test_export_standalone_matches_the_subset_draft(envs, tmp_path):
     assert not list(tmp_path.glob(".tmp-*"))  # written to a temporary folder, then renamed
 
 
+def test_export_standalone_never_replaces_the_draft_it_reads(envs, tmp_path):
+    """Issue 55 (general pass): the draft's own folder holds config.json too, so it passed as "an earlier export"
+    and would have been replaced by the export of itself."""
+    import shutil
+
+    from specframe.learned.small_draft import export_standalone
+
+    env = envs["llama"]
+    folder = tmp_path / "draft"
+    shutil.copytree(env.drafts["small"], folder)
+    before = sorted(p.name for p in folder.iterdir())
+    for out in (folder, tmp_path):
+        with pytest.raises(ConfigError, match="the source"):
+            export_standalone(folder, env.target.model, build_tokenizer(), out)
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
 def test_export_standalone_refuses_a_file_or_foreign_folder_and_replaces_an_earlier_export(envs, tmp_path):
     from specframe.learned.small_draft import export_standalone
 

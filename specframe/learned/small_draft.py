@@ -168,6 +168,9 @@ def export_standalone(directory: Path, target_model: nn.Module, tokenizer: Any, 
 
     from transformers import AutoModelForCausalLM
 
+    from ..io.atomic import check_output
+
+    check_output(out, [directory], owned=True)  # (never the draft's own folder or one holding it)
     if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or (out / "config.json").is_file())):
         raise ConfigError(f"{out} exists and is not an earlier export (a folder with config.json): choose another "
                           "output folder")
