@@ -25,10 +25,6 @@ from ...errors import ConfigError
 N_BATCH = 512  # tokens per llama_decode: prefill chunks; a draft is verified in one
 
 MIN_VERSION = (0, 3, 36)  # the low-level API used here (llama_memory_*, flash_attn_type, use_extra_bufts)
-# The build specframe installs (scripts/install_llamacpp.sh): portable AVX2 code, and neither of the two kernel
-# families whose results depend on the batch size (docs/llamacpp.md, "Exactness").
-EXACT_CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
-                    "-DGGML_LLAMAFILE=OFF -DGGML_CPU_REPACK=OFF")
 INSTALL_HINT = "bash scripts/install_llamacpp.sh (or pip install 'specframe[llamacpp]' with CMAKE_ARGS, docs/llamacpp.md)"
 
 _init_lock = threading.Lock()
@@ -357,8 +353,9 @@ class LlamaContext(_Native):
         if logits == "none":
             return None
         ptr = self.lib.llama_get_logits(self.ptr)
-        out = np.ctypeslib.as_array(ptr, shape=(sum(flags), self.n_vocab))
-        if sum(flags) != sum(want):  # keep the rows asked for (outputs come in batch order)
+        n_out = sum(flags)
+        out = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+        if n_out != sum(want):  # keep the rows asked for (outputs come in batch order)
             order = [j for j, f in enumerate(flags) if f]
             out = out[[order.index(i) for i in range(n) if want[i]]]
         return torch.from_numpy(out.copy())

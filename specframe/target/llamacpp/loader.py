@@ -69,15 +69,6 @@ def _check_rows(target: Any, model_name: str, inexact: bool) -> None:
         "divergences, use another llamacpp weights type, or use engine transformers")
 
 
-def _build() -> Any:
-    """This llama-cpp-python build's facts. Any build runs: one with llamafile / repack kernels is decoded with its
-    rows padded (:attr:`~specframe.target.llamacpp.binding.BuildInfo.row_padding`) so every call takes the same
-    kernel, and the load-time row check proves the result (:func:`_check_rows`)."""
-    from .binding import build_info
-
-    return build_info()
-
-
 AUTO_WEIGHTS = ("gguf", "bf16", "q8_0")  # what weights: auto chooses among (near-lossless for the shipped files)
 
 
@@ -107,7 +98,7 @@ def _choose_weights(source: Any, build: Any, fit: int, threads: int | str, specu
         probe.weights = kind
         try:
             profile = get_profile(probe, _profile_name(source.name, kind), progress)
-            cand, measured, _ = profile.choose("auto", threads, False, fit, speculative)
+            _, measured, _ = profile.choose("auto", threads, False, fit, speculative)
         finally:
             probe.llama.close()
         if measured is not None:
@@ -154,11 +145,13 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
     if source.gguf is None:
         raise ConfigError(f"engine llama.cpp runs .gguf files, and {name_or_path} is not one: give a .gguf file (or "
                           "a folder with one), or use engine transformers")
-    build = _build()
-    from .binding import LlamaModel
+    from .binding import LlamaModel, build_info
 
+    # any build runs: one with llamafile / repack kernels decodes padded (BuildInfo.row_padding), and the load-time
+    # row check proves the result (_check_rows)
+    build = build_info()
     weights = opts.get("weights") or "gguf"
-    LlamaModel(source.gguf).close()  # a file llama.cpp cannot load fails here, in one line
+    llama = LlamaModel(source.gguf)  # a file llama.cpp cannot load fails here, in one line
     tokenizer = _tokenizer(source.gguf, log_line)
     cores, cores_why = usable_cores()
     others = LoadMonitor().sample(settle_s=0.2).others
@@ -169,7 +162,9 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
         weights, weights_why = _choose_weights(source, build, fit, threads, speculative, progress, log_line) \
             if measuring else ("gguf", "not measured: the file's own types")
     path = _weights_file(source, weights, log_line)
-    llama = LlamaModel(path)
+    if path != source.gguf:  # (requantized: run that file instead)
+        llama.close()
+        llama = LlamaModel(path)
     target = LlamaCppTarget(path, tokenizer, name=source.name, threads=fit, n_ctx=opts.get("n_ctx"),
                             trees=bool(opts.get("trees")), build=build, llama=llama)
     target.weights, target.weights_why = weights, weights_why
