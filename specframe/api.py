@@ -36,7 +36,8 @@ from .config import (
 from .decode.drafting import FallbackPolicy
 from .decode.batch import BatchRequest
 from .decode.engine import Engine, GenerationResult, proposer_labels
-from .errors import ConfigError, SpecframeError, first_line
+from .contracts.constraint import Constraint, ConstraintSpec
+from .errors import ConfigError, ConstraintError, SpecframeError, first_line
 from .decode.isolation import IsolationPolicy, UnbuiltProposer
 from .registry import Registry, build_registry
 from .sampling import SamplingParams
@@ -53,7 +54,7 @@ LEFT_OUT = {  # what a request does without a plugin whose constructor raised
 }
 _LOAD_KEYWORDS = tuple(SpecframeConfig.model_fields) + tuple(SamplingConfig.model_fields)
 _GENERATE_KEYWORDS = ("proposers", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "chat",
-                      "question_id", "on_text", "merge", "router")
+                      "question_id", "on_text", "merge", "router", "constraint")
 
 
 def _check_chat(chat: Any) -> None:
@@ -96,6 +97,7 @@ class Specframe:
         self._broken: OrderedDict[str, BaseException] = OrderedDict()  # key -> what its constructor raised
         self._lock = threading.Lock()
         self._scheduler: Any = None  # the batch loop thread, made on the first request when batch_size > 1
+        self._constraint_engine: Any = None  # compiles constraints for this target's tokenizer (made when first used)
 
     # --- plugin instances, one set per request ---------------------------------------------------------------
     def _build(self, kind: str, key: str, cls: type, cfg: Any) -> Any:
@@ -196,6 +198,35 @@ class Specframe:
         finally:
             self._give_back(held)
 
+    def constraint(self, spec: ConstraintSpec | dict[str, Any] | None = None) -> Constraint | None:
+        """One request's compiled constraint for ``spec`` (None: the config's ``constraint``; None when neither sets
+        one), by the config's ``constraint_engine``, made once per loaded model.
+
+        Raises:
+            ConstraintError: ``spec`` is malformed (not exactly one of json_schema / json_object / regex / grammar),
+                invalid or unsupported by the engine, or the model's tokenizer cannot be used for constraints.
+            UnknownConstraintEngineError: ``constraint_engine`` names no installed engine.
+        """
+        if spec is None:
+            spec = self.config.constraint
+            if spec is None:
+                return None
+        if isinstance(spec, dict):
+            try:
+                spec = ConstraintSpec.model_validate(spec)
+            except ValidationError as exc:
+                raise ConstraintError(validation_line(exc, "constraint")) from None
+        if not isinstance(spec, ConstraintSpec):
+            raise ConstraintError(f"constraint must be a mapping such as {{'json_schema': {{...}}}} or "
+                                  f"{{'regex': '...'}}, got {type(spec).__name__}")
+        with self._lock:
+            engine = self._constraint_engine
+            if engine is None:
+                cls = self.registry.constraint_engine(self.config.constraint_engine)
+                engine = self._constraint_engine = cls(self.target.tokenizer, int(self.target.vocab_size),
+                                                       frozenset(self.target.eos_token_ids))
+        return engine.compile(spec)
+
     def encode(self, prompt: str, chat: bool | None = None) -> list[int]:
         """Token ids of ``prompt``, in the chat template when ``chat`` (None: the config's ``chat``).
 
@@ -244,6 +275,7 @@ class Specframe:
         on_text: Callable[[str], None] | None = None,
         merge: dict[str, Any] | str | None = None,
         router: dict[str, Any] | str | None = None,
+        constraint: ConstraintSpec | dict[str, Any] | None = None,
     ) -> GenerationResult:
         """Generate for one prompt (text, or token ids used as they are). Arguments override the config.
 
@@ -252,8 +284,13 @@ class Specframe:
         trims a lone proposer's draft when set explicitly or on a target with a measured cost curve). Safe to call
         from several threads at once (see the class docstring).
 
+        ``constraint`` (structured output): ``{"json_schema": {...}}``, ``{"json_object": True}``, ``{"regex": "..."}``
+        or ``{"grammar": "<Lark>"}`` (a :class:`~specframe.contracts.constraint.ConstraintSpec`; None: the config's).
+        The output then matches it, and equals constrained decoding without speculation (docs/structured-output.md).
+
         Raises:
             ConfigError: a value out of range or of the wrong type (the message names the parameter as spelled here).
+            ConstraintError: an invalid or unsupported schema, regex or grammar.
             TypeError: a prompt that is neither text nor a list of token ids.
         """
         if on_text is not None and not callable(on_text):
@@ -265,7 +302,8 @@ class Specframe:
         if self.config.batch_size > 1:  # decoded together with other threads' requests (one forward per step)
             return self.submit(ids, proposers=proposers, max_new_tokens=max_new_tokens, temperature=temperature,
                                top_p=top_p, top_k=top_k, seed=seed, stop=stop, question_id=question_id,
-                               on_text=on_text, merge=merge, router=router).result()
+                               on_text=on_text, merge=merge, router=router, constraint=constraint).result()
+        compiled = self.constraint(constraint)
         governor = optional(self.target, "governor")
         observer = self.registry.observers()  # None when no plugin observes: the loop then skips events
         with self.engine(proposers, merge, router, sampling) as engine:
@@ -274,6 +312,7 @@ class Specframe:
                 ids, max_new_tokens=req.max_new_tokens, sampling=sampling, seed=req.seed,
                 stop_strings=tuple(req.stop), on_text=on_text, observer=observer,
                 between_steps=governor.check if governor is not None else None,  # a neighbour may start mid-request
+                constraint=compiled,
             )
         return self._finish(result, engine.labels, ids, observer, question_id, load)
 
@@ -305,6 +344,7 @@ class Specframe:
         on_text: Callable[[str], None] | None = None,
         merge: dict[str, Any] | str | None = None,
         router: dict[str, Any] | str | None = None,
+        constraint: ConstraintSpec | dict[str, Any] | None = None,
     ) -> Future:
         """Queue one request for the batch loop thread (continuous batching with every other submitted request,
         ``batch_size`` of the config at most per forward) and return at once: a
@@ -334,13 +374,15 @@ class Specframe:
         from .decode.stopping import special_stop_ids
 
         special_stop_ids(tuple(req.stop), self.target.tokenizer)  # a stop string that cannot match fails now
+        compiled = self.constraint(constraint)
         governor = optional(self.target, "governor")
         observer = self.registry.observers()
         held = self.engine(proposers, merge, router, sampling)
         engine = held.__enter__()  # (a bad plugin option raises here, before anything is queued)
         load = governor.check() if governor is not None else None
         item = BatchRequest(engine, ids, req.max_new_tokens, sampling, req.seed, tuple(req.stop), on_text,
-                            observer, release=lambda: held.__exit__(None, None, None), cancel=cancel)
+                            observer, release=lambda: held.__exit__(None, None, None), cancel=cancel,
+                            constraint=compiled)
         try:
             inner = self._batch_scheduler().submit(item)
         except BaseException:
@@ -397,6 +439,7 @@ class Specframe:
         chat: bool | None = None,
         merge: dict[str, Any] | str | None = None,
         router: dict[str, Any] | str | None = None,
+        constraint: ConstraintSpec | dict[str, Any] | None = None,
     ) -> list[GenerationResult]:
         """Generate for several prompts, up to ``batch_size`` of them in each target forward (continuous batching:
         :mod:`specframe.decode.batch`). Each request has its own proposers, draft, acceptance and generator (seeded
@@ -441,6 +484,7 @@ class Specframe:
                                          f"{self.target.max_context}: shorten it")
         with self.engine(proposers, merge, router, sampling):
             pass  # a bad proposer, merge or router option fails here, before any request starts
+        self.constraint(constraint)  # and a bad constraint (each request compiles its own below)
         observed: dict[int, tuple[Any, tuple[str, ...]]] = {}  # index -> (its observers or None, proposer labels)
 
         def requests() -> Iterator[BatchRequest]:
@@ -449,7 +493,8 @@ class Specframe:
                 engine = held.__enter__()
                 observed[i] = (self.registry.observers(), tuple(engine.labels))
                 yield BatchRequest(engine, ids, req.max_new_tokens, sampling, req.seed, tuple(req.stop),
-                                   observer=observed[i][0], release=lambda h=held: h.__exit__(None, None, None))
+                                   observer=observed[i][0], release=lambda h=held: h.__exit__(None, None, None),
+                                   constraint=self.constraint(constraint))
 
         governor = optional(self.target, "governor")
         machine = {**self.machine_info()} if optional(self.target, "settings") is not None else None
@@ -555,6 +600,7 @@ def load(
     resolve_plugins(cfg, reg)  # an unknown plugin or bad option fails before a model loads
     if cfg.verifier != "auto":
         reg.verifier(cfg.verifier)
+    reg.constraint_engine(cfg.constraint_engine)
     if target is None:
         from .target.loader import load_target
 
@@ -563,4 +609,6 @@ def load(
                              engine=cfg.engine, engine_options=cfg.llamacpp.model_dump())
     sf = Specframe(cfg, target, reg)
     sf.validate_proposers()
+    if cfg.constraint is not None:
+        sf.constraint()  # a constraint the engine refuses fails at load, not at the first request
     return sf

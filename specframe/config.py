@@ -56,6 +56,7 @@ from pydantic import (
 
 from .contracts.combining import MergePolicyConfig, RouterConfig, merge_key
 from .contracts import ProposerConfig
+from .contracts.constraint import ConstraintSpec
 from .errors import ConfigError, UnknownRouterError
 from .io.yamlfile import read_yaml
 from .sampling import check_max_new_tokens, check_seed, check_temperature, check_top_k, check_top_p
@@ -252,6 +253,10 @@ class SpecframeConfig(BaseModel):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     isolation: IsolationConfig = Field(default_factory=IsolationConfig)
     verifier: str = Field("auto", description="auto = greedy at temperature 0, else speculative-sampling.")
+    constraint: Optional[ConstraintSpec] = Field(
+        None, description="Structured output for every request: one of json_schema (a JSON Schema), json_object: "
+        "true (any JSON object), regex, grammar (Lark); requests may override it (docs/structured-output.md).")
+    constraint_engine: str = Field("llguidance", description="The constraint engine plugin that compiles constraints.")
     proposers: list[dict[str, Any]] = Field(
         default_factory=lambda: [{"name": "ngram"}],
         description="Proposer configs, each with `name` plus that proposer's own options; two or more are combined.",

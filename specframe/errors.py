@@ -55,6 +55,10 @@ class UnknownRouterError(UnknownNameError):
     """No installed plugin provides a router of that name."""
 
 
+class UnknownConstraintEngineError(UnknownNameError):
+    """No installed plugin provides a constraint engine of that name."""
+
+
 class PluginError(SpecframeError):
     """An installed plugin cannot be used; the message names the plugin, its distribution and the fix."""
 
@@ -95,3 +99,8 @@ class ProposerTimeoutError(SpecframeError):
 class TraceError(SpecframeError, ValueError):
     """A recorded trace cannot be used: missing, truncated or altered files, another format version, or a trace made
     with another model or dtype than asked for; the message names the file and the fix."""
+
+
+class ConstraintError(ConfigError):
+    """A constraint (JSON schema, regex, grammar) is invalid, unsupported by the constraint engine, or cannot be used
+    with this model; the message says what to fix."""

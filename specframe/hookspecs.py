@@ -3,7 +3,8 @@
 Two kinds of hooks:
 
 - **registration** (``specframe_register_proposers``, ``specframe_register_verifiers``,
-  ``specframe_register_merge_policies``, ``specframe_register_routers``): called once when a
+  ``specframe_register_merge_policies``, ``specframe_register_routers``,
+  ``specframe_register_constraint_engines``): called once when a
   :class:`specframe.registry.Registry` is built; the decode loop then calls the registered classes' methods
   directly, never a hook.
 - **observation** (``specframe_observe_step``, ``specframe_observe_request``): events for metrics or logging
@@ -98,6 +99,19 @@ def specframe_register_routers(register: Callable[[type], None]) -> None:
     Dispatch: every implementation is called; return values are ignored.
     When called: once, when a registry is built. A duplicate name raises ``DuplicateRegistrationError`` when used;
     a class that breaks the contract leaves the plugin out (see :func:`specframe_register_proposers`).
+    """
+
+
+@hookspec
+def specframe_register_constraint_engines(register: Callable[[type], None]) -> None:
+    """Register the constraint engine classes this plugin provides (structured output: JSON schema, regex, grammar).
+
+    :param register: call ``register(cls)`` once per class; ``cls.name`` selects it (``constraint_engine:`` in
+        config), ``cls(tokenizer, vocab_size, eos_token_ids).compile(spec)`` returns one request's constraint
+        (:class:`specframe.contracts.constraint.ConstraintEngine`, :class:`~specframe.contracts.constraint.Constraint`).
+
+    Dispatch: every implementation is called; return values are ignored.
+    When called: once, when a registry is built. A duplicate name raises ``DuplicateRegistrationError`` when used.
     """
 
 

@@ -27,12 +27,14 @@ from typing import Any, Literal, get_args, get_origin
 import pluggy
 
 from . import __version__, acceptance, hookspecs
+from .grammar import llguidance_engine
 from .contracts.combining import MergePolicyConfig, RouterConfig
 from .contracts import ProposerConfig
 from .errors import (
     DuplicateRegistrationError,
     PluginContractError,
     PluginLoadError,
+    UnknownConstraintEngineError,
     UnknownMergePolicyError,
     UnknownNameError,
     UnknownProposerError,
@@ -59,6 +61,7 @@ class PluginInfo:
     verifiers: list[type] = field(default_factory=list)
     merge_policies: list[type] = field(default_factory=list)
     routers: list[type] = field(default_factory=list)
+    constraint_engines: list[type] = field(default_factory=list)
     observes: list[str] = field(default_factory=list)  # observer hooks it implements
     error: str | None = None  # why the plugin is left out (import error, contract break); None = loaded
     conflicts: list[str] = field(default_factory=list)  # names it registers that another plugin registers too
@@ -78,6 +81,7 @@ class Registry:
     verifiers: dict[str, type] = field(default_factory=dict)
     merge_policies: dict[str, type] = field(default_factory=dict)
     routers: dict[str, type] = field(default_factory=dict)
+    constraint_engines: dict[str, type] = field(default_factory=dict)
     origin: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, name) -> plugin description
     plugins: list[PluginInfo] = field(default_factory=list)
     conflicts: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, name) -> why it is refused
@@ -121,6 +125,11 @@ class Registry:
     def router(self, name: str) -> type:
         """The router class registered as ``name`` (raises ``UnknownRouterError``, else as :meth:`proposer`)."""
         return self._lookup("router", self.routers, name, UnknownRouterError, " (or `router: none` for no router)")
+
+    def constraint_engine(self, name: str) -> type:
+        """The constraint engine class registered as ``name`` (raises ``UnknownConstraintEngineError``, else as
+        :meth:`proposer`)."""
+        return self._lookup("constraint engine", self.constraint_engines, name, UnknownConstraintEngineError)
 
     def observers(self) -> Observers | None:
         """The observer hook implementations for one new request, or None when no plugin implements one.
@@ -287,6 +296,12 @@ def _check_verifier(cls: type, where: str) -> None:
         raise PluginContractError(f"verifier {name!r} from {where}: method `verify` is missing")
 
 
+def _check_constraint_engine(cls: type, where: str) -> None:
+    if not callable(getattr(cls, "compile", None)):
+        raise PluginContractError(f"constraint engine {getattr(cls, 'name', None)!r} from {where}: method `compile` "
+                                  "is missing")
+
+
 def _check_component(cls: type, kind: str, base: type, methods: tuple[str, ...], where: str) -> None:
     """Merge policies and routers: a config model deriving from ``base`` that forbids unknown options, methods."""
     name = getattr(cls, "name", None)
@@ -326,6 +341,8 @@ def _collect(reg: Registry, info: PluginInfo, plugin: object) -> None:
         ("merge policy", "specframe_register_merge_policies", reg.merge_policies, info.merge_policies,
          _check_merge_policy),
         ("router", "specframe_register_routers", reg.routers, info.routers, _check_router),
+        ("constraint engine", "specframe_register_constraint_engines", reg.constraint_engines,
+         info.constraint_engines, _check_constraint_engine),
     ):
         for impl in getattr(hook, hook_name).get_hookimpls():
             if impl.plugin is not plugin:
@@ -382,8 +399,10 @@ def build_registry(*, entry_points: bool = True, extra_plugins: tuple[object, ..
     """
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    plugins = [PluginInfo("specframe.verifiers", "specframe", __version__, acceptance.__name__)]
-    _register(pm, acceptance, plugins[0].name, plugins[0].describe())
+    plugins = [PluginInfo("specframe.verifiers", "specframe", __version__, acceptance.__name__),
+               PluginInfo("specframe.constraints", "specframe", __version__, llguidance_engine.__name__)]
+    for info, core in zip(plugins, (acceptance, llguidance_engine)):  # the core plugins always load
+        _register(pm, core, info.name, info.describe())
     if entry_points:
         _load_entry_points(pm, plugins)
     installed = {info.name for info in plugins}

@@ -52,6 +52,7 @@ class BatchRequest:
     release: Callable[[], None] | None = None
     tag: Any = None  # the caller's: comes back with the result
     cancel: Any = None  # a threading.Event: once set, the request leaves the batch before the next step
+    constraint: Any = None  # its own compiled constraint (specframe.contracts.constraint.Constraint) or None
 
 
 class SequentialBatch:
@@ -226,7 +227,8 @@ def _start(item: BatchRequest, batch: Any) -> Any:
     try:
         req = item.engine.request(
             item.prompt_ids, max_new_tokens=item.max_new_tokens, sampling=item.sampling, seed=item.seed,
-            stop_strings=tuple(item.stop_strings), on_text=item.on_text, observer=item.observer, scorer=batch.row)
+            stop_strings=tuple(item.stop_strings), on_text=item.on_text, observer=item.observer, scorer=batch.row,
+            constraint=item.constraint)
         req.start()
     except BaseException:
         if item.release is not None:

@@ -72,8 +72,10 @@ class Drafting:
     chain is kept).
     """
 
-    def __init__(self, lineup: Lineup, target: TargetModel, writer: MetricsWriter, greedy: bool) -> None:
+    def __init__(self, lineup: Lineup, target: TargetModel, writer: MetricsWriter, greedy: bool,
+                 constraint: Any = None) -> None:
         self.writer, self.isolation, self.greedy = writer, lineup.isolation, greedy
+        self.constraint = constraint  # each draft is cut to the prefix it allows (see _allowed)
         self.vocab_size = int(target.vocab_size)
         self.merged_trees_ok = lineup.verifies_trees and bool(target.supports_trees)
         self.slots: list[_Slot] = []
@@ -132,7 +134,7 @@ class Drafting:
                 self.writer.skipped(s.label)
                 continue
             s.asked, s.budget = True, min(budget, b)
-            s.draft = self._propose_one(s, state, s.budget)
+            s.draft = self._allowed(self._propose_one(s, state, s.budget))
             s.proposed = s.draft.num_nodes
             seen[j] = s.draft
             if self.router is not None:
@@ -149,6 +151,14 @@ class Drafting:
             first = next((j, q) for j, q in plan if q > 0 and drafts[j].num_nodes)  # (a branch needs two drafts)
             merged = merge_drafts(drafts, [first], self.max_nodes, greedy=self.greedy)
         return merged
+
+    def _allowed(self, draft: DraftTree) -> DraftTree:
+        """``draft`` cut to the prefix the request's constraint allows (no target row for a forbidden node). Under
+        sampling a draft with its own probabilities is left whole: cutting a sampled node for its own token would
+        change the emitted distribution; the masked verification rejects it instead."""
+        if self.constraint is None or not draft.num_nodes or not (self.greedy or draft.draft_probs is None):
+            return draft
+        return draft.truncate(self.constraint.allowed_prefix(draft))
 
     def _propose_one(self, s: _Slot, state: DecodeState, budget: int) -> DraftTree:
         """One proposer's draft; a fault leaves it out of this step (output is unaffected)."""

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from ..contracts.combining import MergePolicy, Router
+from ..contracts.constraint import Constraint
 from ..contracts import DecodeState, DraftTree, Proposer, TargetModel, Verifier, VerifyResult
 from .drafting import Drafting
 from ..errors import ConfigError, PromptTooLongError, first_line
@@ -144,6 +145,7 @@ class Engine:
         observer: Observers | None = None,
         between_steps: Callable[[], Any] | None = None,
         scorer: ScorerFactory | None = None,
+        constraint: Constraint | None = None,
     ) -> "_Request":
         """One request for up to ``max_new_tokens`` tokens after ``prompt_ids``, checked and ready but not started:
         :meth:`generate` runs it at once; the batch loop (:mod:`specframe.decode.batch`) steps several together.
@@ -152,6 +154,9 @@ class Engine:
         ``between_steps`` is called after every step (e.g. the thread governor's cheap, rate-limited load check); it
         cannot change the output. ``scorer`` makes the request's scorer (:mod:`specframe.decode.target_scorer`; None: the live
         target with a fresh KV cache; replay passes one backed by a recorded trace; a batch passes its rows).
+        ``constraint``: the request's structured-output constraint, compiled for it alone (None: unconstrained); it
+        cuts drafts, masks the verification logits and follows the committed tokens (see
+        :mod:`specframe.contracts.constraint`).
 
         ``max_new_tokens`` beyond the room the prompt leaves in the context is cut to that room (no buffer is sized
         by what was asked), so a huge budget means "until EOS or the context is full".
@@ -174,7 +179,7 @@ class Engine:
             )
         stop_strings, stop_ids = special_stop_ids(tuple(stop_strings), self.target.tokenizer)
         return _Request(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings, stop_ids, on_text, observer,
-                        between_steps, scorer or _default_scorer(self.target))
+                        between_steps, scorer or _default_scorer(self.target), constraint)
 
 
 def _default_scorer(target: TargetModel) -> ScorerFactory:
@@ -189,7 +194,8 @@ class _Request:
     def __init__(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
                  seed: int, stop_strings: tuple[str, ...], stop_ids: frozenset[int],
                  on_text: Callable[[str], None] | None,
-                 observer: Observers | None, between_steps: Callable[[], Any] | None, scorer: ScorerFactory) -> None:
+                 observer: Observers | None, between_steps: Callable[[], Any] | None, scorer: ScorerFactory,
+                 constraint: Constraint | None = None) -> None:
         self.e = engine
         self.between_steps = between_steps
         target = engine.target
@@ -204,6 +210,7 @@ class _Request:
         # proposers get a copy of the committed tokens: one that writes into it cannot change the output
         self.state = DecodeState(self.buf[:, : self.length].clone(), len(prompt_ids), sampling, generator)
         self.state.feature_layers = engine.feature_layers
+        self.constraint = self.state.constraint = constraint
         self.stops = StopChecker(  # stop strings that are special tokens end generation as an EOS does
             target.eos_token_ids | stop_ids, max_new_tokens, stop_strings, target.decode if stop_strings else None
         )
@@ -211,7 +218,7 @@ class _Request:
         self.stream = TextStream(target.decode, on_text, stop_strings, rewrites) if on_text else None
         self.writer = MetricsWriter(engine.labels, len(prompt_ids), observer)
         self.seed = seed
-        self.drafting = Drafting(engine.lineup, target, self.writer, sampling.is_greedy)
+        self.drafting = Drafting(engine.lineup, target, self.writer, sampling.is_greedy, constraint)
         self.scorer = scorer(target, engine.feature_layers, engine.wants_hidden)
         self.prompt_ids = prompt_ids
         self.features: torch.Tensor | None = None  # [1, buf length, F, H], filled as positions are processed
@@ -286,8 +293,12 @@ class _Request:
         merged, scored = self._score(merged)
         t2 = time.perf_counter()
         forward_s = t2 - t1 if scored.seconds is None else scored.seconds
+        logits = scored.logits  # under a constraint: each row masked by the grammar state along its path
+        if self.constraint is not None:
+            logits = self.constraint.mask(merged.tree, logits)
+            scored = replace(scored, logits=logits)
         # 3. accept: the verifier walks the draft
-        result = self.e.verifier.verify(merged.tree, scored.logits, self.sampling, self.state.generator)
+        result = self.e.verifier.verify(merged.tree, logits, self.sampling, self.state.generator)
         # 4. commit: stop checks per token; the KV cache, features and hidden state keep the accepted path
         accepted, committed = self._commit(merged, scored, result)
         if committed and len(self.stops.generated) == len(committed):  # this step committed the first token
@@ -325,6 +336,8 @@ class _Request:
         accepted = list(accepted[: len(committed)])
         self._store_features(scored.features, self.length - 1, [0, *(a + 1 for a in accepted)])
         if committed:
+            if self.constraint is not None:
+                self.constraint.commit(committed)
             end = self.length + len(committed)
             self.buf[0, self.length : end] = torch.tensor(committed, dtype=torch.int64)
             self.length = end

@@ -1,0 +1,121 @@
+"""The constraint contract: structured output (JSON schema, JSON mode, regex, Lark grammar) under speculation.
+
+A *constraint engine* (a plugin registered with ``specframe_register_constraint_engines``; the built-in one is
+``llguidance``, :mod:`specframe.grammar`) compiles a :class:`ConstraintSpec` into one request's :class:`Constraint`:
+the grammar state after the committed tokens. The decode loop (:mod:`specframe.decode.engine`) uses it at three
+points of each step, and never names an engine:
+
+1. **drafts** — each proposer's draft keeps its longest prefix the grammar allows along each node's path
+   (:meth:`Constraint.allowed_prefix`), so no target row is spent on a node the grammar forbids. Under sampling
+   only deterministic drafts are cut: cutting a sampled node because of its own token would change which tokens
+   are emitted (its rejection subtracts its ``q`` from the target distribution, Leviathan et al. 2022 §2.3);
+   a forbidden sampled node is verified and rejected with certainty instead.
+2. **verification** — each row of the target's logits is masked by the grammar state reached along that row's path
+   (:meth:`Constraint.mask`: forbidden tokens to ``-inf``), and the request's acceptance rule (greedy, speculative
+   sampling, SpecInfer's tree rule) runs on the masked logits, i.e. on the constrained distribution. Output is
+   exactly that of constrained decoding without speculation: token-identical under greedy, the same distribution
+   under sampling (the mask is applied before temperature / top-k / top-p, as transformers applies a logits
+   processor before its warpers).
+3. **commit** — the committed tokens advance the grammar state (:meth:`Constraint.commit`).
+
+A proposer reads the constraint from ``DecodeState.constraint`` (e.g. the ``grammar`` proposer drafts the tokens the
+grammar forces, :meth:`Constraint.forced`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from torch import Tensor
+
+from .proposer import DraftTree
+
+
+class ConstraintSpec(BaseModel):
+    """What the output must match: exactly one of ``json_schema``, ``json_object``, ``regex``, ``grammar``.
+
+    ``json_schema``: a JSON Schema (a mapping, or its JSON text); ``json_object``: any JSON object (OpenAI's JSON
+    mode); ``regex``: a regular expression the whole output matches; ``grammar``: a Lark grammar (llguidance's
+    dialect, start rule ``start``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    json_schema: dict[str, Any] | None = None
+    json_object: bool = False
+    regex: str | None = None
+    grammar: str | None = None
+
+    @field_validator("json_schema", mode="before")
+    @classmethod
+    def _schema_text(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"json_schema is not valid JSON: {exc}") from None
+        if v is not None and not isinstance(v, dict):
+            raise ValueError(f"json_schema must be a JSON object (a mapping), got {type(v).__name__}")
+        return v
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "ConstraintSpec":
+        given = [k for k in ("json_schema", "json_object", "regex", "grammar") if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of json_schema, json_object, regex, grammar"
+                             + (f" (got {', '.join(given)})" if given else ""))
+        for k in ("regex", "grammar"):
+            if getattr(self, k) == "":
+                raise ValueError(f"{k} is empty")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """``json_schema`` | ``json_object`` | ``regex`` | ``grammar``."""
+        return next(k for k in ("json_schema", "json_object", "regex", "grammar") if getattr(self, k) not in (None, False))
+
+
+@runtime_checkable
+class Constraint(Protocol):
+    """One request's grammar state (see the module docstring). Shapes: N draft nodes, V vocabulary."""
+
+    def allowed_prefix(self, draft: DraftTree) -> int:
+        """How many of ``draft``'s first nodes (in its topological order) the grammar allows, each along its own
+        path from the committed tokens: the draft may be cut to that many. ``draft``: ``[1, N]``."""
+
+    def mask(self, draft: DraftTree, logits: Tensor) -> Tensor:
+        """``logits [1, N + 1, V]`` (row 0 after the committed tokens, row ``i + 1`` after node ``i``) with each row's
+        forbidden tokens set to ``-inf``; a new tensor, same dtype and device. Rows after a node the grammar forbids
+        are left as they are (no accepted path reaches them).
+
+        Raises:
+            ConstraintError: the grammar admits no token after the committed tokens.
+        """
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """Advance past the committed ``tokens`` (each one allowed by the masked distribution it was taken from)."""
+
+    def forced(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens the grammar forces next, whatever the model says (may be empty)."""
+
+
+@runtime_checkable
+class ConstraintEngine(Protocol):
+    """Compiles constraints for one target's tokenizer (a plugin class; ``name`` selects it, ``constraint_engine:``
+    in the config).
+
+    ``__init__(tokenizer, vocab_size, eos_token_ids)``: the target's transformers tokenizer, its logits width ``V``
+    and the token ids that end generation (a finished constraint allows only these).
+    """
+
+    name: ClassVar[str]
+
+    def compile(self, spec: ConstraintSpec) -> Constraint:
+        """A fresh :class:`Constraint` for one request.
+
+        Raises:
+            ConstraintError: the schema, regex or grammar is invalid or uses what the engine does not support
+                (the message names it).
+        """

@@ -1,0 +1,243 @@
+"""Structured output under speculation (issue 54): a constraint masks every draft row by the grammar state along its
+path, so greedy output equals constrained decoding without speculation — checked against a reference outside
+specframe: transformers' ``generate`` with a logits processor that masks by llguidance directly.
+
+The model is a tiny random llama over a byte-level BPE tokenizer trained here on JSON-like text (so the grammar
+engine sees real byte tokens), float32, CPU.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerFast
+
+import specframe
+from specframe.contracts import DraftTree
+from specframe.contracts.constraint import ConstraintSpec
+from specframe.errors import ConstraintError
+from specframe.grammar.llguidance_engine import LLGuidanceEngine, unpack_bitmask
+from specframe.target.hf import Target
+
+EOS = 0
+CORPUS = ['{"name": "Ada", "age": 36, "tags": ["x", "y"], "ok": true}', '{"city": "Paris", "zip": "75001"}',
+          'true false null 0123456789 -1.5e3', '[1, 2, 3] {"a": {"b": null}}', "abc-123 xyz_9 a.b@c.de"]
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"},
+                                           "tags": {"type": "array", "items": {"type": "string", "maxLength": 4},
+                                                    "maxItems": 3}},
+          "required": ["name", "age", "tags"], "additionalProperties": False}
+SPECS = {
+    "json_schema": {"json_schema": PERSON},
+    "json_object": {"json_object": True},
+    "regex": {"regex": r"[a-z]{2,6}-[0-9]{1,4}( [a-z]{1,8})?"},
+    "grammar": {"grammar": 'start: "[" item ("," item)* "]"\nitem: /[0-9]{1,3}/ | "true" | "false"'},
+}
+
+
+@pytest.fixture(scope="module")
+def bpe_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<eos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+@pytest.fixture(scope="module")
+def bpe_model(bpe_tokenizer):
+    torch.manual_seed(3)
+    cfg = LlamaConfig(vocab_size=len(bpe_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=EOS)
+    model = LlamaForCausalLM(cfg).float().eval()
+    with torch.no_grad():  # a model that loves to repeat itself, so ngram and lookahead draft and get accepted
+        model.lm_head.weight.copy_(model.model.embed_tokens.weight * 4)
+    model.generation_config.eos_token_id = EOS
+    model.generation_config.pad_token_id = EOS
+    return model
+
+
+class LLGuidanceProcessor(LogitsProcessor):
+    """The reference: constrained decoding one token at a time, through llguidance's own matcher and bitmask (no
+    specframe code but the grammar text, which is llguidance's ``grammar_from_*`` output)."""
+
+    def __init__(self, llg_tokenizer, grammar: str, prompt_len: int, vocab: int) -> None:
+        import llguidance
+        import llguidance.torch
+
+        self.matcher = llguidance.LLMatcher(llg_tokenizer, grammar, log_level=0)
+        self.fill = llguidance.torch.fill_next_token_bitmask
+        self.prompt_len, self.vocab = prompt_len, vocab
+
+    def __call__(self, input_ids, scores):
+        generated = input_ids[0, self.prompt_len:].tolist()
+        if generated:
+            assert self.matcher.consume_token(generated[-1])
+        bitmask = torch.zeros((1, (self.vocab + 31) // 32), dtype=torch.int32)
+        self.fill(self.matcher, bitmask, 0)
+        bits = ((bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).reshape(1, -1)[:, :self.vocab]
+        return scores.masked_fill(bits == 0, float("-inf"))
+
+
+def reference(model, engine: LLGuidanceEngine, spec: dict, prompt: list[int], max_new: int) -> list[int]:
+    grammar = engine.grammar(ConstraintSpec.model_validate(spec))
+    proc = LLGuidanceProcessor(engine.tokenizer, grammar, len(prompt), model.config.vocab_size)
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False,
+                         logits_processor=LogitsProcessorList([proc]), eos_token_id=EOS, pad_token_id=EOS)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def sf(bpe_model, bpe_tokenizer):
+    return specframe.load(target=Target(bpe_model, bpe_tokenizer), chat=False, max_new_tokens=48)
+
+
+def _prompt(tok, text: str) -> list[int]:
+    return tok.encode(text)
+
+
+@pytest.mark.parametrize("kind", sorted(SPECS))
+@pytest.mark.parametrize("proposers", ["none", "ngram", "lookahead", "grammar", "grammar+ngram"])
+def test_greedy_equals_constrained_decoding(sf, bpe_model, bpe_tokenizer, kind, proposers):
+    spec = SPECS[kind]
+    engine = sf._constraint_engine or LLGuidanceEngine(bpe_tokenizer, bpe_model.config.vocab_size, {EOS})
+    names = proposers.split("+")
+    for text in ('{"name": "Ada", "age": 36, "tags": ["x"]} {"name": "Ada", "age"', "abc-123 xyz_9 abc-1",
+                 "[1, 2, 3] [1, 2"):
+        prompt = _prompt(bpe_tokenizer, text)
+        want = reference(bpe_model, engine, spec, prompt, 48)
+        res = sf.generate_result(prompt, proposers=[{"name": n} for n in names], constraint=spec,
+                                 **({"merge": "priority"} if len(names) > 1 else {}))
+        assert res.token_ids == want, (kind, proposers, text)
+        body = bpe_tokenizer.decode([t for t in res.token_ids if t != EOS])
+        if res.finish_reason == "stop" and kind in ("json_schema", "json_object"):
+            jsonschema.validate(json.loads(body), spec.get("json_schema", {"type": "object"}))
+
+
+def test_constrained_drafts_are_accepted(sf, bpe_tokenizer):
+    """The drafts the grammar forces are verified and accepted: τ > 1 under the grammar proposer alone."""
+    prompt = _prompt(bpe_tokenizer, "abc")
+    res = sf.generate_result(prompt, proposers="grammar", constraint={"json_schema": PERSON})
+    m = res.metrics.to_dict()
+    assert m["accepted_tokens"] > 0 and m["tau"] > 1.0
+
+
+def test_sampling_is_constrained(sf, bpe_tokenizer):
+    """Under sampling every output still matches the regex (the masked distribution is what is sampled)."""
+    import re
+
+    pattern = SPECS["regex"]["regex"]
+    for seed in range(6):
+        res = sf.generate_result(_prompt(bpe_tokenizer, "abc-1"), proposers="ngram", constraint=SPECS["regex"],
+                                 temperature=1.0, seed=seed)
+        text = bpe_tokenizer.decode([t for t in res.token_ids if t != EOS])
+        assert res.finish_reason == "stop" and re.fullmatch(pattern, text), text
+
+
+def test_forbidden_drafts_are_cut_before_verification(sf, bpe_model, bpe_tokenizer):
+    engine = LLGuidanceEngine(bpe_tokenizer, bpe_model.config.vocab_size, {EOS})
+    c = engine.compile(ConstraintSpec(regex="ab+c"))
+    a, b, cc, x = (bpe_tokenizer.convert_tokens_to_ids(t) for t in "abcx")
+    assert c.allowed_prefix(DraftTree.chain([a, b, b, cc, x])) == 4  # x after the match: forbidden (EOS only)
+    assert c.allowed_prefix(DraftTree.chain([b, a])) == 0
+    tree = DraftTree.from_lists([a, x, b, cc], [-1, 0, 0, 2])  # a -> (x | b -> c): x's subtree is cut
+    assert c.allowed_prefix(tree) == 1
+    logits = torch.zeros((1, 5, bpe_model.config.vocab_size))
+    masked = c.mask(tree, logits)
+    allowed = torch.isfinite(masked[0])
+    texts = [bpe_tokenizer.convert_ids_to_tokens(t) for t in range(logits.shape[-1])]
+
+    def ok(row: int) -> set[str]:
+        return {texts[t] for t in allowed[row].nonzero().flatten().tolist()}
+
+    import re
+
+    assert ok(0) == {t for t in texts if re.fullmatch("ab*c?|ab+c", t)} and "a" in ok(0)  # row 0: "" so far
+    assert "b" in ok(1) and "a" not in ok(1) and "<eos>" not in ok(1)  # after "a"
+    assert allowed[2].all()  # after the forbidden x: unreachable, left as it is
+    assert ok(4) == {"<eos>"}  # after "abc": the regex is complete, only EOS
+    c.commit([a, b])
+    assert c.allowed_prefix(DraftTree.chain([b, cc])) == 2
+
+
+def test_unpack_bitmask():
+    mask = torch.tensor([[0b101, -1], [0, -(1 << 31)]], dtype=torch.int32)
+    got = unpack_bitmask(mask, 40)
+    assert got[0].nonzero().flatten().tolist() == [0, 2, *range(32, 40)]
+    assert got[1].nonzero().flatten().tolist() == []  # (bit 31 of word 1 is token 63, past the vocabulary)
+    assert unpack_bitmask(mask, 64)[1].nonzero().flatten().tolist() == [63]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"regex": "a(b"}, "invalid regex"),
+    ({"grammar": "start: foo"}, "invalid grammar"),
+    ({"json_schema": {"type": "string", "minLength": 5, "maxLength": 2}}, "invalid json_schema"),
+    ({"json_schema": {"type": "string", "format": "weird"}}, "invalid json_schema: Unknown format"),
+    ({"regex": "a", "grammar": "start: \"a\""}, "exactly one of"),
+    ({}, "exactly one of"),
+    ({"json_schema": "{not json"}, "not valid JSON"),
+])
+def test_bad_constraints_are_one_line(sf, bpe_tokenizer, spec, message):
+    with pytest.raises(ConstraintError) as err:
+        sf.generate_result(_prompt(bpe_tokenizer, "abc"), constraint=spec)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_batched_equals_alone(sf, bpe_tokenizer):
+    prompts = [_prompt(bpe_tokenizer, t) for t in ("abc-123 xyz", '{"name": "A', "[1, 2", "true")]
+    spec = SPECS["json_object"]
+    alone = [sf.generate_result(p, proposers="ngram", constraint=spec).token_ids for p in prompts]
+    batched = [r.token_ids for r in sf.generate_batch_results(prompts, batch_size=4, proposers="ngram",
+                                                              constraint=spec)]
+    assert batched == alone
+
+
+@pytest.mark.parametrize("kind", sorted(SPECS))
+def test_walks_leave_the_state_as_it_was(bpe_model, bpe_tokenizer, kind):
+    """Random trees (tokens that complete the output and EOS included): every mask row equals a fresh matcher's after
+    that row's path, and after each walk the state equals a fresh matcher's after the committed tokens."""
+    import random
+
+    vocab = bpe_model.config.vocab_size
+    engine = LLGuidanceEngine(bpe_tokenizer, vocab, {EOS})
+    spec = ConstraintSpec.model_validate(SPECS[kind])
+    text = {"json_schema": '{"name": "Ada", "age": 36, "tags": ["x"]}', "json_object": '{"a": {"b": null}}',
+            "regex": "abc-123 xyz", "grammar": "[1,2,true]"}[kind]
+    good = bpe_tokenizer.encode(text)
+    pool = sorted(set(good)) + [EOS]
+    empty = DraftTree.empty()
+
+    def state(c) -> torch.Tensor:
+        return torch.isfinite(c.mask(empty, torch.zeros(1, 1, vocab))[0, 0])
+
+    rng = random.Random(kind)
+    for _ in range(60):
+        cut = rng.randint(0, len(good))
+        c = engine.compile(spec)
+        c.commit(good[:cut])
+        before = state(c)
+        n = rng.randint(1, 8)
+        parents = [rng.randint(-1, i - 1) for i in range(n)]
+        tokens = [good[cut] if cut < len(good) and rng.random() < 0.4 else rng.choice(pool) for _ in range(n)]
+        tree = DraftTree.from_lists(tokens, parents)
+        masked = torch.isfinite(c.mask(tree, torch.zeros(1, n + 1, vocab))[0])
+        c.allowed_prefix(tree)
+        assert torch.equal(state(c), before)
+        for row in range(1, n + 1):
+            path, node = [], row - 1
+            while node >= 0:
+                path.append(tokens[node])
+                node = parents[node]
+            path = path[::-1]
+            fresh = engine.compile(spec)
+            fresh.commit(good[:cut])
+            if EOS in path or fresh.matcher.validate_tokens(path) != len(path):
+                assert masked[row].all()  # unreachable: left as it is
+                continue
+            fresh.commit(path)
+            assert torch.equal(masked[row], state(fresh)), (tokens, parents, row)
