@@ -54,7 +54,13 @@ LEFT_OUT = {  # what a request does without a plugin whose constructor raised
 }
 _LOAD_KEYWORDS = tuple(SpecframeConfig.model_fields) + tuple(SamplingConfig.model_fields)
 _GENERATE_KEYWORDS = ("proposers", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "chat",
-                      "question_id", "on_text", "merge", "router", "constraint")
+                      "question_id", "on_text", "merge", "router", "constraint", "logprobs")
+
+
+def _check_logprobs(logprobs: Any) -> None:
+    """``logprobs`` is None or an integer >= 0 (how many alternatives per token)."""
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
+        raise ConfigError(f"logprobs must be an integer >= 0 (alternatives per token) or None, got {logprobs!r}")
 
 
 def _check_chat(chat: Any) -> None:
@@ -276,6 +282,7 @@ class Specframe:
         merge: dict[str, Any] | str | None = None,
         router: dict[str, Any] | str | None = None,
         constraint: ConstraintSpec | dict[str, Any] | None = None,
+        logprobs: int | None = None,
     ) -> GenerationResult:
         """Generate for one prompt (text, or token ids used as they are). Arguments override the config.
 
@@ -287,6 +294,8 @@ class Specframe:
         ``constraint`` (structured output): ``{"json_schema": {...}}``, ``{"json_object": True}``, ``{"regex": "..."}``
         or ``{"grammar": "<Lark>"}`` (a :class:`~specframe.contracts.constraint.ConstraintSpec`; None: the config's).
         The output then matches it, and equals constrained decoding without speculation (docs/structured-output.md).
+        ``logprobs``: keep each generated token's log-probability and this many likeliest alternatives (0: the chosen
+        token's only) in ``result.logprobs`` (:class:`~specframe.decode.engine.TokenLogprob`).
 
         Raises:
             ConfigError: a value out of range or of the wrong type (the message names the parameter as spelled here).
@@ -302,7 +311,9 @@ class Specframe:
         if self.config.batch_size > 1:  # decoded together with other threads' requests (one forward per step)
             return self.submit(ids, proposers=proposers, max_new_tokens=max_new_tokens, temperature=temperature,
                                top_p=top_p, top_k=top_k, seed=seed, stop=stop, question_id=question_id,
-                               on_text=on_text, merge=merge, router=router, constraint=constraint).result()
+                               on_text=on_text, merge=merge, router=router, constraint=constraint,
+                               logprobs=logprobs).result()
+        _check_logprobs(logprobs)
         compiled = self.constraint(constraint)
         governor = optional(self.target, "governor")
         observer = self.registry.observers()  # None when no plugin observes: the loop then skips events
@@ -312,7 +323,7 @@ class Specframe:
                 ids, max_new_tokens=req.max_new_tokens, sampling=sampling, seed=req.seed,
                 stop_strings=tuple(req.stop), on_text=on_text, observer=observer,
                 between_steps=governor.check if governor is not None else None,  # a neighbour may start mid-request
-                constraint=compiled,
+                constraint=compiled, logprobs=logprobs,
             )
         return self._finish(result, engine.labels, ids, observer, question_id, load)
 
@@ -345,6 +356,7 @@ class Specframe:
         merge: dict[str, Any] | str | None = None,
         router: dict[str, Any] | str | None = None,
         constraint: ConstraintSpec | dict[str, Any] | None = None,
+        logprobs: int | None = None,
     ) -> Future:
         """Queue one request for the batch loop thread (continuous batching with every other submitted request,
         ``batch_size`` of the config at most per forward) and return at once: a
@@ -374,6 +386,7 @@ class Specframe:
         from .decode.stopping import special_stop_ids
 
         special_stop_ids(tuple(req.stop), self.target.tokenizer)  # a stop string that cannot match fails now
+        _check_logprobs(logprobs)
         compiled = self.constraint(constraint)
         governor = optional(self.target, "governor")
         observer = self.registry.observers()
@@ -382,7 +395,7 @@ class Specframe:
         load = governor.check() if governor is not None else None
         item = BatchRequest(engine, ids, req.max_new_tokens, sampling, req.seed, tuple(req.stop), on_text,
                             observer, release=lambda: held.__exit__(None, None, None), cancel=cancel,
-                            constraint=compiled)
+                            constraint=compiled, logprobs=logprobs)
         try:
             inner = self._batch_scheduler().submit(item)
         except BaseException:
@@ -440,6 +453,7 @@ class Specframe:
         merge: dict[str, Any] | str | None = None,
         router: dict[str, Any] | str | None = None,
         constraint: ConstraintSpec | dict[str, Any] | None = None,
+        logprobs: int | None = None,
     ) -> list[GenerationResult]:
         """Generate for several prompts, up to ``batch_size`` of them in each target forward (continuous batching:
         :mod:`specframe.decode.batch`). Each request has its own proposers, draft, acceptance and generator (seeded
@@ -485,6 +499,7 @@ class Specframe:
         with self.engine(proposers, merge, router, sampling):
             pass  # a bad proposer, merge or router option fails here, before any request starts
         self.constraint(constraint)  # and a bad constraint (each request compiles its own below)
+        _check_logprobs(logprobs)
         observed: dict[int, tuple[Any, tuple[str, ...]]] = {}  # index -> (its observers or None, proposer labels)
 
         def requests() -> Iterator[BatchRequest]:
@@ -494,7 +509,7 @@ class Specframe:
                 observed[i] = (self.registry.observers(), tuple(engine.labels))
                 yield BatchRequest(engine, ids, req.max_new_tokens, sampling, req.seed, tuple(req.stop),
                                    observer=observed[i][0], release=lambda h=held: h.__exit__(None, None, None),
-                                   constraint=self.constraint(constraint))
+                                   constraint=self.constraint(constraint), logprobs=logprobs)
 
         governor = optional(self.target, "governor")
         machine = {**self.machine_info()} if optional(self.target, "settings") is not None else None

@@ -241,3 +241,31 @@ def test_walks_leave_the_state_as_it_was(bpe_model, bpe_tokenizer, kind):
                 continue
             fresh.commit(path)
             assert torch.equal(masked[row], state(fresh)), (tokens, parents, row)
+
+
+@pytest.mark.parametrize("proposers", ["ngram", "lookahead", "grammar+ngram"])
+def test_logprobs_equal_those_of_one_forward(sf, bpe_model, bpe_tokenizer, proposers):
+    """Each token's log-probability (raw logits, before the mask) and its top 5, from the verification rows, equal
+    those of one transformers forward over prompt + output (float32, 1e-4), with and without a constraint."""
+    prompt = _prompt(bpe_tokenizer, '{"name": "Ada", "age": 36, "tags": ["x"]} {"name": "Ada"')
+    names = proposers.split("+")
+    for spec in (None, SPECS["json_object"]):
+        res = sf.generate_result(prompt, proposers=[{"name": n} for n in names], constraint=spec, logprobs=5,
+                                 **({"merge": "priority"} if len(names) > 1 else {}))
+        assert res.logprobs is not None and len(res.logprobs) == len(res.token_ids)
+        with torch.no_grad():
+            logits = bpe_model(torch.tensor([prompt + res.token_ids])).logits[0, len(prompt) - 1:-1]
+        want = torch.log_softmax(logits.float(), -1)
+        for j, item in enumerate(res.logprobs):
+            assert item.token_id == res.token_ids[j]
+            assert abs(item.logprob - float(want[j, item.token_id])) < 1e-4
+            top_v, top_i = want[j].topk(5)
+            assert [t for t, _ in item.top] == top_i.tolist()
+            assert max(abs(v - float(w)) for (_, v), w in zip(item.top, top_v)) < 1e-4
+    assert sf.generate_result(prompt, proposers="ngram").logprobs is None
+
+
+def test_bad_logprobs_is_one_line(sf, bpe_tokenizer):
+    for bad in (-1, 1.5, True, "5"):
+        with pytest.raises(specframe.errors.ConfigError, match="logprobs must be an integer"):
+            sf.generate_result(_prompt(bpe_tokenizer, "abc"), logprobs=bad)

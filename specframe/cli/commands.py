@@ -97,6 +97,12 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="One JSON record per prompt on stdout, nothing else."),
     batch_size: Optional[int] = typer.Option(
         None, "--batch-size", help="Decode up to N prompts of --prompts-file in each target forward (default 1)."),
+    json_schema: Optional[Path] = typer.Option(
+        None, "--json-schema", help="Structured output: the answer is JSON valid under this JSON Schema file."),
+    json_object: bool = typer.Option(False, "--json-object", help="Structured output: the answer is a JSON object."),
+    regex: Optional[str] = typer.Option(None, "--regex", help="Structured output: the answer matches this regex."),
+    grammar: Optional[Path] = typer.Option(
+        None, "--grammar", help="Structured output: the answer follows this Lark grammar file (start rule `start`)."),
 ) -> None:
     """Generate text with the target model, drafting through a proposer."""
     flags = GenerateFlags(
@@ -104,7 +110,8 @@ def generate(
         proposer=tuple(proposer or ()), merge=merge, max_nodes=max_nodes, router=router,
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, dtype=dtype,
         threads=threads, prepack=prepack, device=device, engine=engine, stop=tuple(stop or ()), no_chat=no_chat,
-        stream=stream, as_json=as_json, batch_size=batch_size)
+        stream=stream, as_json=as_json, batch_size=batch_size, json_schema=json_schema, json_object=json_object,
+        regex=regex, grammar=grammar)
     try:
         _generate(flags)
     except SpecframeError as exc:
@@ -152,6 +159,10 @@ class GenerateFlags:
     stream: bool = False
     as_json: bool = False
     batch_size: Optional[int] = None
+    json_schema: Optional[Path] = None
+    json_object: bool = False
+    regex: Optional[str] = None
+    grammar: Optional[Path] = None
 
 
 def _generate(f: GenerateFlags) -> None:
@@ -208,7 +219,8 @@ def _flags_config(f: GenerateFlags):
     cfg = load_config(
         f.config, model=f.model, max_new_tokens=f.max_new_tokens, temperature=f.temperature, top_p=f.top_p,
         top_k=f.top_k, seed=f.seed, dtype=f.dtype, device=f.device, chat=False if f.no_chat else None,
-        stop=list(f.stop) or None, engine=f.engine, **machine_flags(f.threads, f.prepack),
+        stop=list(f.stop) or None, engine=f.engine, constraint=_constraint_flags(f),
+        **machine_flags(f.threads, f.prepack),
     )
     merge, max_nodes, router = f.merge, f.max_nodes, f.router
     # each change is a new config from the fields set so far (exclude_unset): a merge or router the file and the
@@ -226,6 +238,35 @@ def _flags_config(f: GenerateFlags):
         cfg = load_config(None, base=cfg.model_dump(exclude_unset=True),
                           router=cfg.router.model_dump() if router == cfg.router.name else router)
     return cfg
+
+
+def _constraint_flags(f: GenerateFlags) -> dict[str, Any] | None:
+    """The constraint the flags ask for (None: none given, the config's holds).
+
+    Raises:
+        ConfigError: two constraint flags, or a file that cannot be read (or, for --json-schema, is not JSON).
+    """
+    given = [(flag, v) for flag, v in (("--json-schema", f.json_schema), ("--json-object", f.json_object or None),
+                                       ("--regex", f.regex), ("--grammar", f.grammar)) if v is not None]
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(g for g, _ in given)} each constrain the whole answer: give one of them")
+    if not given:
+        return None
+    flag, value = given[0]
+    if flag == "--json-object":
+        return {"json_object": True}
+    if flag == "--regex":
+        return {"regex": value}
+    try:
+        text = Path(value).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{flag} {value}: cannot read it ({exc.strerror or exc})") from None
+    if flag == "--grammar":
+        return {"grammar": text}
+    try:
+        return {"json_schema": json.loads(text)}
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{flag} {value}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
 
 
 def _check_flags_apply(cfg, f: GenerateFlags) -> None:

@@ -53,6 +53,7 @@ class BatchRequest:
     tag: Any = None  # the caller's: comes back with the result
     cancel: Any = None  # a threading.Event: once set, the request leaves the batch before the next step
     constraint: Any = None  # its own compiled constraint (specframe.contracts.constraint.Constraint) or None
+    logprobs: int | None = None  # alternatives per token of the log-probabilities kept (None: none)
 
 
 class SequentialBatch:
@@ -228,7 +229,7 @@ def _start(item: BatchRequest, batch: Any) -> Any:
         req = item.engine.request(
             item.prompt_ids, max_new_tokens=item.max_new_tokens, sampling=item.sampling, seed=item.seed,
             stop_strings=tuple(item.stop_strings), on_text=item.on_text, observer=item.observer, scorer=batch.row,
-            constraint=item.constraint)
+            constraint=item.constraint, logprobs=item.logprobs)
         req.start()
     except BaseException:
         if item.release is not None:

@@ -45,9 +45,21 @@ from .target_scorer import TargetScorer
 from .stopping import StopChecker, TextStream, special_stop_ids, without_incomplete_character
 from ..contracts.optional import optional
 
-__all__ = ["Engine", "GenerationResult", "proposer_labels"]
+__all__ = ["Engine", "GenerationResult", "TokenLogprob", "proposer_labels"]
 
 log = logging.getLogger("specframe")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The target's log-probability of one generated token and its ``top`` alternatives: natural log of the
+    softmax of the target's raw logits at that position (before a constraint's mask and before temperature / top-k
+    / top-p, as vLLM's default ``raw_logprobs``), float32, taken from the verification forward's row of that
+    position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
 
 
 @dataclass
@@ -61,6 +73,7 @@ class GenerationResult:
     prompt_token_ids: list[int] = field(default_factory=list)
     question_id: Any = None
     machine: dict[str, Any] | None = None  # how the target ran (CPU, ISA, dtype/threads and why, others' load)
+    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when the request asked for them
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {}
@@ -70,6 +83,9 @@ class GenerationResult:
         d["metrics"] = self.metrics.to_dict()
         if self.machine is not None:
             d["machine"] = self.machine
+        if self.logprobs is not None:
+            d["logprobs"] = [{"token_id": t.token_id, "logprob": t.logprob, "top": [list(x) for x in t.top]}
+                             for t in self.logprobs]
         return d
 
 
@@ -146,6 +162,7 @@ class Engine:
         between_steps: Callable[[], Any] | None = None,
         scorer: ScorerFactory | None = None,
         constraint: Constraint | None = None,
+        logprobs: int | None = None,
     ) -> "_Request":
         """One request for up to ``max_new_tokens`` tokens after ``prompt_ids``, checked and ready but not started:
         :meth:`generate` runs it at once; the batch loop (:mod:`specframe.decode.batch`) steps several together.
@@ -157,6 +174,8 @@ class Engine:
         ``constraint``: the request's structured-output constraint, compiled for it alone (None: unconstrained); it
         cuts drafts, masks the verification logits and follows the committed tokens (see
         :mod:`specframe.contracts.constraint`).
+        ``logprobs``: return each generated token's log-probability and this many most likely alternatives (0: the
+        chosen token's only; None: none), from the verification logits (:class:`TokenLogprob`).
 
         ``max_new_tokens`` beyond the room the prompt leaves in the context is cut to that room (no buffer is sized
         by what was asked), so a huge budget means "until EOS or the context is full".
@@ -171,6 +190,8 @@ class Engine:
         """
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
+            raise ConfigError(f"logprobs must be an integer >= 0 (alternatives per token) or None, got {logprobs!r}")
         if not prompt_ids:
             raise ConfigError("the prompt is empty: give at least one token")
         if len(prompt_ids) >= self.target.max_context:
@@ -179,7 +200,7 @@ class Engine:
             )
         stop_strings, stop_ids = special_stop_ids(tuple(stop_strings), self.target.tokenizer)
         return _Request(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings, stop_ids, on_text, observer,
-                        between_steps, scorer or _default_scorer(self.target), constraint)
+                        between_steps, scorer or _default_scorer(self.target), constraint, logprobs)
 
 
 def _default_scorer(target: TargetModel) -> ScorerFactory:
@@ -195,7 +216,7 @@ class _Request:
                  seed: int, stop_strings: tuple[str, ...], stop_ids: frozenset[int],
                  on_text: Callable[[str], None] | None,
                  observer: Observers | None, between_steps: Callable[[], Any] | None, scorer: ScorerFactory,
-                 constraint: Constraint | None = None) -> None:
+                 constraint: Constraint | None = None, logprobs: int | None = None) -> None:
         self.e = engine
         self.between_steps = between_steps
         target = engine.target
@@ -211,6 +232,8 @@ class _Request:
         self.state = DecodeState(self.buf[:, : self.length].clone(), len(prompt_ids), sampling, generator)
         self.state.feature_layers = engine.feature_layers
         self.constraint = self.state.constraint = constraint
+        self.top_logprobs = logprobs  # None: no log-probabilities kept
+        self.logprobs: list[TokenLogprob] = []
         self.stops = StopChecker(  # stop strings that are special tokens end generation as an EOS does
             target.eos_token_ids | stop_ids, max_new_tokens, stop_strings, target.decode if stop_strings else None
         )
@@ -266,7 +289,8 @@ class _Request:
         if self.stream:
             self.stream.update(generated, final=True, final_text=text)
         metrics = self.writer.finish(time.perf_counter() - t_start)
-        return GenerationResult(list(generated), text, self.stops.finish_reason, metrics, list(self.prompt_ids))
+        return GenerationResult(list(generated), text, self.stops.finish_reason, metrics, list(self.prompt_ids),
+                                logprobs=None if self.top_logprobs is None else self.logprobs[: len(generated)])
 
     def step(self) -> None:
         """One verification step (the six calls of the module docstring); times go to the metrics writer."""
@@ -293,7 +317,7 @@ class _Request:
         merged, scored = self._score(merged)
         t2 = time.perf_counter()
         forward_s = t2 - t1 if scored.seconds is None else scored.seconds
-        logits = scored.logits  # under a constraint: each row masked by the grammar state along its path
+        raw = logits = scored.logits  # under a constraint: each row masked by the grammar state along its path
         if self.constraint is not None:
             logits = self.constraint.mask(merged.tree, logits)
             scored = replace(scored, logits=logits)
@@ -301,6 +325,8 @@ class _Request:
         result = self.e.verifier.verify(merged.tree, logits, self.sampling, self.state.generator)
         # 4. commit: stop checks per token; the KV cache, features and hidden state keep the accepted path
         accepted, committed = self._commit(merged, scored, result)
+        if self.top_logprobs is not None and committed:
+            self._keep_logprobs(raw, accepted, committed)
         if committed and len(self.stops.generated) == len(committed):  # this step committed the first token
             self.writer.first_token(time.perf_counter() - self.t_start)
         # 5. feedback: each proposer about its own draft, attribution, the merge policy and router
@@ -346,6 +372,17 @@ class _Request:
         if scored.hidden is not None:
             self.state.hidden = scored.hidden[:, accepted[-1] + 1 if accepted else 0]
         return accepted, committed
+
+    def _keep_logprobs(self, logits: torch.Tensor, accepted: list[int], committed: list[int]) -> None:
+        """Each committed token's log-probability from the row that predicted it: row 0 for the first, row
+        ``a + 1`` after accepted node ``a`` for the next."""
+        rows = [0, *(a + 1 for a in accepted)][: len(committed)]
+        lp = torch.log_softmax(logits[0, rows].float(), dim=-1)
+        chosen = lp.gather(1, torch.tensor(committed, device=lp.device)[:, None])[:, 0].tolist()
+        n = min(self.top_logprobs or 0, lp.shape[-1])
+        top_v, top_i = lp.topk(n, dim=-1) if n else (lp[:, :0], lp[:, :0].long())
+        for j, token in enumerate(committed):
+            self.logprobs.append(TokenLogprob(token, chosen[j], tuple(zip(top_i[j].tolist(), top_v[j].tolist()))))
 
     def _draft_refused(self, merged: MergedDraft, exc: Exception) -> MergedDraft:
         """The target's forward raised on this step's draft (a shape or mask it cannot take): restore the KV cache,

@@ -95,9 +95,11 @@ class LLGuidanceConstraint:
         return draft.num_nodes
 
     def _fill(self, bitmask: Tensor, row: int) -> None:
-        import llguidance.torch as llg_torch
-
-        llg_torch.fill_next_token_bitmask(self.matcher, bitmask, row)
+        """The allowed tokens of the matcher's state into ``bitmask[row]`` (``[R, ceil(V / 32)]`` int32, CPU,
+        contiguous). (Not ``llguidance.torch.fill_next_token_bitmask``: importing that module compiles a kernel with
+        torch.compile, ~2 s on the first request.)"""
+        word = bitmask[row]
+        self.matcher.unsafe_compute_mask_ptr(word.data_ptr(), word.numel() * word.element_size())
 
     def mask(self, draft: DraftTree, logits: Tensor) -> Tensor:
         n = draft.num_nodes
