@@ -68,6 +68,39 @@ def build_model(arch: str, seed: int = 0, **overrides):
     return model
 
 
+BPE_EOS = 0
+BPE_CORPUS = ['{"name": "Ada", "age": 36, "tags": ["x", "y"], "ok": true}', '{"city": "Paris", "zip": "75001"}',
+              'true false null 0123456789 -1.5e3', '[1, 2, 3] {"a": {"b": null}}', "abc-123 xyz_9 a.b@c.de"]
+
+
+def build_bpe_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (400 tokens, ``<eos>`` = id 0) trained on JSON-like text: real byte tokens, as a
+    grammar engine needs (the word-level one has none)."""
+    from tokenizers import decoders, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<eos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(BPE_CORPUS * 20, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+def build_bpe_model(tokenizer: PreTrainedTokenizerFast, seed: int = 3):
+    """A tiny random llama over ``tokenizer`` with EOS (id 0), whose LM head is its embedding (x4): it likes to repeat
+    itself, so ngram and lookahead draft and get accepted."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=BPE_EOS)
+    model = LlamaForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        model.lm_head.weight.copy_(model.model.embed_tokens.weight * 4)
+    model.generation_config.eos_token_id = BPE_EOS
+    model.generation_config.pad_token_id = BPE_EOS
+    return model
+
+
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """Word-level tokenizer over :data:`WORDS` (whitespace split); decode joins words with one space."""
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<pad>"))

@@ -2,8 +2,8 @@
 path, so greedy output equals constrained decoding without speculation — checked against a reference outside
 specframe: transformers' ``generate`` with a logits processor that masks by llguidance directly.
 
-The model is a tiny random llama over a byte-level BPE tokenizer trained here on JSON-like text (so the grammar
-engine sees real byte tokens), float32, CPU.
+The model is a tiny random llama over a byte-level BPE tokenizer trained on JSON-like text (so the grammar engine
+sees real byte tokens; :func:`tests.support.build_bpe_tokenizer`), float32, CPU.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import json
 import jsonschema
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerFast
+from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerFast
 
 import specframe
 from specframe.contracts import DraftTree
@@ -23,10 +22,11 @@ from specframe.errors import ConstraintError
 from specframe.grammar.llguidance_engine import LLGuidanceEngine, unpack_bitmask
 from specframe.target.hf import Target
 
-EOS = 0
-CORPUS = ['{"name": "Ada", "age": 36, "tags": ["x", "y"], "ok": true}', '{"city": "Paris", "zip": "75001"}',
-          'true false null 0123456789 -1.5e3', '[1, 2, 3] {"a": {"b": null}}', "abc-123 xyz_9 a.b@c.de"]
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"},
+from .support import BPE_EOS as EOS
+from .support import build_bpe_model, build_bpe_tokenizer
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 150},
                                            "tags": {"type": "array", "items": {"type": "string", "maxLength": 4},
                                                     "maxItems": 3}},
           "required": ["name", "age", "tags"], "additionalProperties": False}
@@ -40,26 +40,12 @@ SPECS = {
 
 @pytest.fixture(scope="module")
 def bpe_tokenizer() -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<eos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(CORPUS * 20, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    return build_bpe_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def bpe_model(bpe_tokenizer):
-    torch.manual_seed(3)
-    cfg = LlamaConfig(vocab_size=len(bpe_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=EOS)
-    model = LlamaForCausalLM(cfg).float().eval()
-    with torch.no_grad():  # a model that loves to repeat itself, so ngram and lookahead draft and get accepted
-        model.lm_head.weight.copy_(model.model.embed_tokens.weight * 4)
-    model.generation_config.eos_token_id = EOS
-    model.generation_config.pad_token_id = EOS
-    return model
+    return build_bpe_model(bpe_tokenizer)
 
 
 class LLGuidanceProcessor(LogitsProcessor):

@@ -164,8 +164,11 @@ def test_models_health_and_metrics(server, client):
     # issue 55 (1, 2): a lone surrogate was a plain-text 500; logprobs 0 was dropped with a 200 and logprobs null
     ({"prompt": "hi \ud800", "max_tokens": 4}, 400, "lone UTF-16 surrogate"),
     ({"prompt": "hi", "max_tokens": 4, "stop": ["\udfff"]}, 400, "lone UTF-16 surrogate"),
-    ({"prompt": "hi", "max_tokens": 4, "logprobs": 0}, 400, "log-probabilities are not returned"),
-    ({"prompt": "hi", "max_tokens": 4, "logprobs": 1}, 400, "log-probabilities are not returned"),
+    ({"prompt": "hi", "max_tokens": 4, "logprobs": 21}, 400, "logprobs"),
+    ({"prompt": "hi", "max_tokens": 4, "logprobs": True}, 400, "logprobs"),
+    # issue 54: structured output on a model without an EOS token (nothing could end a finished answer)
+    ({"prompt": "hi", "max_tokens": 4, "response_format": {"type": "json_object"}}, 400, "no EOS token"),
+    ({"prompt": "hi", "max_tokens": 4, "response_format": {"type": "json_schema"}}, 400, "json_schema"),
 ])
 def test_bad_requests_get_the_openai_error_object(server, body, status, needle):
     data = body if isinstance(body, str) else json.dumps(body)

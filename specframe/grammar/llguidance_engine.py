@@ -30,6 +30,12 @@ from ..hookspecs import hookimpl
 
 _SHIFTS = torch.arange(32, dtype=torch.int32)
 
+# JSON is written in one layout, Python's json.dumps one ({"a": 1, "b": [2, 3]}): a model may not pad it with
+# whitespace (with any whitespace allowed, small models loop on newlines until max_tokens, as vLLM's
+# --disable-any-whitespace exists to stop), and the layout is forced, so the grammar proposer can draft it. A schema's
+# own "x-guidance" options (llguidance's JsonCompileOptions) override this.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
 
 def unpack_bitmask(bitmask: Tensor, vocab: int) -> Tensor:
     """``bitmask [R, ceil(V / 32)] int32`` (bit ``t % 32`` of word ``t // 32`` set: token ``t`` allowed, llguidance's
@@ -177,9 +183,9 @@ class LLGuidanceEngine:
                 return self._grammars[key]
         try:
             if spec.json_schema is not None:
-                text = LLMatcher.grammar_from_json_schema(spec.json_schema)
+                text = LLMatcher.grammar_from_json_schema(spec.json_schema, defaults=JSON_LAYOUT)
             elif spec.json_object:
-                text = LLMatcher.grammar_from_json_schema({"type": "object"})
+                text = LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_LAYOUT)
             elif spec.regex is not None:
                 text = LLMatcher.grammar_from_regex(spec.regex)
             else:

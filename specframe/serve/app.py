@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..errors import SpecframeError
 from .metrics import ServerMetrics
 from .schemas import ChatRequest, CompletionRequest
+from .structured import StructuredRequestError, chat_logprobs, completion_logprobs, request_constraint, tool_calls
 
 __all__ = ["create_app", "error_body"]
 
@@ -152,7 +153,8 @@ class _Server:
         tok = getattr(self.sf.target, "tokenizer", None)
         if tok is None or not getattr(tok, "chat_template", None):
             raise _Refused(400, f"model {self.name} has no chat template: use /v1/completions", "messages")
-        return list(tok.apply_chat_template([m.for_template() for m in body.messages],
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+        return list(tok.apply_chat_template([m.for_template() for m in body.messages], tools=tools,
                                             add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
 
     def _admit(self, body: Any, prompt: list[int]) -> None:
@@ -191,6 +193,10 @@ class _Server:
 
     async def serve(self, body: Any, request: Request, prompt: Any, chat: bool) -> Any:
         """One request: refused (:meth:`_admit`), or submitted to the batch loop and answered whole or streamed."""
+        try:
+            constraint, calls = request_constraint(body)
+        except StructuredRequestError as exc:
+            raise _Refused(400, str(exc), exc.param) from None
         if isinstance(prompt, str):
             prompt = await run_in_threadpool(self.sf.encode, prompt, False)  # (the raw prompt: no chat template)
         self._admit(body, prompt)
@@ -204,7 +210,8 @@ class _Server:
         kwargs: dict[str, Any] = dict(
             max_new_tokens=body.limit, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
             seed=body.seed, stop=body.stop or None, chat=False, cancel=cancel,  # (chat: ids already templated)
-            on_text=on_text if body.stream else None)
+            on_text=on_text if body.stream and calls is None else None,  # (a tool call is sent whole)
+            constraint=constraint, logprobs=body.top_logprobs_n)
         if body.speculative is not None:
             spec = body.speculative
             kwargs.update(proposers=spec.proposers, merge=spec.merge, router=spec.router)
@@ -223,14 +230,14 @@ class _Server:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         endpoint = request.url.path
         if not body.stream:
-            return await self._whole(rid, chat, future, request, cancel, endpoint)
+            return await self._whole(rid, chat, future, request, cancel, endpoint, calls)
         include_usage = body.stream_options.include_usage if body.stream_options else True
         # on SIGTERM a stream in flight runs to its end (sse-starlette would cut it at once): the drain
-        return EventSourceResponse(self._events(rid, chat, future, pieces, cancel, include_usage, endpoint),
+        return EventSourceResponse(self._events(rid, chat, future, pieces, cancel, include_usage, endpoint, calls),
                                    ping=15, sep="\n", shutdown_grace_period=self.drain_s)
 
     async def _whole(self, rid: str, chat: bool, future: Any, request: Request, cancel: threading.Event,
-                     endpoint: str) -> Any:
+                     endpoint: str, calls: Any = None) -> Any:
         """The answer of a request that does not stream, or 499 when its client goes away first."""
         waiter = asyncio.ensure_future(asyncio.wrap_future(future))
         waiter.add_done_callback(_retrieve)
@@ -244,10 +251,10 @@ class _Server:
         result = waiter.result()
         self.metrics.finished(result)
         self.metrics.requests.labels(endpoint, "200").inc()
-        return self._response(rid, chat, result)
+        return self._response(rid, chat, result, calls)
 
     async def _events(self, rid: str, chat: bool, future: Any, pieces: asyncio.Queue, cancel: threading.Event,
-                      include_usage: bool, endpoint: str) -> AsyncIterator[str]:
+                      include_usage: bool, endpoint: str, calls: Any = None) -> AsyncIterator[str]:
         """The SSE events of a streamed request: its text pieces as the loop thread sends them, the finish chunk,
         the usage chunk and ``[DONE]``; an error after the stream started goes in the stream."""
         done = asyncio.wrap_future(future)
@@ -274,7 +281,14 @@ class _Server:
                 self.metrics.requests.labels(endpoint, "500").inc()
                 finished = True
                 return
-            yield json.dumps(self._chunk(rid, chat, "" if not chat else {}, result.finish_reason))
+            answer = self._answer(chat, result, calls)
+            if answer.get("tool_calls"):
+                yield json.dumps(self._chunk(rid, chat, {"tool_calls": [{"index": 0, **c} for c in answer["tool_calls"]]},
+                                             None))
+            elif calls is not None and result.text:  # a call cut short: its text, as the whole answer would have it
+                yield json.dumps(self._chunk(rid, chat, {"content": result.text}, None))
+            yield json.dumps(self._chunk(rid, chat, "" if not chat else {}, answer["finish_reason"],
+                                         answer.get("logprobs")))
             if include_usage:
                 yield json.dumps({**self._chunk(rid, chat, None, None), "choices": [], "usage": _usage(result)})
             yield "[DONE]"
@@ -286,21 +300,36 @@ class _Server:
                 cancel.set()
                 self.metrics.requests.labels(endpoint, "cancelled").inc()
 
-    def _chunk(self, rid: str, chat: bool, piece: Any, finish: str | None) -> dict[str, Any]:
+    def _chunk(self, rid: str, chat: bool, piece: Any, finish: str | None, logprobs: Any = None) -> dict[str, Any]:
         if chat:
             delta = piece if isinstance(piece, dict) else {"content": piece}
-            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": piece or "", "logprobs": logprobs, "finish_reason": finish}
         return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
                 "model": self.name, "choices": [choice]}
 
-    def _response(self, rid: str, chat: bool, result: Any) -> dict[str, Any]:
+    def _answer(self, chat: bool, result: Any, calls: Any) -> dict[str, Any]:
+        """``finish_reason``, ``logprobs`` and the answer: ``tool_calls`` (a complete call, finish ``tool_calls``) or
+        ``content`` (text; also a call cut by max_tokens, with finish ``length``)."""
+        tok = getattr(self.sf.target, "tokenizer", None)
+        logprobs = chat_logprobs(result, tok) if chat else completion_logprobs(result, tok)
+        made = tool_calls(result.text, calls) if calls is not None and result.finish_reason == "stop" else None
+        if made:
+            return {"tool_calls": made, "content": None, "finish_reason": "tool_calls", "logprobs": logprobs}
+        return {"content": result.text, "finish_reason": result.finish_reason, "logprobs": logprobs}
+
+    def _response(self, rid: str, chat: bool, result: Any, calls: Any = None) -> dict[str, Any]:
+        answer = self._answer(chat, result, calls)
         if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                      "finish_reason": result.finish_reason}
+            message = {"role": "assistant", "content": answer["content"]}
+            if answer.get("tool_calls"):
+                message["tool_calls"] = answer["tool_calls"]
+            choice = {"index": 0, "message": message, "logprobs": answer["logprobs"],
+                      "finish_reason": answer["finish_reason"]}
         else:
-            choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
+            choice = {"index": 0, "text": result.text, "logprobs": answer["logprobs"],
+                      "finish_reason": answer["finish_reason"]}
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": self.name, "choices": [choice], "usage": _usage(result)}
 

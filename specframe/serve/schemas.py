@@ -2,8 +2,9 @@
 ``speculative`` field: the strategy of one request.
 
 Fields follow the OpenAI API reference (completions and chat completions). Accepted but without effect where
-specframe has nothing to do for them: ``user``, ``n: 1``, ``frequency_penalty`` / ``presence_penalty`` of 0,
-``logprobs`` null/false; anything else they take is refused with a 400 that names the field.
+specframe has nothing to do for them: ``user``, ``n: 1``, ``frequency_penalty`` / ``presence_penalty`` of 0;
+anything else they take is refused with a 400 that names the field. Structured output (``response_format``,
+``tools`` / ``tool_choice``) and ``logprobs`` are read by :mod:`specframe.serve.structured`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,63 @@ class StreamOptions(BaseModel):
     include_usage: bool = True
 
 
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: the schema the answer must follow (``strict`` is accepted either way: the
+    schema is always enforced in full)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    description: Optional[str] = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(BaseModel):
+    """``response_format``: ``{"type": "text"}``, ``{"type": "json_object"}`` (JSON mode) or ``{"type":
+    "json_schema", "json_schema": {...}}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> Any:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is given exactly when type is json_schema")
+        return self
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: Optional[str] = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: Optional[bool] = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -61,7 +119,7 @@ class _Common(BaseModel):
     user: Optional[str] = None
     frequency_penalty: Literal[0, 0.0] = 0
     presence_penalty: Literal[0, 0.0] = 0
-    logprobs: Optional[Literal[False]] = None
+    response_format: Optional[ResponseFormat] = None
     speculative: Optional[Speculative] = None
 
     @field_validator("top_k")
@@ -74,16 +132,6 @@ class _Common(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self
-
-    @field_validator("logprobs", mode="before")
-    @classmethod
-    def _no_logprobs(cls, v: Any) -> Any:
-        # (checked by identity: 0 equals False, and `logprobs: 0` asks the completions API for the chosen tokens'
-        # log-probabilities, which this server does not return)
-        if v is not None and v is not False:
-            raise ValueError(f"log-probabilities are not returned by this server: leave logprobs out or set it to "
-                             f"false/null (got {v!r})")
-        return v
 
     @field_validator("stop")
     @classmethod
@@ -105,6 +153,19 @@ class CompletionRequest(_Common):
 
     prompt: Union[str, list[int]]
     echo: Literal[False] = False
+    logprobs: Optional[int] = Field(None, ge=0, le=20)  # the chosen token's and this many alternatives'
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _count_not_flag(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # (the chat API's flag; here the number of alternatives)
+            raise ValueError("on /v1/completions logprobs is the number of alternatives per token (0-20), not true/false")
+        return v
+
+    @property
+    def top_logprobs_n(self) -> Optional[int]:
+        """Alternatives per token to return (None: no log-probabilities)."""
+        return self.logprobs
 
     _prompt_text = field_validator("prompt")(classmethod(lambda cls, v: _unicode_text(v)))
 
@@ -137,9 +198,22 @@ class Message(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Union[str, list[TextPart]]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[str, list[TextPart]]] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None  # an assistant message's earlier tool calls
+    tool_call_id: Optional[str] = None  # a tool message: the call it answers
+
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> Any:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content (only an assistant message with tool_calls may "
+                             "leave it out)")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        return self
 
     _content_text = field_validator("content", "name")(classmethod(lambda cls, v: _unicode_text(v)))
 
@@ -154,10 +228,12 @@ class Message(BaseModel):
 
     def for_template(self) -> dict[str, Any]:
         """The message as a chat template takes it: role (``developer`` as ``system``), text content, name."""
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": text}
-        if self.name is not None:
-            out["name"] = self.name
+        text = self.content if isinstance(self.content, str) or self.content is None else \
+            "".join(p.text for p in self.content)
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": text or ""}
+        for key in ("name", "tool_calls", "tool_call_id"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
 
@@ -165,3 +241,24 @@ class ChatRequest(_Common):
     """``POST /v1/chat/completions``: the messages go through the model's chat template."""
 
     messages: list[Message] = Field(min_length=1)
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    tools: Optional[list[Tool]] = Field(None, min_length=1)
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
+    parallel_tool_calls: Optional[bool] = None
+
+    @model_validator(mode="after")
+    def _tools_and_logprobs(self) -> Any:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tools and \
+                self.tool_choice.function.name not in {t.function.name for t in self.tools}:
+            raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools")
+        return self
+
+    @property
+    def top_logprobs_n(self) -> Optional[int]:
+        """Alternatives per token to return (None: no log-probabilities)."""
+        return (self.top_logprobs or 0) if self.logprobs else None

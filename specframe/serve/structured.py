@@ -1,0 +1,122 @@
+"""Structured output and log-probabilities in the OpenAI API of ``specframe serve``.
+
+- ``response_format`` -> a constraint: ``json_object`` is JSON mode (any JSON object), ``json_schema`` the schema it
+  carries (``strict`` or not, the schema is enforced in full); ``text`` is no constraint.
+- ``tools`` + ``tool_choice`` -> a constraint on the answer, returned as OpenAI ``tool_calls``: a named function
+  (``{"type": "function", "function": {"name": ...}}``) constrains the answer to that function's ``parameters``
+  schema; ``required`` to ``{"name": <one of the tools>, "arguments": <its parameters>}``; ``none`` leaves the
+  answer free. ``auto`` (OpenAI's default when tools are given) needs a parser of the model's own tool-call format
+  to tell a call from text, which specframe does not have: it is refused with a 400 saying what to send instead.
+  One call per answer (``parallel_tool_calls`` is accepted and has no effect).
+- ``logprobs``: each token's log-probability (and ``top_logprobs`` alternatives) from the verification forward,
+  raw logits (:class:`specframe.decode.engine.TokenLogprob`), in the chat (``{"content": [...]}``) and the
+  completions (``tokens`` / ``token_logprobs`` / ``top_logprobs`` / ``text_offset``) shapes. A stream carries them
+  in its finish chunk (a client that joins each chunk's list gets the whole list).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .schemas import NamedToolChoice
+
+
+class StructuredRequestError(ValueError):
+    """A request whose structured-output fields cannot be served (a 400 naming ``param``)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class ToolCalls:
+    """The answer is a tool call: of ``name`` (its arguments are the whole answer), or of any tool (the answer is
+    ``{"name": ..., "arguments": ...}``) when ``name`` is None."""
+
+    name: Optional[str]
+
+
+def request_constraint(body: Any) -> tuple[Optional[dict[str, Any]], Optional[ToolCalls]]:
+    """The constraint a body asks for (as :meth:`specframe.api.Specframe.submit` takes it; None: none) and whether the
+    answer is a tool call.
+
+    Raises:
+        StructuredRequestError: ``tool_choice`` auto (or tools without a tool_choice), or both a tool call and a
+            ``response_format`` other than text.
+    """
+    fmt = body.response_format
+    constraint: Optional[dict[str, Any]] = None
+    if fmt is not None and fmt.type == "json_object":
+        constraint = {"json_object": True}
+    elif fmt is not None and fmt.type == "json_schema":
+        constraint = {"json_schema": fmt.json_schema.schema_}
+    tools = getattr(body, "tools", None)
+    choice = getattr(body, "tool_choice", None)
+    if not tools or choice == "none":
+        return constraint, None
+    if choice is None or choice == "auto":
+        raise StructuredRequestError(
+            "tool_choice auto (OpenAI's default when tools are given) needs a parser of this model's own tool-call "
+            "format, which specframe serve does not have: set tool_choice to \"required\" or {\"type\": \"function\", "
+            "\"function\": {\"name\": ...}} (the answer is then constrained to a call), or to \"none\"", "tool_choice")
+    if constraint is not None:
+        raise StructuredRequestError("a tool call and a response_format constrain the same answer: give one of them",
+                                     "response_format")
+    if isinstance(choice, NamedToolChoice):
+        tool = next(t for t in tools if t.function.name == choice.function.name)
+        return {"json_schema": tool.function.parameters}, ToolCalls(tool.function.name)
+    calls = [{"type": "object", "properties": {"name": {"const": t.function.name}, "arguments": t.function.parameters},
+              "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
+    return {"json_schema": calls[0] if len(calls) == 1 else {"anyOf": calls}}, ToolCalls(None)
+
+
+def tool_calls(text: str, calls: ToolCalls) -> Optional[list[dict[str, Any]]]:
+    """The answer ``text`` as OpenAI ``tool_calls`` (``arguments`` a JSON string); None when it is not a complete
+    call (an answer cut by ``max_tokens``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if calls.name is not None:
+        name, arguments = calls.name, value
+    elif isinstance(value, dict) and "name" in value and "arguments" in value:
+        name, arguments = value["name"], value["arguments"]
+    else:
+        return None
+    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+             "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}]
+
+
+def _piece(tokenizer: Any, token: int) -> str:
+    return tokenizer.decode([token]) if tokenizer is not None else str(token)
+
+
+def chat_logprobs(result: Any, tokenizer: Any) -> Optional[dict[str, Any]]:
+    """``choice.logprobs`` of a chat completion (None when the request did not ask)."""
+    if result.logprobs is None:
+        return None
+
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        text = _piece(tokenizer, token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    return {"content": [{**entry(t.token_id, t.logprob), "top_logprobs": [entry(i, v) for i, v in t.top]}
+                        for t in result.logprobs]}
+
+
+def completion_logprobs(result: Any, tokenizer: Any) -> Optional[dict[str, Any]]:
+    """``choice.logprobs`` of a completion (the legacy shape; None when the request did not ask)."""
+    if result.logprobs is None:
+        return None
+    tokens = [_piece(tokenizer, t.token_id) for t in result.logprobs]
+    offsets, at = [], 0
+    for text in tokens:
+        offsets.append(at)
+        at += len(text)
+    return {"tokens": tokens, "token_logprobs": [t.logprob for t in result.logprobs],
+            "top_logprobs": [{_piece(tokenizer, i): v for i, v in t.top} for t in result.logprobs],
+            "text_offset": offsets}
