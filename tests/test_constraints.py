@@ -255,3 +255,75 @@ def test_bad_logprobs_is_one_line(sf, bpe_tokenizer):
     for bad in (-1, 1.5, True, "5"):
         with pytest.raises(specframe.errors.ConfigError, match="logprobs must be an integer"):
             sf.generate_result(_prompt(bpe_tokenizer, "abc"), logprobs=bad)
+
+
+class _SampledDraft:
+    """A stochastic proposer for the sampling check: drafts 3 tokens drawn from a fixed q (mass on tokens the
+    constraint forbids too), with their draft_probs: such nodes are never cut and must be rejected by the masked
+    acceptance rule."""
+
+    name = "sampled-draft"
+    produces_trees = False
+    provides_draft_probs = True
+    needs_hidden_states = False
+    reads_target_tokens = False
+    feature_layers: tuple[int, ...] = ()
+
+    def __init__(self, q: torch.Tensor) -> None:
+        self.q = q
+
+    def start(self, state) -> None:
+        pass
+
+    def propose(self, state, budget):
+        k = min(3, budget)
+        toks = torch.multinomial(self.q, k, replacement=True, generator=state.generator)
+        return DraftTree.chain(toks.tolist(), self.q.expand(k, -1).clone())
+
+    def on_verified(self, outcome) -> None:
+        pass
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "sampled"])
+def test_sampling_keeps_the_constrained_distribution(bpe_model, bpe_tokenizer, proposer):
+    """The kit's statistical check under a constraint: the first two generated tokens follow the exact joint of
+    constrained sampling (softmax of the masked logits at temperature 1), with deterministic (ngram) and sampled
+    drafts alike."""
+    from specframe.acceptance import SpeculativeSamplingVerifier
+    from specframe.decode.engine import Engine
+    from specframe.sampling import SamplingParams
+    from specframe.testing.stats import tv_test_fixed
+    from specframe_plugins.ngram import NgramConfig, NgramProposer
+
+    target = Target(bpe_model, bpe_tokenizer)
+    engine_llg = LLGuidanceEngine(bpe_tokenizer, bpe_model.config.vocab_size, {EOS})
+    spec = ConstraintSpec(regex="[a-c]{1,3}-[0-9]")
+    prompt = _prompt(bpe_tokenizer, "abc-1 ab-2 abc-1 a")
+    vocab = bpe_model.config.vocab_size
+
+    def masked_probs(prefix: list[int], committed: list[int]) -> torch.Tensor:
+        c = engine_llg.compile(spec)
+        c.commit(committed)
+        with torch.no_grad():
+            logits = bpe_model(torch.tensor([prefix + committed])).logits[:, -1:]
+        return torch.softmax(c.mask(DraftTree.empty(), logits)[0, 0].double(), -1)
+
+    first = masked_probs(prompt, [])
+    exact = torch.zeros(vocab, vocab, dtype=torch.float64)
+    for t in first.nonzero().flatten().tolist():
+        exact[t] = first[t] * masked_probs(prompt, [t])
+    if proposer == "ngram":
+        make = lambda: NgramProposer(NgramConfig(k=4), target.info)  # noqa: E731
+    else:
+        q = torch.zeros(vocab)
+        q[[bpe_tokenizer.convert_tokens_to_ids(t) for t in ("a", "b", "c", "x", "-", "1")]] = 1 / 6
+        make = lambda: _SampledDraft(q)  # noqa: E731
+    counts = torch.zeros(vocab, vocab, dtype=torch.float64)
+    n = 1500
+    engine = Engine(target, [make()], SpeculativeSamplingVerifier())
+    for seed in range(n):
+        out = engine.generate(prompt, max_new_tokens=2, sampling=SamplingParams(temperature=1.0), seed=seed,
+                              constraint=engine_llg.compile(spec)).token_ids
+        counts[out[0], out[1]] += 1
+    test = tv_test_fixed(counts, exact, seed=1)
+    assert test.passed, test.summary()

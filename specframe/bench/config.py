@@ -54,6 +54,8 @@ class Strategy(BaseModel):
         None, description="This strategy's target dtype (default: the bench's); auto = fastest measured for it here.")
     threads: int | Literal["auto"] | None = Field(None, description="torch threads for this strategy (default: the bench's).")
     prepack: bool | Literal["auto"] | None = Field(None, description="Pre-packed oneDNN weights (default: the bench's).")
+    constrained: bool = Field(True, description="Decode under each question's `constraint` (structured output) "
+                              "when the questions file gives one; false: ignore it (the unconstrained comparison).")
     grid: dict[str, list[Any]] | None = Field(
         None, description="A sweep: setting -> values (ngram.k, merge.max_nodes, router.free_cost, ...); the strategy "
         "becomes one strategy per combination (see specframe/bench/grid.py and docs/replay.md).",

@@ -84,8 +84,12 @@ class BenchRunner:
         except Exception:  # noqa: BLE001 - load figures are informative only
             self.monitor = None
 
-    def run_one(self, strategy: Strategy, ids: list[int], seed: int, max_new_tokens: int) -> dict[str, Any]:
+    def run_one(self, strategy: Strategy, ids: list[int], seed: int, max_new_tokens: int,
+                constraint: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One strategy on one prompt; ``constraint``: the question's structured output (followed when the strategy
+        is ``constrained``; peers decode without it)."""
         c = self.cfg
+        constraint = constraint if strategy.constrained and strategy.peer is None else None
         sf = self.by_strategy[strategy.name]
         settings = optional(sf.target, "settings")
         if settings is not None and sf.target.device.type == "cpu":
@@ -105,8 +109,10 @@ class BenchRunner:
             res = sf.generate_result(
                 ids, proposers=strategy.proposers, max_new_tokens=max_new_tokens, temperature=c.temperature,
                 top_p=c.top_p, top_k=c.top_k, seed=seed, merge=strategy.merge, router=strategy.router,
+                constraint=constraint,
             )
             rec = {"token_ids": res.token_ids, "finish_reason": res.finish_reason, "metrics": res.metrics.to_dict()}
+        rec["constrained"] = constraint is not None
         if settings is not None:
             rec["settings"] = {"engine": optional(sf.target, "engine"), "dtype": settings.dtype,
                                "threads": settings.threads, "prepack": settings.prepack}
@@ -128,9 +134,9 @@ class BenchRunner:
         c = self.cfg
         done = done or {}
         encoded = [self.sf.encode(q.text, c.chat) for q in questions]
-        for ids in encoded[: c.warmup]:
+        for q, ids in list(zip(questions, encoded))[: c.warmup]:
             for s in c.strategies:
-                self.run_one(s, ids, c.seeds[0], min(16, c.max_new_tokens))
+                self.run_one(s, ids, c.seeds[0], min(16, c.max_new_tokens), q.constraint)
                 advance(f"warm-up {s.name}")
         records = []
         for i, (q, ids) in enumerate(zip(questions, encoded)):
@@ -142,7 +148,7 @@ class BenchRunner:
                             records.append(done[(i, seed, rep, s.name)])
                             advance(s.name)
                             continue
-                        rec = self.run_one(s, ids, seed, c.max_new_tokens)
+                        rec = self.run_one(s, ids, seed, c.max_new_tokens, q.constraint)
                         # `question` (the position in the run) keys a record: ids may be missing or repeated
                         rec.update(question=i, question_id=q.question_id, category=q.category,
                                    group=category_group(q.category, c.categories),
@@ -180,9 +186,9 @@ def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Promp
     :func:`rounding_evidence`) when ``float32`` gives the float32 target (loaded once, on first need).
     """
     fp32: list[Any] = []
-    def layout(r: dict[str, Any]) -> tuple:  # the kernels a run used: outputs compare only within one
+    def layout(r: dict[str, Any]) -> tuple:  # the kernels a run used (and its constraint): outputs compare within one
         st = r.get("settings") or {}
-        return st.get("engine", "transformers"), st.get("dtype"), st.get("prepack")
+        return st.get("engine", "transformers"), st.get("dtype"), st.get("prepack"), bool(r.get("constrained"))
 
     plain = [r for r in records if r["strategy"] == BASELINE]
     plain_layouts = {layout(r) for r in plain}

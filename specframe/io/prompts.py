@@ -1,5 +1,7 @@
 """Reading prompts files in Spec-Bench's format: one JSON object per line with ``question_id``, ``category``
-and ``turns`` (a list of user turns; the first is used)."""
+and ``turns`` (a list of user turns; the first is used), and optionally ``constraint``: the structured output the
+answer must follow (``{"json_schema": {...}}``, ``{"regex": "..."}``, ... as ``generate(constraint=...)`` takes it;
+``specframe bench`` decodes under it)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ class Prompt:
     text: str
     question_id: Any = None
     category: str | None = None
+    constraint: dict[str, Any] | None = None
 
 
 def read_prompts(path: str | Path) -> list[Prompt]:
@@ -42,7 +45,10 @@ def read_prompts(path: str | Path) -> list[Prompt]:
         turns = obj.get("turns") if isinstance(obj, dict) else None
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns) or not turns[0]:
             raise PromptsFileError(f"{p}:{no}: expected an object with `turns`, a non-empty list of strings")
-        prompts.append(Prompt(turns[0], obj.get("question_id"), obj.get("category")))
+        constraint = obj.get("constraint")
+        if constraint is not None and not isinstance(constraint, dict):
+            raise PromptsFileError(f"{p}:{no}: `constraint` must be an object such as {{\"json_schema\": {{...}}}}")
+        prompts.append(Prompt(turns[0], obj.get("question_id"), obj.get("category"), constraint))
     if not prompts:
         raise PromptsFileError(f"{p}: no prompts in file")
     return prompts
