@@ -327,3 +327,11 @@ def test_sampling_keeps_the_constrained_distribution(bpe_model, bpe_tokenizer, p
         counts[out[0], out[1]] += 1
     test = tv_test_fixed(counts, exact, seed=1)
     assert test.passed, test.summary()
+
+
+def test_an_answer_longer_than_max_tokens_is_a_valid_prefix(sf, bpe_tokenizer):
+    res = sf.generate_result(_prompt(bpe_tokenizer, "abc"), proposers="grammar", constraint={"regex": "xyz_9" * 20},
+                             max_new_tokens=6)
+    assert res.finish_reason == "length" and len(res.token_ids) == 6
+    assert ("xyz_9" * 20).startswith(bpe_tokenizer.decode(res.token_ids))
+    assert res.metrics.to_dict()["accepted_nodes"] > 0  # the forced text was drafted and accepted
