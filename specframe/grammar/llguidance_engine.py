@@ -219,8 +219,11 @@ def _ancestors(parents: list[int], node: int) -> list[int]:
 
 def _first(message: str) -> str:
     """llguidance's messages are multi-line (a caret under the source): the first line, plus where it points."""
-    lines = [ln for ln in message.strip().splitlines() if ln.strip()]
-    return lines[0] if lines else "(no message)"
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "(no message)"
+    cause = next((ln for ln in lines[1:] if ln.startswith("error:")), None)  # (a regex error's cause comes later)
+    return lines[0] + (f" {cause}" if cause else "")
 
 
 @hookimpl
