@@ -151,3 +151,38 @@ def check_metrics(result: GenerationResult) -> None:
     # the engine turns a proposer's exception into a target-only step, so a test proposer's failed assertion
     # would otherwise go unnoticed
     assert m.proposer_faults == 0
+
+
+def live_server(app):
+    """Serve ``app`` with uvicorn on a free localhost port in a thread: a context manager giving its URL once
+    ``/health`` answers, stopped on exit."""
+    import contextlib
+    import socket
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+
+    @contextlib.contextmanager
+    def running():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=srv.run, daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        try:
+            yield url
+        finally:
+            srv.should_exit = True
+            thread.join(timeout=10)
+
+    return running()

@@ -22,7 +22,7 @@ httpx = pytest.importorskip("httpx")
 import specframe  # noqa: E402
 from specframe.target.hf import Target  # noqa: E402
 
-from .support import build_model, build_tokenizer  # noqa: E402
+from .support import build_model, build_tokenizer, live_server  # noqa: E402
 
 # a word-level tokenizer's chat template: "<role> content" per message, then the assistant's turn
 TEMPLATE = ("{% for m in messages %}{{ 'aa ' if m['role'] == 'user' else 'ab ' }}{{ m['content'] }} {% endfor %}"
@@ -48,26 +48,12 @@ def sf():
 
 @pytest.fixture(scope="module")
 def server(sf):
-    import uvicorn
-
     from specframe.serve.app import create_app
 
-    port = _free_port()
     app = create_app(sf, model_name="tiny", allowed={"none", "ngram", "draft-model"}, max_tokens_limit=64,
                      max_pending=32)
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    yield url
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with live_server(app) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,6 @@ log-probabilities equal those of the same request decoded without speculation (f
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 
 import pytest
 
@@ -20,7 +17,7 @@ jsonschema = pytest.importorskip("jsonschema")
 import specframe  # noqa: E402
 from specframe.target.hf import Target  # noqa: E402
 
-from .support import build_bpe_model, build_bpe_tokenizer  # noqa: E402
+from .support import build_bpe_model, build_bpe_tokenizer, live_server  # noqa: E402
 
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
             "{% if tools %}tools: {{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}\n"
@@ -38,12 +35,6 @@ ZIP = {"type": "function", "function": {"name": "find_zip", "parameters": {
 MESSAGES = [{"role": "user", "content": '{"name": "Ada", "age": 36} {"city": "Paris"}'}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def sf():
     tok = build_bpe_tokenizer()
@@ -55,25 +46,11 @@ def sf():
 
 @pytest.fixture(scope="module")
 def server(sf):
-    import uvicorn
-
     from specframe.serve.app import create_app
 
-    port = _free_port()
     app = create_app(sf, model_name="tiny-bpe", max_tokens_limit=64, max_pending=32)
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    yield url
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with live_server(app) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
