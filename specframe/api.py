@@ -40,7 +40,7 @@ from .contracts.constraint import Constraint, ConstraintSpec
 from .errors import ConfigError, ConstraintError, SpecframeError, first_line
 from .decode.isolation import IsolationPolicy, UnbuiltProposer
 from .registry import Registry, build_registry
-from .sampling import SamplingParams
+from .sampling import SamplingParams, check_logprobs
 from .instance_pool import InstancePool
 from .contracts.optional import optional
 
@@ -55,12 +55,6 @@ LEFT_OUT = {  # what a request does without a plugin whose constructor raised
 _LOAD_KEYWORDS = tuple(SpecframeConfig.model_fields) + tuple(SamplingConfig.model_fields)
 _GENERATE_KEYWORDS = ("proposers", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "chat",
                       "question_id", "on_text", "merge", "router", "constraint", "logprobs")
-
-
-def _check_logprobs(logprobs: Any) -> None:
-    """``logprobs`` is None or an integer >= 0 (how many alternatives per token)."""
-    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
-        raise ConfigError(f"logprobs must be an integer >= 0 (alternatives per token) or None, got {logprobs!r}")
 
 
 def _check_chat(chat: Any) -> None:
@@ -313,7 +307,7 @@ class Specframe:
                                top_p=top_p, top_k=top_k, seed=seed, stop=stop, question_id=question_id,
                                on_text=on_text, merge=merge, router=router, constraint=constraint,
                                logprobs=logprobs).result()
-        _check_logprobs(logprobs)
+        check_logprobs(logprobs)
         compiled = self.constraint(constraint)
         governor = optional(self.target, "governor")
         observer = self.registry.observers()  # None when no plugin observes: the loop then skips events
@@ -386,7 +380,7 @@ class Specframe:
         from .decode.stopping import special_stop_ids
 
         special_stop_ids(tuple(req.stop), self.target.tokenizer)  # a stop string that cannot match fails now
-        _check_logprobs(logprobs)
+        check_logprobs(logprobs)
         compiled = self.constraint(constraint)
         governor = optional(self.target, "governor")
         observer = self.registry.observers()
@@ -499,7 +493,7 @@ class Specframe:
         with self.engine(proposers, merge, router, sampling):
             pass  # a bad proposer, merge or router option fails here, before any request starts
         self.constraint(constraint)  # and a bad constraint (each request compiles its own below)
-        _check_logprobs(logprobs)
+        check_logprobs(logprobs)
         observed: dict[int, tuple[Any, tuple[str, ...]]] = {}  # index -> (its observers or None, proposer labels)
 
         def requests() -> Iterator[BatchRequest]:

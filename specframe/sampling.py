@@ -63,6 +63,18 @@ def check_top_k(v: object) -> int:
     return int(v)
 
 
+def check_logprobs(v: object) -> None:
+    """``logprobs`` (alternatives per generated token) is None or an integer >= 0.
+
+    Raises:
+        ConfigError: anything else (a bool, a float, a negative number).
+    """
+    from .errors import ConfigError
+
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+        raise ConfigError(f"logprobs must be an integer >= 0 (alternatives per token) or None, got {v!r}")
+
+
 def check_seed(v: object) -> int:
     if not (_whole(v) and 0 <= v < 2**63):
         raise ValueError("must be a whole number in [0, 2**63)")

@@ -39,7 +39,7 @@ from .lineup import Lineup, proposer_labels
 from .merged_tree import MergedDraft
 from .metrics import MetricsWriter, RequestMetrics
 from .observe import Observers
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, check_logprobs
 from ..contracts.scoring import Scored, ScorerFactory
 from .target_scorer import TargetScorer
 from .stopping import StopChecker, TextStream, special_stop_ids, without_incomplete_character
@@ -190,8 +190,7 @@ class Engine:
         """
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
-            raise ConfigError(f"logprobs must be an integer >= 0 (alternatives per token) or None, got {logprobs!r}")
+        check_logprobs(logprobs)
         if not prompt_ids:
             raise ConfigError("the prompt is empty: give at least one token")
         if len(prompt_ids) >= self.target.max_context:
