@@ -182,3 +182,23 @@ class BadFeedback(ProposerBase):
 
     def on_verified(self, outcome):
         self.k = outcome.num_accepted + outcome.num_rejected  # AttributeError: there is no num_rejected
+
+
+class ConstraintCommitterConfig(SelfDraftConfig):
+    name: Literal["constraintcommitter"] = "constraintcommitter"
+
+
+class ConstraintCommitter(SelfDraft):
+    """Honest drafts, but it advances the request's constraint itself (``state.constraint.commit``) after drafting,
+    as an author might who thinks the proposer keeps the grammar state: the engine's grammar state runs ahead of the
+    committed tokens. The proposer sees a read-only view, so its commit raises (isolated: output unchanged) and
+    ``check_constrained_greedy_lossless`` reports it; invisible without a constraint."""
+
+    name = "constraintcommitter"
+    Config = ConstraintCommitterConfig
+
+    def propose(self, state, budget):
+        draft = super().propose(state, budget)
+        if state.constraint is not None and draft.num_nodes:
+            state.constraint.commit(draft.token_ids[0, :1].tolist())
+        return draft

@@ -11,9 +11,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from specframe.testing import ConformanceError, Kit, NotApplicable, conformance_suite
 from specframe_plugins.autoregressive import NoProposer
+from specframe_plugins.grammar import GrammarProposer
 from specframe_plugins.ngram import NgramProposer
 
 from . import kit_proposers as kp
@@ -129,7 +131,36 @@ def test_kit_runs_as_a_pytest_plugin_with_readable_failures(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
     text = out.stdout + out.stderr
-    assert "1 failed, 3 passed" in text, text
+    assert "1 failed, 5 passed" in text, text  # greedy, constrained greedy (x2 classes), draft_probs
     assert "FAILED test_mine.py::TestSharpened::test_draft_probs_match_samples" in text
     assert "SelfDraft ('selfdraft'): draft node 0 is not distributed as the draft_probs you report" in text
     assert "specframe/testing/" not in text  # no traceback into the kit's internals
+
+
+# --- under a constraint (the kit's token automaton) --------------------------------------------------------------
+
+TestGrammarConformance = conformance_suite(GrammarProposer, samples=400)
+
+
+def test_the_kit_automaton_forces_and_cuts(specframe_tiny_target):
+    """The kit's constraint forces token 9 after any of 1..8, and a draft is cut where it leaves the automaton."""
+    from specframe import DraftTree
+    from specframe.testing.constraint import constrained_greedy, kit_constraint
+
+    c = kit_constraint(16)
+    c.commit([4])
+    assert c.forced(5) == [9]
+    assert c.allowed_prefix(DraftTree.chain([9, 7, 2, 5])) == 3  # 9, then 7 -> state 0, then 2; 5 needs 9 first
+    masked = c.mask(DraftTree.chain([9]), torch.zeros(1, 2, 16))
+    assert torch.isfinite(masked[0, 0]).nonzero().flatten().tolist() == [9]
+    assert torch.isfinite(masked[0, 1]).nonzero().flatten().tolist() == [3, 7, 11]
+    ref = constrained_greedy(specframe_tiny_target, [1, 2, 3], 12)
+    assert ref[1] == 9 and ref[0] in range(1, 9)
+
+
+def test_kit_catches_a_proposer_advancing_the_constraint(kit):
+    k = kit(kp.ConstraintCommitter)
+    k.check_greedy_lossless()  # invisible without a constraint
+    with pytest.raises(ConformanceError) as err:
+        k.check_constrained_greedy_lossless()
+    assert "'ConstraintView' object has no attribute 'commit'" in str(err.value), err.value

@@ -138,7 +138,8 @@ def test_logprobs_equal_without_speculation(client, server, stream):
         content, got = r.message.content, r.logprobs.content
     want = base.logprobs.content
     assert content == base.message.content and len(got) == len(want) > 0
-    assert "".join(t.token for t in got) == content
+    assert "".join(t.token for t in got) == content  # no entry for the EOS that ended the answer
+    assert bytes(b for t in got for b in t.bytes).decode("utf-8") == content
     for a, b in zip(got, want):
         assert a.token == b.token and abs(a.logprob - b.logprob) < 1e-4
         assert [t.token for t in a.top_logprobs] == [t.token for t in b.top_logprobs] and len(a.top_logprobs) == 5
@@ -172,3 +173,24 @@ def test_bad_structured_requests_are_400s(server, body, needle, param):
     assert needle in err["message"] and "\n" not in err["message"], err
     if param is not None:
         assert err["param"] == param
+
+
+def test_logprob_entries_follow_the_content():
+    """One entry per token of the content: none for an EOS that ended the answer, and a token holding part of a
+    character carries its own bytes (joined, the bytes are the content) though its text is U+FFFD."""
+    from types import SimpleNamespace
+
+    from specframe.decode.engine import TokenLogprob
+    from specframe.serve.structured import chat_logprobs, completion_logprobs
+
+    tok = build_bpe_tokenizer()
+    text = 'é🎉"'
+    ids = tok.encode(text, add_special_tokens=False)
+    assert any(tok.decode([i]) == "\ufffd" for i in ids)  # the emoji is split across byte tokens
+    result = SimpleNamespace(finish_reason="stop", logprobs=[TokenLogprob(i, -0.5, ((i, -0.5),))
+                                                             for i in [*ids, tok.eos_token_id]])
+    content = chat_logprobs(result, tok)["content"]
+    assert len(content) == len(ids) and bytes(b for t in content for b in t["bytes"]).decode("utf-8") == text
+    assert len(completion_logprobs(result, tok)["tokens"]) == len(ids)
+    cut = SimpleNamespace(finish_reason="length", logprobs=result.logprobs[:-1])
+    assert len(chat_logprobs(cut, tok)["content"]) == len(ids)

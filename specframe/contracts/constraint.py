@@ -18,8 +18,8 @@ points of each step, and never names an engine:
    processor before its warpers).
 3. **commit** — the committed tokens advance the grammar state (:meth:`Constraint.commit`).
 
-A proposer reads the constraint from ``DecodeState.constraint`` (e.g. the ``grammar`` proposer drafts the tokens the
-grammar forces, :meth:`Constraint.forced`).
+A proposer reads the constraint from ``DecodeState.constraint``, a :class:`ConstraintView` that can ask but not
+advance (e.g. the ``grammar`` proposer drafts the tokens the grammar forces, :meth:`Constraint.forced`).
 """
 
 from __future__ import annotations
@@ -99,6 +99,29 @@ class Constraint(Protocol):
 
     def forced(self, limit: int) -> list[int]:
         """Up to ``limit`` tokens the grammar forces next, whatever the model says (may be empty)."""
+
+
+class ConstraintView:
+    """What a proposer sees of its request's constraint (``DecodeState.constraint``): it may ask what the grammar
+    forces or allows, never advance or mask it — a proposer that did would change the request's output (the engine
+    alone commits, after verification).
+
+    Args:
+        constraint: the request's :class:`Constraint`.
+    """
+
+    __slots__ = ("_constraint",)
+
+    def __init__(self, constraint: Constraint) -> None:
+        self._constraint = constraint
+
+    def forced(self, limit: int) -> list[int]:
+        """:meth:`Constraint.forced`."""
+        return self._constraint.forced(limit)
+
+    def allowed_prefix(self, draft: DraftTree) -> int:
+        """:meth:`Constraint.allowed_prefix` (leaves the grammar state as it was)."""
+        return self._constraint.allowed_prefix(draft)
 
 
 @runtime_checkable

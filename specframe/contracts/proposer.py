@@ -134,7 +134,7 @@ class DecodeState:
     # at positions 0..T_f-1, every position the target has processed (T_f = T - 1 between steps: all committed
     # tokens but the newest); filled only when a proposer declares ``feature_layers`` and the target supports it
     feature_layers: tuple[int, ...] = ()  # transformers hidden_states indices of ``features``' F axis, ascending
-    constraint: Any = None  # the request's structured-output constraint (specframe.contracts.constraint.Constraint)
+    constraint: Any = None  # the request's structured-output constraint, read-only (contracts.constraint.ConstraintView)
     # past the committed tokens, or None; proposers may read it (e.g. ``forced``) and must not commit to it
 
     @property

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ..contracts.combining import MergePolicy, Router
-from ..contracts.constraint import Constraint
+from ..contracts.constraint import Constraint, ConstraintView
 from ..contracts import DecodeState, DraftTree, Proposer, TargetModel, Verifier, VerifyResult
 from .drafting import Drafting
 from ..errors import ConfigError, PromptTooLongError, first_line
@@ -230,7 +230,8 @@ class _Request:
         # proposers get a copy of the committed tokens: one that writes into it cannot change the output
         self.state = DecodeState(self.buf[:, : self.length].clone(), len(prompt_ids), sampling, generator)
         self.state.feature_layers = engine.feature_layers
-        self.constraint = self.state.constraint = constraint
+        self.constraint = constraint  # proposers see a view that cannot advance it
+        self.state.constraint = None if constraint is None else ConstraintView(constraint)
         self.top_logprobs = logprobs  # None: no log-probabilities kept
         self.logprobs: list[TokenLogprob] = []
         self.stops = StopChecker(  # stop strings that are special tokens end generation as an EOS does

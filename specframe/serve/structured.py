@@ -95,28 +95,69 @@ def _piece(tokenizer: Any, token: int) -> str:
     return tokenizer.decode([token]) if tokenizer is not None else str(token)
 
 
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet read backwards: the printable character standing for each byte -> the byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTES = _byte_decoder()
+
+
+def _token_bytes(tokenizer: Any, token: int, text: str) -> list[int]:
+    """The UTF-8 bytes a token stands for (OpenAI's ``bytes``): a token holding part of a character decodes to
+    U+FFFD alone, so its bytes come from the vocabulary entry (byte-level BPE, or SentencePiece's ``<0xNN>``)."""
+    if "\ufffd" in text and tokenizer is not None:
+        piece = tokenizer.convert_ids_to_tokens(token)
+        if isinstance(piece, str):
+            if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                return [int(piece[3:5], 16)]
+            if piece and all(c in _BYTES for c in piece):
+                return [_BYTES[c] for c in piece]
+    return list(text.encode("utf-8"))
+
+
+def _emitted(result: Any, tokenizer: Any) -> list[Any]:
+    """The log-probabilities of the tokens the answer's text shows: without a special token (EOS) that ended it."""
+    entries = list(result.logprobs)
+    special = set(getattr(tokenizer, "all_special_ids", None) or ())
+    if entries and result.finish_reason == "stop" and entries[-1].token_id in special:
+        entries.pop()
+    return entries
+
+
 def chat_logprobs(result: Any, tokenizer: Any) -> Optional[dict[str, Any]]:
-    """``choice.logprobs`` of a chat completion (None when the request did not ask)."""
+    """``choice.logprobs`` of a chat completion (None when the request did not ask): one entry per token of the
+    content (an EOS that ended the answer has none, as in OpenAI's API)."""
     if result.logprobs is None:
         return None
 
     def entry(token: int, logprob: float) -> dict[str, Any]:
         text = _piece(tokenizer, token)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": text, "logprob": logprob, "bytes": _token_bytes(tokenizer, token, text)}
 
     return {"content": [{**entry(t.token_id, t.logprob), "top_logprobs": [entry(i, v) for i, v in t.top]}
-                        for t in result.logprobs]}
+                        for t in _emitted(result, tokenizer)]}
 
 
 def completion_logprobs(result: Any, tokenizer: Any) -> Optional[dict[str, Any]]:
-    """``choice.logprobs`` of a completion (the legacy shape; None when the request did not ask)."""
+    """``choice.logprobs`` of a completion (the legacy shape; None when the request did not ask), one entry per
+    token of the text."""
     if result.logprobs is None:
         return None
-    tokens = [_piece(tokenizer, t.token_id) for t in result.logprobs]
+    entries = _emitted(result, tokenizer)
+    tokens = [_piece(tokenizer, t.token_id) for t in entries]
     offsets, at = [], 0
     for text in tokens:
         offsets.append(at)
         at += len(text)
-    return {"tokens": tokens, "token_logprobs": [t.logprob for t in result.logprobs],
-            "top_logprobs": [{_piece(tokenizer, i): v for i, v in t.top} for t in result.logprobs],
+    return {"tokens": tokens, "token_logprobs": [t.logprob for t in entries],
+            "top_logprobs": [{_piece(tokenizer, i): v for i, v in t.top} for t in entries],
             "text_offset": offsets}

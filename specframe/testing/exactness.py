@@ -2,6 +2,8 @@
 
 - greedy: token-identical to plain greedy decoding;
 - sampling: the first two generated tokens follow the target's exact distribution (total-variation test);
+- both again under a constraint (:mod:`specframe.testing.constraint`): equal to constrained decoding without
+  speculation;
 - draft probabilities: each drafted token follows the ``draft_probs`` the proposer reports — the property
   speculative sampling's exactness rests on, tested directly so that a mismatch is caught even when the
   end-to-end distance is small.
@@ -16,6 +18,7 @@ import torch
 from ..contracts import DecodeState
 from .report import ConformanceError, NotApplicable, ids
 from .stats import TVTest, calibration_table, tv_test_fixed, tv_tests_mixture, worst_outcomes
+from .constraint import constrained_first_two, constrained_greedy, kit_constraint
 from .tiny import committed_features, first_two_tokens, last_hidden, single_thread
 
 if TYPE_CHECKING:
@@ -25,6 +28,10 @@ DRAFT_DEPTH = 3  # draft nodes examined per proposal by the draft-probability ch
 MIN_NODE_SAMPLES = 100  # fewer samples of a node than this: too few to test
 
 
+def _first_difference(got: list[int], ref: list[int]) -> int:
+    return next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
+
+
 def check_greedy_lossless(kit: "Kit") -> None:
     """Speculative greedy decoding equals plain greedy decoding, token for token, on every kit prompt."""
     rec, results = kit.greedy_battery
@@ -32,12 +39,30 @@ def check_greedy_lossless(kit: "Kit") -> None:
     for i, (ref, res) in enumerate(zip(kit.references, results)):
         got = res.token_ids
         if got != ref:
-            k = next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
             raise ConformanceError(
                 f"greedy output differs from plain greedy decoding on kit prompt {i} {ids(kit.prompts[i])} at "
-                f"generated token {k}: expected {ids(ref)}, got {ids(got)}. The greedy verifier only keeps the "
-                "target's argmax, so the proposer changed shared state: the target model, the KV cache or "
-                "DecodeState (treat all three as read-only)"
+                f"generated token {_first_difference(got, ref)}: expected {ids(ref)}, got {ids(got)}. The greedy "
+                "verifier only keeps the target's argmax, so the proposer changed shared state: the target model, "
+                "the KV cache or DecodeState (treat all three as read-only)"
+            )
+
+
+def check_constrained_greedy_lossless(kit: "Kit") -> None:
+    """Under a constraint (the kit's token automaton, :mod:`specframe.testing.constraint`), speculative greedy
+    decoding equals constrained greedy decoding without speculation (the masked argmax), on every kit prompt."""
+    _ = kit.weights_before
+    with single_thread():
+        refs = [constrained_greedy(kit.target, list(p), kit.new_tokens) for p in kit.prompts]
+    rec = kit.make()
+    for i, (prompt, ref) in enumerate(zip(kit.prompts, refs)):
+        got = kit.generate(rec, prompt, constraint=kit_constraint(kit.target.vocab_size)).token_ids
+        kit.fail_on_problems(rec, f"constrained greedy decoding of kit prompt {i}")
+        if got != ref:
+            raise ConformanceError(
+                f"under a constraint, greedy output differs from constrained greedy decoding on kit prompt {i} "
+                f"{ids(kit.prompts[i])} at generated token {_first_difference(got, ref)}: expected {ids(ref)}, got "
+                f"{ids(got)}. The engine cuts drafts the constraint forbids and masks the target's rows, so the "
+                "proposer changed shared state (DecodeState.constraint included: read it, never commit to it)"
             )
 
 
@@ -46,13 +71,29 @@ def check_sampling_lossless(kit: "Kit") -> None:
     prompt = kit.prompts[2]
     with single_thread():
         exact = first_two_tokens(kit.target, list(prompt), kit.sampling)  # [V, V]
+    _sampled_like(kit, prompt, exact, None)
+
+
+def check_constrained_sampling_lossless(kit: "Kit") -> None:
+    """Under sampling and a constraint, the first two generated tokens follow the exact joint of constrained
+    sampling (mask, then temperature), with the kit's token automaton."""
+    prompt = kit.prompts[2]
+    with single_thread():
+        exact = constrained_first_two(kit.target, list(prompt), kit.sampling)
+    _sampled_like(kit, prompt, exact, lambda: kit_constraint(kit.target.vocab_size))
+
+
+def _sampled_like(kit: "Kit", prompt: tuple[int, ...], exact: torch.Tensor, constraint) -> None:
+    """Sample ``kit.samples`` requests (seeds 0, 1, ...) and test their first two tokens against ``exact``."""
     v = kit.target.vocab_size
     rec = kit.make()
     counts = torch.zeros(v, v, dtype=torch.float64)
     for seed in range(kit.samples):
-        out = kit.generate(rec, prompt, kit.sampling, seed=seed, max_new_tokens=3).token_ids
+        out = kit.generate(rec, prompt, kit.sampling, seed=seed, max_new_tokens=3,
+                           constraint=None if constraint is None else constraint()).token_ids
         counts[out[0], out[1]] += 1
-    kit.fail_on_problems(rec, f"sampling {kit.samples} requests")
+    under = "" if constraint is None else " and the kit's constraint"
+    kit.fail_on_problems(rec, f"sampling {kit.samples} requests{under}")
     n = kit.samples
     tests = {
         "first token": (tv_test_fixed(counts.sum(1), exact.sum(1)), counts.sum(1), exact.sum(1), lambda i: f"token {i}"),
@@ -65,11 +106,13 @@ def check_sampling_lossless(kit: "Kit") -> None:
                 for i, e, x in worst_outcomes(observed / n, expected, 2)
             )
             raise ConformanceError(
-                f"under sampling (temperature {kit.sampling.temperature:g}) the {what} after kit prompt "
+                f"under sampling (temperature {kit.sampling.temperature:g}){under} the {what} after kit prompt "
                 f"{ids(prompt)} is not distributed as the target's: {test.summary()}. Most off: {off}. "
                 "Speculative sampling is exact only when every draft token is sampled from the draft_probs the "
                 "proposer reports (None = the token is certain); check the temperature/top-k/top-p you sample "
                 "with against the distribution you return"
+                + ("" if constraint is None else ", and do not draw a sampled draft again because the constraint "
+                   "forbids it (the engine rejects forbidden sampled nodes itself)")
             )
 
 

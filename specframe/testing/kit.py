@@ -98,7 +98,7 @@ class Kit:
 
     def generate(
         self, rec: CallLog, prompt: tuple[int, ...], sampling: SamplingParams = GREEDY, seed: int = 0,
-        max_new_tokens: int = NEW_TOKENS,
+        max_new_tokens: int = NEW_TOKENS, constraint: Any = None,
     ) -> GenerationResult:
         verifier = GreedyVerifier() if sampling.is_greedy else SpeculativeSamplingVerifier()
         try:
@@ -106,7 +106,8 @@ class Kit:
         except ConfigError as exc:
             raise ConformanceError(f"the engine cannot run this proposer: {exc}") from None
         with single_thread():
-            return engine.generate(list(prompt), max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+            return engine.generate(list(prompt), max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                                   constraint=constraint)
 
     def fail_on_problems(self, rec: CallLog, during: str) -> None:
         """Raise the first problem the call log noted (a fault the engine silently isolated)."""
@@ -138,6 +139,8 @@ class Kit:
     check_greedy_lossless = exactness.check_greedy_lossless
     check_sampling_lossless = exactness.check_sampling_lossless
     check_draft_probs_match_samples = exactness.check_draft_probs_match_samples
+    check_constrained_greedy_lossless = exactness.check_constrained_greedy_lossless
+    check_constrained_sampling_lossless = exactness.check_constrained_sampling_lossless
     check_rollback_after_partial_acceptance = protocol.check_rollback_after_partial_acceptance
     check_determinism = protocol.check_determinism
     check_feedback = protocol.check_feedback
@@ -164,6 +167,8 @@ CHECKS = (
     "check_greedy_lossless",
     "check_sampling_lossless",
     "check_draft_probs_match_samples",
+    "check_constrained_greedy_lossless",
+    "check_constrained_sampling_lossless",
     "check_rollback_after_partial_acceptance",
     "check_determinism",
     "check_feedback",

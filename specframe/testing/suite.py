@@ -72,6 +72,12 @@ class ProposerConformance:
     def test_sampling_lossless(self, specframe_kit) -> None:
         self._check(specframe_kit, "sampling", "check_sampling_lossless")
 
+    def test_constrained_greedy_lossless(self, specframe_kit) -> None:
+        self._check(specframe_kit, "constrained_greedy", "check_constrained_greedy_lossless")
+
+    def test_constrained_sampling_lossless(self, specframe_kit) -> None:
+        self._check(specframe_kit, "constrained_sampling", "check_constrained_sampling_lossless")
+
     def test_draft_probs_match_samples(self, specframe_kit) -> None:
         self._check(specframe_kit, "draft_probs", "check_draft_probs_match_samples")
 
