@@ -88,16 +88,18 @@ def _prompt(tok, text: str) -> list[int]:
 
 
 @pytest.mark.parametrize("kind", sorted(SPECS))
-@pytest.mark.parametrize("proposers", ["none", "ngram", "lookahead", "grammar", "grammar+ngram"])
+@pytest.mark.parametrize("proposers", ["none", "ngram", "lookahead", "grammar", "grammar+ngram", "grammar/branch",
+                                       "grammar/branch+ngram"])
 def test_greedy_equals_constrained_decoding(sf, bpe_model, bpe_tokenizer, kind, proposers):
     spec = SPECS[kind]
     engine = sf._constraint_engine or LLGuidanceEngine(bpe_tokenizer, bpe_model.config.vocab_size, {EOS})
     names = proposers.split("+")
+    entries = [{"name": "grammar", "branch": 6} if n == "grammar/branch" else {"name": n} for n in names]
     for text in ('{"name": "Ada", "age": 36, "tags": ["x"]} {"name": "Ada", "age"', "abc-123 xyz_9 abc-1",
                  "[1, 2, 3] [1, 2"):
         prompt = _prompt(bpe_tokenizer, text)
         want = reference(bpe_model, engine, spec, prompt, 48)
-        res = sf.generate_result(prompt, proposers=[{"name": n} for n in names], constraint=spec,
+        res = sf.generate_result(prompt, proposers=entries, constraint=spec,
                                  **({"merge": "priority"} if len(names) > 1 else {}))
         assert res.token_ids == want, (kind, proposers, text)
         body = bpe_tokenizer.decode([t for t in res.token_ids if t != EOS])
@@ -111,6 +113,37 @@ def test_constrained_drafts_are_accepted(sf, bpe_tokenizer):
     res = sf.generate_result(prompt, proposers="grammar", constraint={"json_schema": PERSON})
     m = res.metrics.to_dict()
     assert m["accepted_tokens"] > 0 and m["tau"] > 1.0
+
+
+def test_nearly_forced_tokens_branch(sf, bpe_model, bpe_tokenizer):
+    """Where the grammar allows a few tokens after its forced run, the grammar proposer drafts a tree: a branch per
+    allowed token (each with what the grammar then forces), and the target's choice among them is accepted."""
+    from specframe.contracts.constraint import ConstraintView
+    from specframe.contracts.proposer import DecodeState
+    from specframe.sampling import SamplingParams
+    from specframe_plugins.grammar import GrammarConfig, GrammarProposer
+
+    grammar = 'start: "[" ("true" | "false") "]"'
+    engine = LLGuidanceEngine(bpe_tokenizer, bpe_model.config.vocab_size, {EOS})
+    c = engine.compile(ConstraintSpec(grammar=grammar))
+    prompt = _prompt(bpe_tokenizer, "abc")
+    state = DecodeState(torch.tensor([prompt]), len(prompt), SamplingParams(), torch.Generator())
+    state.constraint = ConstraintView(c)
+    target = Target(bpe_model, bpe_tokenizer)
+    draft = GrammarProposer(GrammarConfig(branch=4), target.info).propose(state, 16)
+    tokens, parents = draft.token_ids[0].tolist(), draft.parent[0].tolist()
+    leaves = []
+    for i in set(range(len(tokens))) - set(parents):  # the text along each leaf's path
+        path, j = [], i
+        while j >= 0:
+            path.append(tokens[j])
+            j = parents[j]
+        leaves.append(bpe_tokenizer.decode(path[::-1]))
+    assert sorted(leaves) == ["[false]", "[true]"], leaves  # the forced "[", both branches, each closed
+    assert c.forced(4) == tokens[:1] == c.choices(1)  # the state is as it was: only "[" allowed
+    res = sf.generate_result(prompt, proposers=[{"name": "grammar", "branch": 4}], constraint={"grammar": grammar})
+    assert bpe_tokenizer.decode([t for t in res.token_ids if t != EOS]) in ("[true]", "[false]")
+    assert res.metrics.target_forwards <= 2  # the whole answer in one draft (and EOS after it)
 
 
 def test_sampling_is_constrained(sf, bpe_tokenizer):

@@ -260,3 +260,63 @@ def test_a_batch_on_llamacpp_equals_each_request_alone(sf, prompts, proposers):
         for cm in held:
             cm.__exit__(None, None, None)
     assert [out[j].token_ids for j in range(len(ids))] == want
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                           "city": {"enum": ["Paris", "Rome", "Oslo"]}},
+          "required": ["name", "age", "city"], "additionalProperties": False}
+
+
+def _constrained_llamacpp_alone(sf, ids: list[int], spec, n: int) -> list[int]:
+    """The reference: llama.cpp's own greedy decoding one token at a time (llama-cpp-python's ``generate``) with a
+    logits processor that masks each row by llguidance's matcher (no specframe code but the grammar text)."""
+    import llguidance
+    import numpy as np
+    from llama_cpp import LogitsProcessorList
+
+    from specframe.target.llamacpp.peers import _llama
+
+    from specframe.grammar.llguidance_engine import LLGuidanceEngine
+
+    llg = LLGuidanceEngine(sf.target.tokenizer, sf.target.vocab_size, sf.target.eos_token_ids)  # the grammar text
+    matcher = llguidance.LLMatcher(llg.tokenizer, llg.grammar(spec), log_level=0)
+    vocab = int(sf.target.vocab_size)
+
+    def mask(input_ids, scores):
+        generated = list(input_ids[len(ids):])
+        if generated:
+            assert matcher.consume_token(int(generated[-1]))
+        bitmask = np.zeros((vocab + 31) // 32, dtype=np.int32)
+        matcher.unsafe_compute_mask_ptr(bitmask.ctypes.data, bitmask.nbytes)
+        allowed = ((bitmask[:, None] >> np.arange(32, dtype=np.int32)) & 1).reshape(-1)[:vocab].astype(bool)
+        out = scores.copy()
+        out[~allowed] = -np.inf
+        return out
+
+    llm, _ = _llama(sf.target, "llamacpp-greedy", {})
+    eos, out = set(sf.target.eos_token_ids), []
+    llm.reset()
+    for token in llm.generate(list(ids), temp=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True,
+                              logits_processor=LogitsProcessorList([mask])):
+        out.append(int(token))
+        if int(token) in eos or len(out) >= n:
+            break
+    return out
+
+
+@pytest.mark.parametrize("proposers", ["none", "grammar+ngram"])
+def test_constrained_greedy_equals_llamacpp_alone_with_a_grammar_processor(sf, proposers):
+    """Structured output on the llama.cpp engine: greedy output under a JSON schema is token-identical to llama.cpp
+    decoding alone with llguidance masking each row (issue 54 on the fast CPU engine)."""
+    from specframe.contracts.constraint import ConstraintSpec
+
+    spec = ConstraintSpec(json_schema=PERSON)
+    ids = sf.encode("Who wrote Hamlet? Reply with a JSON object with the fields name, age, city.")
+    want = _constrained_llamacpp_alone(sf, ids, spec, 40)
+    got = sf.generate_result(ids, proposers=proposers.split("+"), constraint=spec, max_new_tokens=40, router="none")
+    assert got.token_ids == want
+    if got.finish_reason == "stop":
+        import jsonschema
+
+        jsonschema.validate(json.loads(got.text), PERSON)

@@ -6,6 +6,8 @@ tokens as they come) — on the default model in float32; and every finished ans
     python lab/scripts/constrained_exactness.py --questions lab/data/specbench-json/question.jsonl \
         --out lab/results/constrained-exactness-fp32 [--tokens 128] [--strategies none ngram ...]
 
+``grammar-branch`` is the grammar proposer with ``branch: 4`` (a token tree where the grammar allows a few words).
+
 Resumable: ``rows.jsonl`` keeps one row per (question, strategy) finished; a rerun skips them. ``README.md`` is
 written at the end from every row.
 """
@@ -26,8 +28,9 @@ import specframe
 from specframe.contracts.constraint import ConstraintSpec
 from specframe.io.prompts import read_prompts
 
+BRANCH = {"name": "grammar", "branch": 4}  # the grammar proposer branching where a few words are allowed
 STRATEGIES = {"none": ["none"], "ngram": ["ngram"], "grammar": ["grammar"], "grammar+ngram": ["grammar", "ngram"],
-              "ngram+medusa": ["ngram", "medusa"]}
+              "ngram+medusa": ["ngram", "medusa"], "grammar-branch": [BRANCH], "grammar-branch+ngram": [BRANCH, "ngram"]}
 
 
 class LLGuidanceMask(LogitsProcessor):
@@ -86,7 +89,7 @@ def main() -> None:
         for name in a.strategies:
             if (q.question_id, name) in done:
                 continue
-            proposers = [{"name": p} for p in STRATEGIES[name]]
+            proposers = [p if isinstance(p, dict) else {"name": p} for p in STRATEGIES[name]]
             res = sf.generate_result(ids, proposers=proposers, constraint=spec, max_new_tokens=a.tokens,
                                      **({"merge": "priority"} if len(proposers) > 1 else {}))
             text = sf.target.decode([t for t in res.token_ids if t not in sf.target.eos_token_ids])

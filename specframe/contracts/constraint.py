@@ -97,8 +97,13 @@ class Constraint(Protocol):
     def commit(self, tokens: Sequence[int]) -> None:
         """Advance past the committed ``tokens`` (each one allowed by the masked distribution it was taken from)."""
 
-    def forced(self, limit: int) -> list[int]:
-        """Up to ``limit`` tokens the grammar forces next, whatever the model says (may be empty)."""
+    def forced(self, limit: int, after: Sequence[int] = ()) -> list[int]:
+        """Up to ``limit`` tokens the grammar forces next, whatever the model says (may be empty): after the committed
+        tokens, then ``after`` (a path the grammar allows; the state is left as it was)."""
+
+    def choices(self, limit: int, after: Sequence[int] = ()) -> list[int] | None:
+        """The tokens the grammar allows after the committed tokens and then ``after`` (a path it allows), in id
+        order; None when there are more than ``limit`` (the state is left as it was)."""
 
 
 class ConstraintView:
@@ -115,9 +120,13 @@ class ConstraintView:
     def __init__(self, constraint: Constraint) -> None:
         self._constraint = constraint
 
-    def forced(self, limit: int) -> list[int]:
+    def forced(self, limit: int, after: Sequence[int] = ()) -> list[int]:
         """:meth:`Constraint.forced`."""
-        return self._constraint.forced(limit)
+        return self._constraint.forced(limit, after)
+
+    def choices(self, limit: int, after: Sequence[int] = ()) -> list[int] | None:
+        """:meth:`Constraint.choices`."""
+        return self._constraint.choices(limit, after)
 
     def allowed_prefix(self, draft: DraftTree) -> int:
         """:meth:`Constraint.allowed_prefix` (leaves the grammar state as it was)."""

@@ -17,6 +17,8 @@ left unmasked / cut), and llguidance 1.9 does not restore a matcher's state when
 
 from __future__ import annotations
 
+import contextlib
+
 import threading
 from typing import Any, ClassVar, Iterator, Sequence
 
@@ -134,10 +136,41 @@ class LLGuidanceConstraint:
                 raise ConstraintError(f"token {token} was committed but the {self.kind} constraint forbids it")
             self.matcher.consume_token(token)
 
-    def forced(self, limit: int) -> list[int]:
-        if limit < 1 or self.matcher.is_stopped():
+    @contextlib.contextmanager
+    def _after(self, path: Sequence[int]) -> Iterator[bool]:
+        """The matcher stands after ``path`` inside the block (False when the grammar forbids it, or it holds an EOS,
+        after which nothing follows); back at the committed state after it."""
+        m, done = self.matcher, 0
+        try:
+            for token in path:
+                if token in self.eos or not self._allows(token):
+                    yield False
+                    return
+                m.consume_token(token)
+                done += 1
+            yield True
+        finally:
+            if done:
+                m.rollback(done)
+
+    def forced(self, limit: int, after: Sequence[int] = ()) -> list[int]:
+        if limit < 1:
             return []
-        return list(self.matcher.compute_ff_tokens())[:limit]
+        with self._after(after) as there:
+            if not there or self.matcher.is_stopped():
+                return []
+            return list(self.matcher.compute_ff_tokens())[:limit]
+
+    def choices(self, limit: int, after: Sequence[int] = ()) -> list[int] | None:
+        with self._after(after) as there:
+            if not there or self.matcher.is_stopped():
+                return []
+            bitmask = torch.zeros((1, self._words), dtype=torch.int32)
+            self._fill(bitmask, 0)
+        if int(torch.count_nonzero(bitmask)) > limit:  # each word holds one allowed token or more
+            return None
+        allowed = unpack_bitmask(bitmask, self.vocab)[0].nonzero().flatten().tolist()
+        return allowed if len(allowed) <= limit else None
 
 
 class LLGuidanceEngine:

@@ -73,12 +73,24 @@ class TokenAutomaton:
                 raise ConstraintError(f"token {token} was committed but the automaton forbids it in state {self.state}")
             self.state = nxt
 
-    def forced(self, limit: int) -> list[int]:
-        out, state = [], self.state
-        while len(out) < limit and len(self.table[state]) == 1:
+    def _state_after(self, path: Sequence[int]) -> int | None:
+        state: int | None = self.state
+        for token in path:
+            state = None if state is None else self.table[state].get(int(token))
+        return state
+
+    def forced(self, limit: int, after: Sequence[int] = ()) -> list[int]:
+        out, state = [], self._state_after(after)
+        while state is not None and len(out) < limit and len(self.table[state]) == 1:
             (token, state), = self.table[state].items()
             out.append(token)
         return out
+
+    def choices(self, limit: int, after: Sequence[int] = ()) -> list[int] | None:
+        state = self._state_after(after)
+        if state is None:
+            return []
+        return sorted(self.table[state]) if len(self.table[state]) <= limit else None
 
 
 def kit_constraint(vocab_size: int) -> TokenAutomaton:
