@@ -88,13 +88,13 @@ def _prompt(tok, text: str) -> list[int]:
 
 
 @pytest.mark.parametrize("kind", sorted(SPECS))
-@pytest.mark.parametrize("proposers", ["none", "ngram", "lookahead", "grammar", "grammar+ngram", "grammar/branch",
-                                       "grammar/branch+ngram"])
+@pytest.mark.parametrize("proposers", ["none", "ngram", "lookahead", "grammar", "grammar+ngram", "grammar/forced",
+                                       "grammar/forced+ngram"])
 def test_greedy_equals_constrained_decoding(sf, bpe_model, bpe_tokenizer, kind, proposers):
     spec = SPECS[kind]
     engine = sf._constraint_engine or LLGuidanceEngine(bpe_tokenizer, bpe_model.config.vocab_size, {EOS})
     names = proposers.split("+")
-    entries = [{"name": "grammar", "branch": 6} if n == "grammar/branch" else {"name": n} for n in names]
+    entries = [{"name": "grammar", "branch": 0} if n == "grammar/forced" else {"name": n} for n in names]
     for text in ('{"name": "Ada", "age": 36, "tags": ["x"]} {"name": "Ada", "age"', "abc-123 xyz_9 abc-1",
                  "[1, 2, 3] [1, 2"):
         prompt = _prompt(bpe_tokenizer, text)

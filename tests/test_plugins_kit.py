@@ -140,7 +140,7 @@ def test_kit_runs_as_a_pytest_plugin_with_readable_failures(tmp_path):
 # --- under a constraint (the kit's token automaton) --------------------------------------------------------------
 
 TestGrammarConformance = conformance_suite(GrammarProposer, samples=400)
-TestGrammarBranchConformance = conformance_suite(GrammarProposer, config={"branch": 4}, samples=400)
+TestGrammarForcedConformance = conformance_suite(GrammarProposer, config={"branch": 0}, samples=400)
 
 
 def test_the_kit_automaton_forces_and_cuts(specframe_tiny_target):

@@ -6,7 +6,8 @@ tokens as they come) — on the default model in float32; and every finished ans
     python lab/scripts/constrained_exactness.py --questions lab/data/specbench-json/question.jsonl \
         --out lab/results/constrained-exactness-fp32 [--tokens 128] [--strategies none ngram ...]
 
-``grammar-branch`` is the grammar proposer with ``branch: 4`` (a token tree where the grammar allows a few words).
+``grammar`` is the grammar proposer with ``branch: 0`` (the forced run only), ``grammar-branch`` with ``branch: 4``
+(its default: a token tree where the grammar allows a few words).
 
 Resumable: ``rows.jsonl`` keeps one row per (question, strategy) finished; a rerun skips them. ``README.md`` is
 written at the end from every row.
@@ -28,8 +29,9 @@ import specframe
 from specframe.contracts.constraint import ConstraintSpec
 from specframe.io.prompts import read_prompts
 
-BRANCH = {"name": "grammar", "branch": 4}  # the grammar proposer branching where a few words are allowed
-STRATEGIES = {"none": ["none"], "ngram": ["ngram"], "grammar": ["grammar"], "grammar+ngram": ["grammar", "ngram"],
+FORCED = {"name": "grammar", "branch": 0}  # the grammar proposer drafting the forced run only
+BRANCH = {"name": "grammar", "branch": 4}  # ... and branching where a few words are allowed (its default)
+STRATEGIES = {"none": ["none"], "ngram": ["ngram"], "grammar": [FORCED], "grammar+ngram": [FORCED, "ngram"],
               "ngram+medusa": ["ngram", "medusa"], "grammar-branch": [BRANCH], "grammar-branch+ngram": [BRANCH, "ngram"]}
 
 

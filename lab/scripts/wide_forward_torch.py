@@ -4,6 +4,7 @@
         [--paths eager-bf16 compiled-bf16 eager-int8 compiled-int8] [--threads 2]
 
 Paths (the default model, SmolLM2-135M-Instruct, loaded as specframe loads it, transformers):
+- ``eager-bf16-dynamic``: bfloat16, transformers' growing ``DynamicCache``, eager (what the issue's 49 ms was);
 - ``eager-bf16``: bfloat16 weights, a static KV cache (transformers ``StaticCache``), eager;
 - ``compiled-bf16``: the same forward under ``torch.compile`` (inductor, ``dynamic=False``: one graph per width
   n, as gpt-fast does with fixed width buckets);
@@ -67,7 +68,7 @@ def load(path: str):
     sf = specframe.load(dtype="bfloat16", threads=torch.get_num_threads())
     model = sf.target.model
     sf.close()
-    if path.endswith("int8"):
+    if "int8" in path:
         model.lm_head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=False,
                                         dtype=torch.bfloat16)
         model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone(), False)
@@ -78,28 +79,43 @@ def load(path: str):
 class Runner:
     """One model with a static cache; ``forward(ids, start)`` writes positions start.. and returns float32 logits."""
 
-    def __init__(self, model, compiled: bool) -> None:
-        from transformers import StaticCache
+    def __init__(self, model, compiled: bool, dynamic: bool = False) -> None:
+        from transformers import DynamicCache, StaticCache
 
-        self.model = model
-        self.cache = StaticCache(config=model.config, max_cache_len=MAX_CACHE)
+        self.model, self.dynamic = model, dynamic
+        self.cache = DynamicCache(config=model.config) if dynamic else StaticCache(config=model.config,
+                                                                                    max_cache_len=MAX_CACHE)
         self.fn = model.forward
         if compiled:
             torch._dynamo.config.cache_size_limit = 64
             self.fn = torch.compile(model.forward, dynamic=False)
 
+    def _at(self, start: int) -> None:
+        """The next forward writes from position ``start``."""
+        if self.dynamic:
+            self.cache.crop(start)
+        else:  # the static cache writes at its running length
+            for layer in self.cache.layers:
+                layer.cumulative_length.fill_(start)
+
+    @torch.inference_mode()
+    def fill(self, ids: torch.Tensor) -> None:
+        """Write a context into the cache from position 0 (eagerly: no graph compiled for its width)."""
+        self._at(0)
+        pos = torch.arange(ids.shape[1])
+        self.model.forward(input_ids=ids, cache=self.cache, position_ids=pos[None], use_cache=True)
+
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         n = ids.shape[1]
-        for layer in self.cache.layers:  # the static cache writes at its running length: set it to ``start``
-            layer.cumulative_length.fill_(start)
+        self._at(start)
         pos = torch.arange(start, start + n)
         out = self.fn(input_ids=ids, cache=self.cache, position_ids=pos[None], use_cache=True)
         return out.logits.float()
 
 
 def timing(r: Runner, tokens: torch.Tensor, context: int, repeats: int) -> dict:
-    r.forward(tokens[:, :context], 0)
+    r.fill(tokens[:, :context])
     t_n, compile_s = {}, {}
     for n in WIDTHS:
         t0 = time.perf_counter()
@@ -129,7 +145,7 @@ def rows_equal(r: Runner, tokens: torch.Tensor) -> tuple[int, int, float]:
     equal = total = 0
     worst = 0.0
     for context in CONTEXTS:
-        r.forward(tokens[:, :context], 0)
+        r.fill(tokens[:, :context])
         ref = torch.cat([r.forward(tokens[:, context + j:context + j + 1], context + j) for j in range(max(ROW_WIDTHS))],
                         1)[0]
         for k in ROW_WIDTHS:
@@ -161,7 +177,8 @@ def quality(model, reference, prompts: list[list[int]], new: int = 128) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--paths", nargs="+", default=["eager-bf16", "compiled-bf16", "eager-int8", "compiled-int8"])
+    ap.add_argument("--paths", nargs="+", default=["eager-bf16-dynamic", "eager-bf16", "compiled-bf16", "eager-int8",
+                                                   "compiled-int8"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--context", type=int, default=500)
     ap.add_argument("--repeats", type=int, default=7)
@@ -178,7 +195,7 @@ def main() -> int:
             continue
         print(f"{path}: loading", file=sys.stderr, flush=True)
         model = load(path)
-        r = Runner(model, compiled=path.startswith("compiled"))
+        r = Runner(model, compiled=path.startswith("compiled"), dynamic=path.endswith("dynamic"))
         row = {"path": path, "threads": a.threads, "context": a.context}
         t0 = time.perf_counter()
         row |= timing(r, tokens, a.context, a.repeats)
@@ -186,7 +203,7 @@ def main() -> int:
         row["prefill_1024_s"] = prefill(r, tokens, 3)
         row["rows_equal"], row["rows"], row["largest_difference"] = rows_equal(r, tokens)
         row["seconds"] = round(time.perf_counter() - t0, 1)
-        if path.endswith("int8") and a.quality_prompts:
+        if "int8" in path and a.quality_prompts:
             import specframe
             from specframe.io.prompts import read_prompts
 
