@@ -99,8 +99,8 @@ def _batched(sf, ids, budgets, batch_size, kw, steps):
 
     def items():
         for i, (p, b) in enumerate(zip(ids, budgets)):
-            cm = sf.engine(kw["proposers"], None, kw.get("router"), sampling)
-            yield BatchRequest(cm.__enter__(), p, b, sampling, seed=i, release=lambda cm=cm: cm.__exit__(None, None, None))
+            lease = sf.lease(kw["proposers"], None, kw.get("router"), sampling)
+            yield BatchRequest(lease.engine, p, b, sampling, seed=i, release=lease.release)
 
     import specframe.decode.batch as loop
 

@@ -8,7 +8,7 @@ plugin/contrib module importing ``specframe.bench``.
 
 Prints, for the tree at ROOT (default: this checkout):
 
-- the decode loop's length: lines of ``_Request.step`` in specframe/decode/engine.py (def line to last line);
+- the decode loop's length: lines of ``Request.step`` in specframe/decode/engine.py (def line to last line);
 - modules that write request metrics: an assignment or augmented assignment to a field of ``RequestMetrics`` /
   ``ProposerMetrics`` (matched by field name on an object spelled ``metrics``, ``m``, ``own``, ``pm`` or
   ``*.metrics``), or a call of their ``record*`` methods, outside specframe/decode/metrics.py's own classes;
@@ -72,7 +72,7 @@ def loop_lines(root: Path) -> int:
     engine = root / "specframe/decode/engine.py"
     tree = ast.parse((engine if engine.exists() else root / "specframe/engine.py").read_text())
     for cls in ast.walk(tree):
-        if isinstance(cls, ast.ClassDef) and cls.name == "_Request":
+        if isinstance(cls, ast.ClassDef) and cls.name == "Request":
             for fn in cls.body:
                 if isinstance(fn, ast.FunctionDef) and fn.name == "step":
                     return fn.end_lineno - fn.lineno + 1
@@ -427,7 +427,7 @@ def main(argv: list[str]) -> None:
         print(json.dumps(report, indent=1))
         return
     print(f"tree: {root}")
-    print(f"decode loop (_Request.step): {report['loop_lines']} lines")
+    print(f"decode loop (Request.step): {report['loop_lines']} lines")
     for key in ("metric_writers", "resolution_paths", "resolve_plugins_callers", "plugins_importing_bench",
                 "trie_builders", "top_modules", "folders", "cost_owners", "plugin_imports", "same_name_classes"):
         print(f"{key}: {len(report[key])}  {', '.join(report[key])}")

@@ -13,7 +13,6 @@ import contextlib
 import difflib
 import logging
 import threading
-from collections import OrderedDict
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -21,37 +20,29 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from pydantic import BaseModel, ValidationError
 
 from .config import (
-    Plugins,
     RequestSettings,
     SamplingConfig,
     SpecframeConfig,
     load_config,
     plugin_entries,
-    proposer_shorthand,
     resolve_plugins,
     runtime_config,
     settings_error,
     validation_line,
 )
-from .decode.drafting import FallbackPolicy
 from .decode.batch import BatchRequest
-from .decode.engine import Engine, GenerationResult, proposer_labels
+from .decode.engine import Engine, GenerationResult
 from .contracts.constraint import Constraint, ConstraintSpec
-from .errors import ConfigError, ConstraintError, SpecframeError, first_line
-from .decode.isolation import IsolationPolicy, UnbuiltProposer
+from .errors import ConfigError, ConstraintError
 from .registry import Registry, build_registry
 from .sampling import SamplingParams, check_logprobs
-from .instance_pool import InstancePool
+from .instance_pool import Lease, PluginSets
+from .request_options import RequestOptions
 from .contracts.optional import optional
 
 log = logging.getLogger("specframe")
 
 POOL_IDLE = 16  # idle plugin instances a Specframe keeps for later requests (and build failures it remembers)
-LEFT_OUT = {  # what a request does without a plugin whose constructor raised
-    "proposer": "the other proposers draft; alone, it decodes from the target",
-    "merge policy": "combined drafts go in the proposers' order",
-    "router": "every combined proposer drafts with the full budget",
-}
 _LOAD_KEYWORDS = tuple(SpecframeConfig.model_fields) + tuple(SamplingConfig.model_fields)
 _GENERATE_KEYWORDS = ("proposers", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "chat",
                       "question_id", "on_text", "merge", "router", "constraint", "logprobs")
@@ -93,110 +84,16 @@ class Specframe:
         self.config = runtime_config(config, registry) if isinstance(config, SpecframeConfig) else config
         self.target = target
         self.registry = registry
-        self._pool = InstancePool(max_idle=POOL_IDLE)
-        self._broken: OrderedDict[str, BaseException] = OrderedDict()  # key -> what its constructor raised
+        self._plugins = PluginSets(self, max_idle=POOL_IDLE)  # each request's plugin instances, on loan
         self._lock = threading.Lock()
         self._scheduler: Any = None  # the batch loop thread, made on the first request when batch_size > 1
         self._constraint_engine: Any = None  # compiles constraints for this target's tokenizer (made when first used)
-
-    # --- plugin instances, one set per request ---------------------------------------------------------------
-    def _build(self, kind: str, key: str, cls: type, cfg: Any) -> Any:
-        """A new instance of a plugin class; None when its constructor raised something other than a
-        :class:`SpecframeError` (a plugin fault: warned about once per option set, then left out)."""
-        with self._lock:
-            if key in self._broken:
-                return None
-        try:
-            return cls(cfg, self.target.info)
-        except SpecframeError:
-            raise  # the user's to fix (missing weights, a bad folder, ...): one error line
-        except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
-            with self._lock:
-                self._broken[key] = exc
-                while len(self._broken) > POOL_IDLE:
-                    self._broken.popitem(last=False)
-            origin = self.registry.origin.get((kind, cls.name), "")
-            log.warning(
-                "%s %r%s raised %s while it was built: %s; it is left out of every request that asks for it (%s), "
-                "output is unaffected", kind, cls.name, f" (plugin {origin})" if origin else "", type(exc).__name__,
-                first_line(exc), LEFT_OUT[kind])
-            return None
-
-    def _take(self, kind: str, cls: type, cfg: Any, held: list) -> Any:
-        """An instance for this request (recorded in ``held`` to be given back), or None (see :meth:`_build`)."""
-        key = f"{kind}:{cls.name}:{cfg.model_dump_json()}"
-        with self._lock:
-            broken = self._broken.get(key)
-        obj = None if broken is not None else self._pool.take(key, lambda: self._build(kind, key, cls, cfg))
-        if obj is not None:
-            held.append((key, obj))
-        return obj
-
-    def _give_back(self, held: list) -> None:
-        for key, obj in held:
-            self._pool.give(key, obj)
-        held.clear()
-
-    def _resolved(self, proposers: Any, merge: Any, router: Any) -> Plugins:
-        """This request's plugin classes (:func:`~specframe.config.resolve_plugins`): the config's, with the request's
-        overrides (None: the config's; ``"ngram"`` is short for ``[{"name": "ngram"}]``). A lone proposer is routed
-        (its draft trimmed to what pays) when the router is set explicitly, or when the target carries this machine's
-        measured cost curve."""
-        data = plugin_entries(self.config)
-        if proposers is not None:
-            data["proposers"] = proposer_shorthand(proposers)
-        if merge is not None:
-            data["merge"] = merge
-        if router is not None:
-            data["router"] = router
-        try:
-            cfg = SpecframeConfig.model_validate(data)
-        except ValidationError as exc:
-            raise ConfigError(validation_line(exc)) from None
-        return resolve_plugins(cfg, self.registry, lone_router=self.target.info.cost is not None)
-
-    def _instances(self, plugins: Plugins, held: list) -> tuple[list[Any], Any, Any]:
-        """``(proposers, merge policy, router)`` instances for one request (from the pool; recorded in ``held``). A
-        plugin whose constructor raised is left out: an :class:`UnbuiltProposer` (disabled for the request), the
-        :class:`FallbackPolicy` (proposers in order, each draft whole), no router."""
-        active = []
-        for cls, pcfg in plugins.proposers:
-            obj = self._take("proposer", cls, pcfg, held)
-            active.append(obj if obj is not None else UnbuiltProposer(cls.name, self._broken_error("proposer", cls, pcfg)))
-        policy = None
-        if len(active) > 1:
-            cls, mcfg = plugins.merge
-            policy = self._take("merge policy", cls, mcfg, held) or FallbackPolicy(mcfg.max_nodes)
-        routed = self._take("router", *plugins.router, held) if plugins.router is not None else None
-        return active, policy, routed
-
-    def _broken_error(self, kind: str, cls: type, cfg: Any) -> BaseException:
-        with self._lock:
-            return self._broken.get(f"{kind}:{cls.name}:{cfg.model_dump_json()}", RuntimeError("not built"))
-
-    def _verifier(self, sampling: SamplingParams, held: list) -> Any:
-        name = self.config.verifier
-        if name == "auto":
-            name = "greedy" if sampling.is_greedy else "speculative-sampling"
-        elif name == "greedy" and not sampling.is_greedy:
-            raise ConfigError(
-                f"verifier greedy decodes at temperature 0, got temperature {sampling.temperature}: "
-                "use verifier auto or speculative-sampling to sample"
-            )
-        key = f"verifier:{name}"
-        verifier = self._pool.take(key, self.registry.verifier(name))
-        held.append((key, verifier))
-        return verifier
 
     def validate_proposers(self, proposers: Any = None) -> None:
         """Build the proposers (and, when they are combined, the merge policy and router) now, so that a bad name
         or option fails before any generation; a plugin whose constructor raises is warned about now. The instances
         go to the pool for the first requests."""
-        held: list = []
-        try:
-            self._instances(self._resolved(proposers, None, None), held)
-        finally:
-            self._give_back(held)
+        self.lease(proposers).release()
 
     def constraint(self, spec: ConstraintSpec | dict[str, Any] | None = None) -> Constraint | None:
         """One request's compiled constraint for ``spec`` (None: the config's ``constraint``; None when neither sets
@@ -206,6 +103,23 @@ class Specframe:
             ConstraintError: ``spec`` is malformed (not exactly one of json_schema / json_object / regex / grammar),
                 invalid or unsupported by the engine, or the model's tokenizer cannot be used for constraints.
             UnknownConstraintEngineError: ``constraint_engine`` names no installed engine.
+        """
+        spec = self._constraint_spec(spec)
+        if spec is None:
+            return None
+        with self._lock:
+            engine = self._constraint_engine
+            if engine is None:
+                cls = self.registry.constraint_engine(self.config.constraint_engine)
+                engine = self._constraint_engine = cls(self.target.tokenizer, int(self.target.vocab_size),
+                                                       frozenset(self.target.eos_token_ids))
+        return engine.compile(spec)
+
+    def _constraint_spec(self, spec: ConstraintSpec | dict[str, Any] | None) -> ConstraintSpec | None:
+        """``spec`` parsed (None: the config's ``constraint``; None when neither sets one).
+
+        Raises:
+            ConstraintError: not exactly one of json_schema / json_object / regex / grammar, or not a mapping.
         """
         if spec is None:
             spec = self.config.constraint
@@ -219,13 +133,7 @@ class Specframe:
         if not isinstance(spec, ConstraintSpec):
             raise ConstraintError(f"constraint must be a mapping such as {{'json_schema': {{...}}}} or "
                                   f"{{'regex': '...'}}, got {type(spec).__name__}")
-        with self._lock:
-            engine = self._constraint_engine
-            if engine is None:
-                cls = self.registry.constraint_engine(self.config.constraint_engine)
-                engine = self._constraint_engine = cls(self.target.tokenizer, int(self.target.vocab_size),
-                                                       frozenset(self.target.eos_token_ids))
-        return engine.compile(spec)
+        return spec
 
     def encode(self, prompt: str, chat: bool | None = None) -> list[int]:
         """Token ids of ``prompt``, in the chat template when ``chat`` (None: the config's ``chat``).
@@ -236,28 +144,25 @@ class Specframe:
         _check_chat(chat)
         return self.target.encode_prompt(prompt, self.config.chat if chat is None else chat)
 
-    @contextlib.contextmanager
-    def engine(self, proposers: Any = None, merge: Any = None, router: Any = None,
-               sampling: SamplingParams = SamplingParams(), verifier: Any = None) -> Iterator[Engine]:
-        """The engine one request runs on, built as :meth:`generate_result` builds it: this request's own proposer,
-        merge-policy, router and verifier instances (from the pool; given back on exit), the config's isolation
-        policy and the plugins' origins. Arguments as in :meth:`generate_result` (None: the config's);
-        ``verifier`` replaces the configured acceptance rule (replay verifies against a recorded trace).
+    def lease(self, proposers: Any = None, merge: Any = None, router: Any = None,
+              sampling: SamplingParams = SamplingParams(), verifier: Any = None) -> Lease:
+        """One request's plugin set on loan (:class:`~specframe.instance_pool.Lease`: ``.engine``, ``.release()``, a
+        context manager): this request's own proposer, merge-policy, router and verifier instances (from the pool,
+        given back on release), the config's isolation policy and the plugins' origins. Arguments as in
+        :meth:`generate_result` (None: the config's); ``verifier`` replaces the configured acceptance rule (replay
+        verifies against a recorded trace).
 
         Raises:
             ConfigError: a bad proposer, merge or router option; a verifier that cannot decode ``sampling``.
         """
-        held: list = []
-        try:
-            active, policy, routed = self._instances(self._resolved(proposers, merge, router), held)
-            labels = proposer_labels([p.name for p in active])
-            yield Engine(
-                self.target, active, verifier or self._verifier(sampling, held), merge=policy, router=routed,
-                isolation=IsolationPolicy(**self.config.isolation.model_dump()),
-                origins={lab: self.registry.origin.get(("proposer", p.name), "") for lab, p in zip(labels, active)},
-            )
-        finally:
-            self._give_back(held)  # (an instance a request broke off from is reset by its next start)
+        return self._plugins.lease(proposers, merge, router, sampling, verifier)
+
+    @contextlib.contextmanager
+    def engine(self, proposers: Any = None, merge: Any = None, router: Any = None,
+               sampling: SamplingParams = SamplingParams(), verifier: Any = None) -> Iterator[Engine]:
+        """The engine of :meth:`lease`, as a context manager that releases the lease on exit."""
+        with self.lease(proposers, merge, router, sampling, verifier) as lease:
+            yield lease.engine
 
     def generate_result(
         self,
@@ -296,30 +201,24 @@ class Specframe:
             ConstraintError: an invalid or unsupported schema, regex or grammar.
             TypeError: a prompt that is neither text nor a list of token ids.
         """
-        if on_text is not None and not callable(on_text):
-            raise ConfigError(f"on_text must be a function taking each new piece of text, got {on_text!r}")
-        req = self._request_settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                     top_k=top_k, seed=seed, stop=stop)
-        sampling = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
-        ids = self._prompt_ids(prompt, chat)
+        opts = self.options(proposers=proposers, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                            top_k=top_k, seed=seed, stop=stop, chat=chat, question_id=question_id, on_text=on_text,
+                            merge=merge, router=router, constraint=constraint, logprobs=logprobs)
+        ids = self.prompt_ids(prompt, opts.chat)
         if self.config.batch_size > 1:  # decoded together with other threads' requests (one forward per step)
-            return self.submit(ids, proposers=proposers, max_new_tokens=max_new_tokens, temperature=temperature,
-                               top_p=top_p, top_k=top_k, seed=seed, stop=stop, question_id=question_id,
-                               on_text=on_text, merge=merge, router=router, constraint=constraint,
-                               logprobs=logprobs).result()
-        check_logprobs(logprobs)
-        compiled = self.constraint(constraint)
+            return self._submit(ids, opts, cancel=None).result()
+        compiled = self.constraint(opts.constraint) if opts.constraint is not None else None
         governor = optional(self.target, "governor")
         observer = self.registry.observers()  # None when no plugin observes: the loop then skips events
-        with self.engine(proposers, merge, router, sampling) as engine:
+        with self.lease(opts.proposers, opts.merge, opts.router, opts.sampling) as lease:
             load = governor.check() if governor is not None else None  # threads within the free cores
-            result = engine.generate(
-                ids, max_new_tokens=req.max_new_tokens, sampling=sampling, seed=req.seed,
-                stop_strings=tuple(req.stop), on_text=on_text, observer=observer,
+            result = lease.engine.generate(
+                ids, max_new_tokens=opts.max_new_tokens, sampling=opts.sampling, seed=opts.seed,
+                stop_strings=opts.stop, on_text=opts.on_text, observer=observer,
                 between_steps=governor.check if governor is not None else None,  # a neighbour may start mid-request
-                constraint=compiled, logprobs=logprobs,
+                constraint=compiled, logprobs=opts.logprobs,
             )
-        return self._finish(result, engine.labels, ids, observer, question_id, load)
+        return self._finish(result, lease.engine.labels, ids, observer, opts.question_id, load)
 
     def _finish(self, result: GenerationResult, labels: Sequence[str], ids: list[int], observer: Any,
                 question_id: Any, load: float | None) -> GenerationResult:
@@ -362,44 +261,33 @@ class Specframe:
             ConfigError: a bad value or plugin option, an empty prompt.
             PromptTooLongError: the prompt leaves no room in the model's context.
         """
-        from .errors import PromptTooLongError
-
-        if on_text is not None and not callable(on_text):
-            raise ConfigError(f"on_text must be a function taking each new piece of text, got {on_text!r}")
         if cancel is not None and not callable(getattr(cancel, "is_set", None)):
             raise ConfigError(f"cancel must be a threading.Event (an object with is_set()), got {cancel!r}")
-        req = self._request_settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                     top_k=top_k, seed=seed, stop=stop)
-        sampling = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
-        ids = self._prompt_ids(prompt, chat)
-        if not ids:
-            raise ConfigError("the prompt is empty: give at least one token")
-        if len(ids) >= self.target.max_context:
-            raise PromptTooLongError(f"the prompt has {len(ids)} tokens; the model's context is "
-                                     f"{self.target.max_context}: shorten it")
-        from .decode.stopping import special_stop_ids
+        opts = self.options(proposers=proposers, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                            top_k=top_k, seed=seed, stop=stop, chat=chat, question_id=question_id, on_text=on_text,
+                            merge=merge, router=router, constraint=constraint, logprobs=logprobs)
+        return self._submit(self.prompt_ids(prompt, opts.chat), opts, cancel)
 
-        special_stop_ids(tuple(req.stop), self.target.tokenizer)  # a stop string that cannot match fails now
-        check_logprobs(logprobs)
-        compiled = self.constraint(constraint)
+    def _submit(self, ids: list[int], opts: RequestOptions, cancel: Any) -> Future:
+        """Queue a checked request (see :meth:`submit`)."""
+        compiled = self.constraint(opts.constraint) if opts.constraint is not None else None
         governor = optional(self.target, "governor")
         observer = self.registry.observers()
-        held = self.engine(proposers, merge, router, sampling)
-        engine = held.__enter__()  # (a bad plugin option raises here, before anything is queued)
+        lease = self.lease(opts.proposers, opts.merge, opts.router, opts.sampling)  # a bad plugin option raises here
         load = governor.check() if governor is not None else None
-        item = BatchRequest(engine, ids, req.max_new_tokens, sampling, req.seed, tuple(req.stop), on_text,
-                            observer, release=lambda: held.__exit__(None, None, None), cancel=cancel,
-                            constraint=compiled, logprobs=logprobs)
+        item = BatchRequest(lease.engine, ids, opts.max_new_tokens, opts.sampling, opts.seed, opts.stop, opts.on_text,
+                            observer, release=lease.release, cancel=cancel, constraint=compiled,
+                            logprobs=opts.logprobs)
         try:
             inner = self._batch_scheduler().submit(item)
         except BaseException:
-            held.__exit__(None, None, None)
+            lease.release()
             raise
         outer: Future = Future()
 
         def done(f: Future) -> None:
             try:
-                outer.set_result(self._finish(f.result(), engine.labels, ids, observer, question_id, load))
+                outer.set_result(self._finish(f.result(), lease.engine.labels, ids, observer, opts.question_id, load))
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 outer.set_exception(exc)
 
@@ -463,7 +351,6 @@ class Specframe:
             PromptTooLongError: a prompt that leaves no room in the model's context (the message gives its index).
         """
         from .decode.batch import decode_batch
-        from .errors import PromptTooLongError
 
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
@@ -480,30 +367,23 @@ class Specframe:
             raise ConfigError(f"on_result must be a function taking (index, result), got {on_result!r}")
         if question_ids is not None and len(question_ids) != len(prompts):
             raise ConfigError(f"question_ids has {len(question_ids)} entries for {len(prompts)} prompts")
-        req = self._request_settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                     top_k=top_k, seed=seed, stop=stop)
-        sampling = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
-        encoded = [self._prompt_ids(p, chat) for p in prompts]
-        for i, ids in enumerate(encoded):
-            if not ids:
-                raise ConfigError(f"prompt {i} is empty: give at least one token")
-            if len(ids) >= self.target.max_context:
-                raise PromptTooLongError(f"prompt {i} has {len(ids)} tokens; the model's context is "
-                                         f"{self.target.max_context}: shorten it")
-        with self.engine(proposers, merge, router, sampling):
-            pass  # a bad proposer, merge or router option fails here, before any request starts
-        self.constraint(constraint)  # and a bad constraint (each request compiles its own below)
-        check_logprobs(logprobs)
+        opts = self.options(proposers=proposers, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                            top_k=top_k, seed=seed, stop=stop, chat=chat, merge=merge, router=router,
+                            constraint=constraint, logprobs=logprobs)
+        encoded = [self.prompt_ids(p, opts.chat, index=i) for i, p in enumerate(prompts)]
+        self.lease(opts.proposers, opts.merge, opts.router, opts.sampling).release()  # a bad option fails now
+        if opts.constraint is not None:
+            self.constraint(opts.constraint)  # and a bad constraint (each request compiles its own below)
         observed: dict[int, tuple[Any, tuple[str, ...]]] = {}  # index -> (its observers or None, proposer labels)
 
         def requests() -> Iterator[BatchRequest]:
-            for i, ids in enumerate(encoded):  # each request's engine (its own plugin instances) is taken as it joins
-                held = self.engine(proposers, merge, router, sampling)
-                engine = held.__enter__()
-                observed[i] = (self.registry.observers(), tuple(engine.labels))
-                yield BatchRequest(engine, ids, req.max_new_tokens, sampling, req.seed, tuple(req.stop),
-                                   observer=observed[i][0], release=lambda h=held: h.__exit__(None, None, None),
-                                   constraint=self.constraint(constraint), logprobs=logprobs)
+            for i, ids in enumerate(encoded):  # each request's plugin set is leased as it joins
+                lease = self.lease(opts.proposers, opts.merge, opts.router, opts.sampling)
+                observed[i] = (self.registry.observers(), tuple(lease.engine.labels))
+                compiled = self.constraint(opts.constraint) if opts.constraint is not None else None
+                yield BatchRequest(lease.engine, ids, opts.max_new_tokens, opts.sampling, opts.seed, opts.stop,
+                                   observer=observed[i][0], release=lease.release, constraint=compiled,
+                                   logprobs=opts.logprobs)
 
         governor = optional(self.target, "governor")
         machine = {**self.machine_info()} if optional(self.target, "settings") is not None else None
@@ -525,34 +405,75 @@ class Specframe:
         """Like :meth:`generate_batch_results` (same keyword arguments), returning the ``--json`` records."""
         return [r.to_dict() for r in self.generate_batch_results(prompts, **kwargs)]
 
-    def _request_settings(self, **given: Any) -> RequestSettings:
-        """The request's settings: the given ones (validated, named as spelled here), else the config's (valid
-        already, so any error names a given one)."""
+    def options(self, *, proposers: Any = None, max_new_tokens: int | None = None, temperature: float | None = None,
+                top_p: float | None = None, top_k: int | None = None, seed: int | None = None,
+                stop: Sequence[str] | str | None = None, chat: bool | None = None, question_id: Any = None,
+                on_text: Callable[[str], None] | None = None, merge: Any = None, router: Any = None,
+                constraint: ConstraintSpec | dict[str, Any] | None = None,
+                logprobs: int | None = None) -> RequestOptions:
+        """A request's options, checked once (:class:`~specframe.request_options.RequestOptions`): the given values
+        (named as spelled in :meth:`generate_result` in any error), else the config's (valid already).
+
+        Raises:
+            ConfigError: a value out of range or of the wrong type; a stop string holding a special token and other
+                text; a malformed constraint.
+        """
+        from .decode.stopping import special_stop_ids
+
+        if on_text is not None and not callable(on_text):
+            raise ConfigError(f"on_text must be a function taking each new piece of text, got {on_text!r}")
+        _check_chat(chat)
         c, s = self.config, self.config.sampling
+        given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                 "seed": seed, "stop": stop}
         config = {"max_new_tokens": c.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
                   "top_k": s.top_k, "seed": s.seed, "stop": c.stop}
         try:
-            return RequestSettings.model_validate({k: config[k] if v is None else v for k, v in given.items()})
+            req = RequestSettings.model_validate({k: config[k] if v is None else v for k, v in given.items()})
         except ValidationError as exc:
             raise ConfigError(settings_error(exc)) from None
+        special_stop_ids(tuple(req.stop), self.target.tokenizer)  # a stop string that cannot match fails now
+        check_logprobs(logprobs)
+        return RequestOptions(
+            max_new_tokens=req.max_new_tokens, seed=req.seed, stop=tuple(req.stop),
+            sampling=SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p),
+            proposers=proposers, merge=merge, router=router, constraint=self._constraint_spec(constraint),
+            logprobs=logprobs, chat=chat, on_text=on_text, question_id=question_id)
 
-    def _prompt_ids(self, prompt: str | list[int], chat: bool | None) -> list[int]:
-        """Text is encoded (with the chat template unless ``chat`` is False); token ids are checked and used as they
-        are."""
+    def prompt_ids(self, prompt: str | list[int], chat: bool | None = None, index: int | None = None) -> list[int]:
+        """The token ids of one prompt: text is encoded (with the chat template unless ``chat`` is False); token ids
+        are checked and used as they are. ``index``: the prompt's place in a batch (named in errors).
+
+        Raises:
+            ConfigError: lone UTF-16 surrogates, an id outside the vocabulary, an empty prompt.
+            PromptTooLongError: the prompt leaves no room in the model's context.
+            TypeError: neither text nor a list of token ids.
+        """
+        from .errors import PromptTooLongError
+
+        name = "the prompt" if index is None else f"prompt {index}"
         if isinstance(prompt, str):
             try:
                 prompt.encode("utf-8")
             except UnicodeEncodeError as exc:
-                raise ConfigError(f"prompt holds a lone UTF-16 surrogate (\\u{ord(prompt[exc.start]):04x} at "
+                raise ConfigError(f"{name} holds a lone UTF-16 surrogate (\\u{ord(prompt[exc.start]):04x} at "
                                   f"character {exc.start}), which is not text: pass valid Unicode") from None
-            return self.encode(prompt, chat)  # (checks chat)
-        _check_chat(chat)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = self.encode(prompt, chat)  # (checks chat)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            _check_chat(chat)
             bad = next((t for t in prompt if not 0 <= t < self.target.vocab_size), None)
             if bad is not None:
-                raise ConfigError(f"prompt: token id {bad} is outside the model's vocabulary [0, {self.target.vocab_size})")
-            return list(prompt)
-        raise TypeError("prompt must be a str or a list of token ids (one prompt per call)")
+                raise ConfigError(f"{'prompt' if index is None else name}: token id {bad} is outside the model's "
+                                  f"vocabulary [0, {self.target.vocab_size})")
+            ids = list(prompt)
+        else:
+            raise TypeError("prompt must be a str or a list of token ids (one prompt per call)")
+        if not ids:
+            raise ConfigError(f"{name} is empty: give at least one token")
+        if len(ids) >= self.target.max_context:
+            raise PromptTooLongError(f"{name} has {len(ids)} tokens; the model's context is "
+                                     f"{self.target.max_context}: shorten it")
+        return ids
 
     def machine_info(self) -> dict[str, Any]:
         """How the target runs here: CPU, ISA flags, usable cores, dtype / threads / prepack and why, the profile."""

@@ -6,13 +6,19 @@ gets its own plugin instances (proposers, merge policy, router, verifier: they k
 request never sees another's state and serial requests reuse instances instead of rebuilding them. The pool keeps
 a bounded number of idle instances: memory follows the requests running now, not every option set ever asked for.
 What requests share, their loaded weights, is :mod:`specframe.shared_weights`.
+
+:class:`PluginSets` makes a request's set (its classes from the config and the request's overrides, instances from
+the pool) and lends it as a :class:`Lease` holding the engine over it; releasing the lease gives the instances back.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from typing import Any, Callable, Hashable
+
+log = logging.getLogger("specframe")
 
 
 class InstancePool:
@@ -47,3 +53,189 @@ class InstancePool:
 
     def __len__(self) -> int:
         return len(self._idle)
+
+
+class Lease:
+    """One request's plugin set on loan: ``engine`` runs on its instances; :meth:`release` gives them back to the
+    pool (once; later calls do nothing). A context manager: ``with sf.lease(...) as lease: lease.engine...``.
+
+    Hosts that hand a request to another thread (the batch scheduler) keep the lease and release it when the
+    request ends.
+    """
+
+    def __init__(self, engine: Any, give_back: Callable[[], None]) -> None:
+        self.engine = engine
+        self._give_back: Callable[[], None] | None = give_back
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        """Give the instances back (an instance a request broke off from is reset by its next ``start``)."""
+        with self._lock:
+            give_back, self._give_back = self._give_back, None
+        if give_back is not None:
+            give_back()
+
+    @property
+    def released(self) -> bool:
+        return self._give_back is None
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class PluginSets:
+    """Makes each request's plugin set (proposers, merge policy, router, verifier) from an :class:`InstancePool`,
+    for one loaded :class:`~specframe.api.Specframe` (its config, target and registry), and lends it as a
+    :class:`Lease`.
+
+    A plugin whose constructor raises something other than a :class:`~specframe.errors.SpecframeError` is a plugin
+    fault: warned about once per option set, remembered (the last ``max_broken``), and left out of every request
+    that asks for it (an :class:`~specframe.decode.isolation.UnbuiltProposer`, the fallback merge order, no router):
+    output is unaffected. A :class:`~specframe.errors.SpecframeError` is the user's to fix and is raised.
+
+    Args:
+        owner: the ``Specframe`` (read for ``config``, ``target``, ``registry`` at each request).
+        max_idle: idle instances kept, and build failures remembered.
+    """
+
+    LEFT_OUT = {  # what a request does without a plugin whose constructor raised
+        "proposer": "the other proposers draft; alone, it decodes from the target",
+        "merge policy": "combined drafts go in the proposers' order",
+        "router": "every combined proposer drafts with the full budget",
+    }
+
+    def __init__(self, owner: Any, max_idle: int = 16) -> None:
+        self.owner = owner
+        self.pool = InstancePool(max_idle=max_idle)
+        self.max_broken = max_idle
+        self.broken: OrderedDict[str, BaseException] = OrderedDict()  # key -> what its constructor raised
+        self._lock = threading.Lock()
+
+    def lease(self, proposers: Any = None, merge: Any = None, router: Any = None, sampling: Any = None,
+              verifier: Any = None) -> Lease:
+        """One request's plugin set and the engine over it (arguments as in ``Specframe.generate_result``; None:
+        the config's; ``verifier`` replaces the configured acceptance rule).
+
+        Raises:
+            ConfigError: a bad proposer, merge or router option; a verifier that cannot decode ``sampling``.
+        """
+        from .decode.engine import Engine, proposer_labels
+        from .decode.isolation import IsolationPolicy
+        from .sampling import SamplingParams
+
+        sf, held = self.owner, []
+        try:
+            active, policy, routed = self._instances(self._resolved(proposers, merge, router), held)
+            labels = proposer_labels([p.name for p in active])
+            engine = Engine(
+                sf.target, active, verifier or self._verifier(sampling or SamplingParams(), held), merge=policy,
+                router=routed, isolation=IsolationPolicy(**sf.config.isolation.model_dump()),
+                origins={lab: sf.registry.origin.get(("proposer", p.name), "") for lab, p in zip(labels, active)},
+            )
+        except BaseException:
+            self._give_back(held)
+            raise
+        return Lease(engine, lambda: self._give_back(held))
+
+    # --- the pieces -------------------------------------------------------------------------------------------
+    def _build(self, kind: str, key: str, cls: type, cfg: Any) -> Any:
+        """A new instance of a plugin class; None when its constructor raised a plugin fault (see the class)."""
+        from .errors import SpecframeError, first_line
+
+        with self._lock:
+            if key in self.broken:
+                return None
+        try:
+            return cls(cfg, self.owner.target.info)
+        except SpecframeError:
+            raise  # the user's to fix (missing weights, a bad folder, ...): one error line
+        except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
+            with self._lock:
+                self.broken[key] = exc
+                while len(self.broken) > self.max_broken:
+                    self.broken.popitem(last=False)
+            origin = self.owner.registry.origin.get((kind, cls.name), "")
+            log.warning(
+                "%s %r%s raised %s while it was built: %s; it is left out of every request that asks for it (%s), "
+                "output is unaffected", kind, cls.name, f" (plugin {origin})" if origin else "", type(exc).__name__,
+                first_line(exc), self.LEFT_OUT[kind])
+            return None
+
+    def _take(self, kind: str, cls: type, cfg: Any, held: list) -> Any:
+        """An instance for this request (recorded in ``held`` to be given back), or None (see :meth:`_build`)."""
+        key = f"{kind}:{cls.name}:{cfg.model_dump_json()}"
+        with self._lock:
+            broken = self.broken.get(key)
+        obj = None if broken is not None else self.pool.take(key, lambda: self._build(kind, key, cls, cfg))
+        if obj is not None:
+            held.append((key, obj))
+        return obj
+
+    def _give_back(self, held: list) -> None:
+        for key, obj in held:
+            self.pool.give(key, obj)
+        held.clear()
+
+    def _resolved(self, proposers: Any, merge: Any, router: Any) -> Any:
+        """This request's plugin classes (:func:`~specframe.config.resolve_plugins`): the config's, with the request's
+        overrides (None: the config's; ``"ngram"`` is short for ``[{"name": "ngram"}]``). A lone proposer is routed
+        (its draft trimmed to what pays) when the router is set explicitly, or when the target carries this machine's
+        measured cost curve."""
+        from pydantic import ValidationError
+
+        from .config import SpecframeConfig, plugin_entries, proposer_shorthand, resolve_plugins, validation_line
+        from .errors import ConfigError
+
+        sf = self.owner
+        data = plugin_entries(sf.config)
+        if proposers is not None:
+            data["proposers"] = proposer_shorthand(proposers)
+        if merge is not None:
+            data["merge"] = merge
+        if router is not None:
+            data["router"] = router
+        try:
+            cfg = SpecframeConfig.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(validation_line(exc)) from None
+        return resolve_plugins(cfg, sf.registry, lone_router=sf.target.info.cost is not None)
+
+    def _instances(self, plugins: Any, held: list) -> tuple[list[Any], Any, Any]:
+        """``(proposers, merge policy, router)`` instances for one request (from the pool; recorded in ``held``). A
+        plugin whose constructor raised is left out (see the class)."""
+        from .decode.drafting import FallbackPolicy
+        from .decode.isolation import UnbuiltProposer
+
+        active = []
+        for cls, pcfg in plugins.proposers:
+            obj = self._take("proposer", cls, pcfg, held)
+            active.append(obj if obj is not None else UnbuiltProposer(cls.name, self._broken_error("proposer", cls, pcfg)))
+        policy = None
+        if len(active) > 1:
+            cls, mcfg = plugins.merge
+            policy = self._take("merge policy", cls, mcfg, held) or FallbackPolicy(mcfg.max_nodes)
+        routed = self._take("router", *plugins.router, held) if plugins.router is not None else None
+        return active, policy, routed
+
+    def _broken_error(self, kind: str, cls: type, cfg: Any) -> BaseException:
+        with self._lock:
+            return self.broken.get(f"{kind}:{cls.name}:{cfg.model_dump_json()}", RuntimeError("not built"))
+
+    def _verifier(self, sampling: Any, held: list) -> Any:
+        from .errors import ConfigError
+
+        name = self.owner.config.verifier
+        if name == "auto":
+            name = "greedy" if sampling.is_greedy else "speculative-sampling"
+        elif name == "greedy" and not sampling.is_greedy:
+            raise ConfigError(
+                f"verifier greedy decodes at temperature 0, got temperature {sampling.temperature}: "
+                "use verifier auto or speculative-sampling to sample"
+            )
+        key = f"verifier:{name}"
+        verifier = self.pool.take(key, self.owner.registry.verifier(name))
+        held.append((key, verifier))
+        return verifier

@@ -249,16 +249,14 @@ def test_a_batch_on_llamacpp_equals_each_request_alone(sf, prompts, proposers):
 
     assert isinstance(sf.target.new_batch(3), LlamaCppBatch)
     items = []
-    held = []
-    for j, i in enumerate(ids):
-        cm = sf.engine(proposers, None, "none")
-        held.append(cm)
-        items.append(BatchRequest(cm.__enter__(), i, 24 + 8 * (j % 3)))
+    leases = [sf.lease(proposers, None, "none") for _ in ids]
+    for j, (i, lease) in enumerate(zip(ids, leases)):
+        items.append(BatchRequest(lease.engine, i, 24 + 8 * (j % 3)))
     try:
         out = dict(decode_batch(sf.target, items, 3, gate=False))
     finally:
-        for cm in held:
-            cm.__exit__(None, None, None)
+        for lease in leases:
+            lease.release()
     assert [out[j].token_ids for j in range(len(ids))] == want
 
 

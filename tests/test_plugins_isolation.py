@@ -155,7 +155,7 @@ def test_a_broken_proposer_leaves_the_output_identical_to_none(specframe_tiny_ta
 
 def test_repeated_faults_disable_the_proposer_for_the_rest_of_the_request(specframe_tiny_target, references):
     sf, result = run_through_api(specframe_tiny_target, broken_class("raise"), SamplingParams(), max_faults=2)
-    (proposer,) = [o for o in sf._pool._idle.values() if getattr(o, "name", "") == "broken-raise"]  # reused
+    (proposer,) = [o for o in sf._plugins.pool._idle.values() if getattr(o, "name", "") == "broken-raise"]  # reused
     assert proposer.calls == 2  # not called again once disabled
     assert result.metrics.proposer_disabled and result.metrics.proposer_faults == 2
     assert result.token_ids == references["greedy"]

@@ -96,4 +96,4 @@ def test_four_threads_three_requests_each_equal_their_solo_runs(sf_and_draft):
     # the pool keeps a bounded number of idle instances for later requests
     from specframe.api import POOL_IDLE
 
-    assert 0 < len(sf._pool) <= POOL_IDLE
+    assert 0 < len(sf._plugins.pool) <= POOL_IDLE

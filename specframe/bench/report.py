@@ -119,9 +119,9 @@ def _attribution(rs: list[dict[str, Any]], steps: float) -> dict[str, dict[str, 
 
 def attribution_rows(entry: dict[str, Any]) -> list[list[str]]:
     """One row per proposer of a strategy's attribution (see :func:`_attribution`)."""
-    return [[label, _f(100 * a["run_share"], "{:.0f} %"), _f(a["drafted_per_step"]), _f(a["accepted_per_step"]),
-             _f(a["acceptance_rate"]), _f(100 * a["accepted_share"], "{:.0f} %"), str(int(a["accepted_alone"])),
-             _f(a["wasted_per_step"]), _f(a["draft_ms_per_step"]), str(int(a["faults"]))]
+    return [[label, fmt(100 * a["run_share"], "{:.0f} %"), fmt(a["drafted_per_step"]), fmt(a["accepted_per_step"]),
+             fmt(a["acceptance_rate"]), fmt(100 * a["accepted_share"], "{:.0f} %"), str(int(a["accepted_alone"])),
+             fmt(a["wasted_per_step"]), fmt(a["draft_ms_per_step"]), str(int(a["faults"]))]
             for label, a in entry.get("attribution", {}).items()]
 
 
@@ -139,8 +139,9 @@ def _elementwise(rs: list[dict[str, Any]], key: str) -> list[int]:
     return total
 
 
-def _f(x: Any, fmt: str = "{:.2f}") -> str:
-    return "–" if x is None else fmt.format(x)
+def fmt(x: Any, pattern: str = "{:.2f}") -> str:
+    """``x`` formatted by ``pattern``, or an en dash for a missing value."""
+    return "–" if x is None else pattern.format(x)
 
 
 def speedup_rows(summary: dict[str, Any], key: str = "speedup") -> tuple[list[str], list[list[str]]]:
@@ -151,9 +152,9 @@ def speedup_rows(summary: dict[str, Any], key: str = "speedup") -> tuple[list[st
     rows = []
     for s, e in summary["strategies"].items():
         cells = e["by_column"]
-        row = [s] + [_f(cells.get(c, {}).get(key), "{:.2f}×") for c in cols]
+        row = [s] + [fmt(cells.get(c, {}).get(key), "{:.2f}×") for c in cols]
         overall = cells.get(OVERALL, {})
-        row += [_f(overall.get("tau")), _f(overall.get("tokens_per_s"), "{:.1f}")]
+        row += [fmt(overall.get("tau")), fmt(overall.get("tokens_per_s"), "{:.1f}")]
         rows.append(row)
     return header, rows
 
@@ -171,7 +172,7 @@ def speedup_table(summary: dict[str, Any], title: str, key: str = "speedup") -> 
     return table
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
+def md_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
@@ -220,10 +221,10 @@ def sweep_rows(summary: dict[str, Any], strategies: list[dict[str, Any]]) -> dic
         for rank, s in enumerate(sorted(points, key=key), 1):
             e = summary["strategies"][s["name"]]
             cell = e["by_column"].get(OVERALL, {})
-            speeds = [_f(e.get("speedup_forward"), "{:.3f}×")] if "speedup_forward" in e else []
-            rows.append([str(rank), ", ".join(f"{k}={v}" for k, v in s["grid_point"].items()), _f(cell.get("tau")),
-                         _f(cell.get("alpha")), *speeds, _f(cell.get("speedup"), "{:.2f}×"),
-                         _f(e["ms_per_step"]["propose_s"])])
+            speeds = [fmt(e.get("speedup_forward"), "{:.3f}×")] if "speedup_forward" in e else []
+            rows.append([str(rank), ", ".join(f"{k}={v}" for k, v in s["grid_point"].items()), fmt(cell.get("tau")),
+                         fmt(cell.get("alpha")), *speeds, fmt(cell.get("speedup"), "{:.2f}×"),
+                         fmt(e["ms_per_step"]["propose_s"])])
         out[family] = rows
     return out
 
@@ -301,16 +302,16 @@ def _speedup_lines(results: dict[str, Any]) -> list[str]:
     """The speed-up table (measured, or predicted for a replay), then one ranked table per swept strategy."""
     summary, replay = results["summary"], results.get("replay")
     title = "## Predicted speed-up over `none` and τ" if replay else "## Speedup over `none` (same run) and τ"
-    parts = ["", title, "", _md_table(*speedup_rows(summary))]
+    parts = ["", title, "", md_table(*speedup_rows(summary))]
     if summary.get("reference"):
         parts += ["", f"## Speedup over `{summary['reference']}` (same run)", "",
-                  _md_table(*speedup_rows(summary, "speedup_ref"))]
+                  md_table(*speedup_rows(summary, "speedup_ref"))]
     for family, rows in sweep_rows(summary, results["config"]["strategies"]).items():
         how = ("the predicted speed-up of verification alone (τ and the nodes verified, on the trace's cost curve: the "
                "same wherever the replay runs; the next column adds the draft time measured in this replay)"
                if replay else "speed-up")
         parts += ["", f"## Sweep `{family}`: {len(rows)} settings", "", f"Ranked by {how}, then τ.", "",
-                  _md_table(sweep_header(summary), rows)]
+                  md_table(sweep_header(summary), rows)]
     return parts
 
 
@@ -322,12 +323,12 @@ def _category_lines(summary: dict[str, Any], replay: bool) -> list[str]:
         "",
         "## τ (mean accepted length) by category",
         "",
-        _md_table(["strategy"] + cols, [[s] + [_f(e["by_column"].get(c, {}).get("tau")) for c in cols]
+        md_table(["strategy"] + cols, [[s] + [fmt(e["by_column"].get(c, {}).get("tau")) for c in cols]
                                         for s, e in summary["strategies"].items()]),
         "",
         tps_title,
         "",
-        _md_table(["strategy"] + cols, [[s] + [_f(e["by_column"].get(c, {}).get("tokens_per_s"), "{:.1f}") for c in cols]
+        md_table(["strategy"] + cols, [[s] + [fmt(e["by_column"].get(c, {}).get("tokens_per_s"), "{:.1f}") for c in cols]
                                         for s, e in summary["strategies"].items()]),
     ]
 
@@ -345,11 +346,11 @@ def _step_time_lines(summary: dict[str, Any], replay: bool) -> list[str]:
         if not replay else "Per verification step: propose (measured in the replay) and the target forward (modeled: "
         "T(1)·v(n)); verify, commit and bookkeeping are not modeled (0).",
         "",
-        _md_table(["strategy", "propose", "forward", "verify+commit", "other", "overhead % of forward", "α"],
-                  [[s, _f(e["ms_per_step"]["propose_s"]), _f(e["ms_per_step"]["forward_s"]),
-                    _f(e["ms_per_step"]["verify_s"]), _f(e["ms_per_step"]["other_s"]),
-                    _f(e["overhead_pct_of_forward"], "{:.1f} %"),
-                    _f(e["by_column"].get(OVERALL, {}).get("alpha"))]
+        md_table(["strategy", "propose", "forward", "verify+commit", "other", "overhead % of forward", "α"],
+                  [[s, fmt(e["ms_per_step"]["propose_s"]), fmt(e["ms_per_step"]["forward_s"]),
+                    fmt(e["ms_per_step"]["verify_s"]), fmt(e["ms_per_step"]["other_s"]),
+                    fmt(e["overhead_pct_of_forward"], "{:.1f} %"),
+                    fmt(e["by_column"].get(OVERALL, {}).get("alpha"))]
                    for s, e in summary["strategies"].items()]),
     ]
 
@@ -371,9 +372,9 @@ def _cost_model_lines(prof: dict[str, Any] | None, summary: dict[str, Any]) -> l
         "Predicted speedup = τ / (v(n̄) + d/T(1)) with n̄ tokens verified per forward and d the proposer's time per "
         "step (zero framework overhead); measured is from the table above.",
         "",
-        _md_table(["strategy", "predicted", "measured"],
-                  [[s, _f(e.get("predicted_speedup"), "{:.2f}×"),
-                    _f(e["by_column"].get(OVERALL, {}).get("speedup"), "{:.2f}×")]
+        md_table(["strategy", "predicted", "measured"],
+                  [[s, fmt(e.get("predicted_speedup"), "{:.2f}×"),
+                    fmt(e["by_column"].get(OVERALL, {}).get("speedup"), "{:.2f}×")]
                    for s, e in summary["strategies"].items() if "predicted_speedup" in e]),
     ]
 
@@ -386,7 +387,7 @@ def _acceptance_lines(summary: dict[str, Any]) -> list[str]:
         return []
     width = max(len(r) for r in acc_rows)
     return ["", "## Acceptance rate by draft position", "",
-            _md_table(["strategy"] + [f"pos {i}" for i in range(1, width)],
+            md_table(["strategy"] + [f"pos {i}" for i in range(1, width)],
                       [r + [""] * (width - len(r)) for r in acc_rows])]
 
 
@@ -403,7 +404,7 @@ def _attribution_lines(summary: dict[str, Any]) -> list[str]:
              "than 100 %; \"accepted alone\" counts accepted nodes no other proposer produced. Wasted = verified "
              "nodes of that proposer that were not accepted."]
     for s, e in attributed:
-        parts += ["", f"### {s}", "", _md_table(ATTRIBUTION_HEADER, attribution_rows(e))]
+        parts += ["", f"### {s}", "", md_table(ATTRIBUTION_HEADER, attribution_rows(e))]
     return parts
 
 
@@ -458,11 +459,11 @@ def _lossless_lines(results: dict[str, Any], cfg: dict[str, Any], loss: list[dic
                       "most twice the bf16 error there), "
                       f"{len(loss) - ties - explained} neither. In bf16 a 1-token and a k-token forward round "
                       "differently, so near-ties can flip; exactness is checked in float32.",
-                      "", _md_table(["strategy", "question", "first divergence", "top-2 logit gap", "near-tie",
+                      "", md_table(["strategy", "question", "first divergence", "top-2 logit gap", "near-tie",
                                      "fp32 margin", "bf16 error", "cause"],
                                     [[m["strategy"], str(m["question_id"]), str(m["first_divergence"]),
                                       f"{m['top2_logit_gap']:.4g}", "yes" if m.get("near_tie") else "no",
-                                      _f(m.get("fp32_gap"), "{:.4g}"), _f(m.get("bf16_error"), "{:.4g}"),
+                                      fmt(m.get("fp32_gap"), "{:.4g}"), fmt(m.get("bf16_error"), "{:.4g}"),
                                       _cause(m)]
                                      for m in loss])]
     return parts

@@ -3,9 +3,9 @@
 Each request keeps everything of its own — its engine (own proposer instances, verifier, router), draft, acceptance,
 stop checks, stream, metrics and random generator — and only the verification forward is shared. A step is:
 
-1. every active request drafts (:meth:`~specframe.decode.engine._Request.draft`);
+1. every active request drafts (:meth:`~specframe.decode.engine.Request.draft`);
 2. the batch runs one forward over every request's ``[newest token] + draft`` (ragged: chains and trees of any size);
-3. every request verifies, commits and keeps its accepted path (:meth:`~specframe.decode.engine._Request.verify`).
+3. every request verifies, commits and keeps its accepted path (:meth:`~specframe.decode.engine.Request.verify`).
 
 Finished requests leave and waiting ones join between steps (prefilled on their own, then appended to the batch's KV
 cache); no other row is re-prefilled. A request's output is the same as decoding it alone: each row attends to its own
@@ -29,7 +29,7 @@ import torch
 from ..errors import ConfigError
 from ..sampling import SamplingParams, is_greedy_temperature
 from .batch_gate import SpeculationGate
-from .engine import Engine, GenerationResult, _default_scorer
+from .engine import Engine, GenerationResult, Request, default_scorer
 from .observe import Observers
 from ..contracts.optional import optional
 
@@ -61,7 +61,7 @@ class SequentialBatch:
     (:meth:`forward` does nothing; each request's ``score`` runs its forward when it verifies)."""
 
     def __init__(self, target: Any) -> None:
-        self.factory = _default_scorer(target)
+        self.factory = default_scorer(target)
 
     def row(self, target: Any, layers: tuple[int, ...], want_hidden: bool) -> Any:
         return self.factory(target, layers, want_hidden)
@@ -81,7 +81,7 @@ def new_batch(target: Any, rows: int) -> Any:
 @dataclass
 class _Active:
     item: BatchRequest
-    request: Any  # engine._Request
+    request: Request  # its stepping state (engine.Request)
     index: Any
     draft: tuple = field(default=())
     size: int = 1  # its row's tokens in the last forward (newest + draft nodes)

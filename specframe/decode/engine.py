@@ -3,7 +3,7 @@
 The engine receives a ready target, proposer(s), a verifier and, to combine several proposers, a merge policy
 and optionally a router (checked once into a :class:`~specframe.decode.lineup.Lineup`); it never names a proposer and
 never calls a pluggy hook (observers arrive as a plain :class:`~specframe.decode.observe.Observers` object, or None when
-no plugin observes, and then no event is built). Each request's step (:meth:`_Request.step`) is six calls:
+no plugin observes, and then no event is built). Each request's step (:meth:`Request.step`) is six calls:
 
 1. drafting (:mod:`specframe.decode.drafting`: routing, each proposer's draft, merging) returns the merged draft;
 2. the scorer (:mod:`specframe.decode.target_scorer` for the live target; :mod:`specframe.replay` for a recorded trace) runs one forward over
@@ -45,7 +45,7 @@ from .target_scorer import TargetScorer
 from .stopping import StopChecker, TextStream, special_stop_ids, without_incomplete_character
 from ..contracts.optional import optional
 
-__all__ = ["Engine", "GenerationResult", "TokenLogprob", "proposer_labels"]
+__all__ = ["Engine", "GenerationResult", "Request", "TokenLogprob", "default_scorer", "proposer_labels"]
 
 log = logging.getLogger("specframe")
 
@@ -163,7 +163,7 @@ class Engine:
         scorer: ScorerFactory | None = None,
         constraint: Constraint | None = None,
         logprobs: int | None = None,
-    ) -> "_Request":
+    ) -> "Request":
         """One request for up to ``max_new_tokens`` tokens after ``prompt_ids``, checked and ready but not started:
         :meth:`generate` runs it at once; the batch loop (:mod:`specframe.decode.batch`) steps several together.
 
@@ -198,18 +198,37 @@ class Engine:
                 f"prompt has {len(prompt_ids)} tokens; the model's context is {self.target.max_context}: shorten it"
             )
         stop_strings, stop_ids = special_stop_ids(tuple(stop_strings), self.target.tokenizer)
-        return _Request(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings, stop_ids, on_text, observer,
-                        between_steps, scorer or _default_scorer(self.target), constraint, logprobs)
+        return Request(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings, stop_ids, on_text, observer,
+                        between_steps, scorer or default_scorer(self.target), constraint, logprobs)
 
 
-def _default_scorer(target: TargetModel) -> ScorerFactory:
+def default_scorer(target: TargetModel) -> ScorerFactory:
     """The live scorer of ``target``: its own (``new_scorer``, e.g. llama.cpp's) or transformers' KV-cache one."""
     own = optional(target, "new_scorer")
     return (lambda t, layers, hidden: own(layers, hidden)) if own is not None else TargetScorer
 
 
-class _Request:
-    """One request's state and loop (kept apart from ``Engine`` so the engine stays reusable)."""
+class Request:
+    """One request's state and loop: the public stepping API every host drives (made by :meth:`Engine.request`).
+
+    A host that runs one request calls :meth:`run`. A host that steps requests itself (the batch loop,
+    :mod:`specframe.decode.batch`; a serving loop) calls::
+
+        req = engine.request(prompt_ids, max_new_tokens=64)
+        try:
+            req.start()                     # prefill, proposers' start
+            while not req.finished:
+                req.verify(*req.draft())    # or: draft every request, one shared forward, verify each
+            result = req.result()           # GenerationResult
+        finally:
+            req.close()                     # the scorer's resources back (a context, a batch row)
+
+    :meth:`step` is ``verify(*draft())``; :meth:`draft` takes a ``cap`` on the draft's nodes (the batch's
+    speculation gate). The scorer the request was made with runs the forward inside :meth:`verify`
+    (:func:`default_scorer` for the live target; a batch passes one backed by its rows). A host that verifies in its
+    own engine (vLLM) drives :class:`~specframe.decode.drafting.Drafting` directly instead: ``propose`` then
+    ``feedback`` (see :mod:`specframe.integrations.vllm`). Not thread-safe: one thread steps a request.
+    """
 
     def __init__(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
                  seed: int, stop_strings: tuple[str, ...], stop_ids: frozenset[int],

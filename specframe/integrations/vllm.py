@@ -207,8 +207,8 @@ class _Session:
         from ..decode.metrics import MetricsWriter
         from ..sampling import SamplingParams
 
-        self._cm = sf.engine()
-        engine = self._cm.__enter__()
+        self.lease = sf.lease()  # this request's plugin instances, released in close()
+        engine = self.lease.engine
         self.writer = MetricsWriter(engine.labels, prompt_len)
         self.metrics = self.writer.metrics
         self.drafting = Drafting(engine.lineup, engine.target, self.writer, greedy=True)
@@ -260,7 +260,7 @@ class _Session:
             self.pending = self.pending or MergedDraft.single(DraftTree.empty(), len(self.drafting.slots))
             self._feedback([], 0.0, finished=True)
         finally:
-            self._cm.__exit__(None, None, None)
+            self.lease.release()
 
 
 class SpecframeProposer:

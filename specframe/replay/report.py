@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bench.config import BASELINE
-from ..bench.report import OVERALL, _f, _md_table
+from ..bench.report import OVERALL, fmt, md_table
 from ..errors import ConfigError
 from ..decode.metrics import current_names
 
@@ -100,24 +100,24 @@ def replay_sections(results: dict[str, Any]) -> list[str]:
         parts += ["", "## Cost curve of the trace", "", "The trace has no cost curve (recorded with --no-profile and no "
                   "machine profile): speed-ups and tokens/s cannot be predicted (shown as 0 / –); τ and α are exact."]
     parts += ["", "## Replay time", "", f"{r['run']}; {r['total_s']:.1f} s for all strategies.", "",
-              _md_table(["strategy", "replay s", "requests"],
+              md_table(["strategy", "replay s", "requests"],
                         [[name, f"{s:.2f}", str(r["requests"][name])] for name, s in r["seconds"].items()])]
     comp = r.get("compare")
     if comp:
         rows, attr_rows = [], []
         for name, c in comp["strategies"].items():
             (t_r, t_l), (s_r, s_l), (w_r, w_l) = c["tau"], c["speedup"], c["wall_s"]
-            rows.append([name, _f(t_r, "{:.4f}"), _f(t_l, "{:.4f}"), _pct(t_r, t_l), _f(s_r, "{:.2f}×"),
-                         _f(s_l, "{:.2f}×"), _f(w_r, "{:.1f}"), _f(w_l, "{:.1f}"),
-                         _f(w_l / w_r if w_r and w_l else None, "{:.0f}×"), "yes" if c["same_attribution"] else "**no**"])
+            rows.append([name, fmt(t_r, "{:.4f}"), fmt(t_l, "{:.4f}"), _pct(t_r, t_l), fmt(s_r, "{:.2f}×"),
+                         fmt(s_l, "{:.2f}×"), fmt(w_r, "{:.1f}"), fmt(w_l, "{:.1f}"),
+                         fmt(w_l / w_r if w_r and w_l else None, "{:.0f}×"), "yes" if c["same_attribution"] else "**no**"])
             for label, counts in c["attribution"].items():
                 attr_rows.append([name, label] + [f"{a} / {b}" for a, b in counts.values()])
         parts += ["", f"## Replay vs live (`{comp['path']}`)", "",
                   "τ and attribution of the replay against the live bench's, predicted against measured speed-up, and "
                   "the replay's own time against the live requests' summed wall time.", "",
-                  _md_table(["strategy", "τ replay", "τ live", "Δτ", "speed-up predicted", "speed-up measured",
+                  md_table(["strategy", "τ replay", "τ live", "Δτ", "speed-up predicted", "speed-up measured",
                              "replay s", "live s", "replay faster", "same attribution"], rows)]
         if attr_rows:
             parts += ["", "Attribution counts, replay / live:", "",
-                      _md_table(["strategy", "proposer", *ATTRIBUTION_COUNTS], attr_rows)]
+                      md_table(["strategy", "proposer", *ATTRIBUTION_COUNTS], attr_rows)]
     return parts

@@ -252,7 +252,7 @@ def entry_problem(entry: Path) -> str | None:
     return None
 
 
-def _entry_ok(entry: Path, log: Callable[[str], None] = lambda s: None) -> bool:
+def entry_ok(entry: Path, log: Callable[[str], None] = lambda s: None) -> bool:
     problem = entry_problem(entry)
     if problem is not None and problem != "missing":
         log(f"cache entry {entry} is not usable ({problem}): building it again")
@@ -285,7 +285,7 @@ def writing_cache(what: str) -> Iterator[None]:
         raise CacheError(f"cannot write {what} into the cache {cache_root()} ({cause}): {fix}") from None
 
 
-def _build_entry(entry: Path, fill: Callable[[Path], None], **fields: object) -> None:
+def build_entry(entry: Path, fill: Callable[[Path], None], **fields: object) -> None:
     """Write a cache entry whole or not at all: ``fill(folder)`` writes its files into a temporary folder beside
     ``entry``, which gets its manifest (``fields`` + each file's size and CRC-32) and is renamed into place."""
     entry.parent.mkdir(parents=True, exist_ok=True)
@@ -343,7 +343,7 @@ def convert_gguf(gguf: Path, entry: Path, log: Callable[[str], None]) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)  # (an unusable cache fails here, before the line below)
     check_gguf_header(gguf)  # (a junk file too)
     log(f"converting {gguf.name} once into {entry} (de-quantising GGUF takes a while)")
-    _build_entry(entry, fill, source=str(gguf), sha256=file_sha256(gguf))
+    build_entry(entry, fill, source=str(gguf), sha256=file_sha256(gguf))
 
 
 def tokenizer_directory(gguf: Path, log: Callable[[str], None] = lambda s: None) -> Path:
@@ -356,13 +356,13 @@ def tokenizer_directory(gguf: Path, log: Callable[[str], None] = lambda s: None)
     """
     entry = _entry_dir(gguf)
     out = entry.with_name(entry.name + "-tokenizer")
-    if _entry_ok(out, log):
+    if entry_ok(out, log):
         return out
     from transformers import AutoTokenizer
 
     log(f"reading the tokenizer of {gguf.name} once into {out}")
     with writing_cache(f"the tokenizer of {gguf.name}"):
-        _build_entry(out, lambda tmp: AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp),
+        build_entry(out, lambda tmp: AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp),
                      source=str(gguf))
     return out
 
@@ -376,7 +376,7 @@ def _export_draft(source: ModelSource, log: Callable[[str], None]) -> Path:
     for f in sorted(p for p in source.draft.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors")):
         key.update(f"{f.name}:{file_sha256(f)}".encode())
     entry = cache_root() / "models" / f"{source.name}-{key.hexdigest()[:16]}"
-    if _entry_ok(entry, log):
+    if entry_ok(entry, log):
         return entry
     log(f"exporting the draft shipped for {source.draft_of} once into {entry}")
     target, tokenizer = load_model(target_dir, torch.float32, "cpu")
@@ -416,7 +416,7 @@ def model_directory(source: ModelSource, log: Callable[[str], None] = lambda s: 
         return _export_draft(source, log)
     assert source.gguf is not None
     entry = _entry_dir(source.gguf)
-    if not _entry_ok(entry, log):
+    if not entry_ok(entry, log):
         with writing_cache(f"the converted {source.gguf.name}"):
             convert_gguf(source.gguf, entry, log)
     return entry

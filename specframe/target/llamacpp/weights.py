@@ -34,7 +34,7 @@ def requantized(source: Path, kind: str, log: Callable[[str], None] = lambda s: 
         ConfigError: an unknown ``kind``, or llama.cpp cannot requantize the file.
         CacheError: the cache cannot be written.
     """
-    from ..models import _build_entry, _entry_ok, cache_root, file_sha256, writing_cache
+    from ..models import build_entry, entry_ok, cache_root, file_sha256, writing_cache
     from .binding import holding_errors, import_llama_cpp
 
     if kind not in TYPES:
@@ -42,7 +42,7 @@ def requantized(source: Path, kind: str, log: Callable[[str], None] = lambda s: 
     key = hashlib.sha256(f"{file_sha256(source)}:{kind}".encode()).hexdigest()[:16]
     entry = cache_root() / "models" / f"{source.stem}-{kind}-{key}"
     out = entry / "model.gguf"
-    if _entry_ok(entry, log):
+    if entry_ok(entry, log):
         return out
     llama_cpp = import_llama_cpp()
     log(f"requantizing {source.name} to {kind} once into {entry}")
@@ -59,5 +59,5 @@ def requantized(source: Path, kind: str, log: Callable[[str], None] = lambda s: 
             raise ConfigError(f"llama.cpp cannot requantize {source.name} to {kind}: {why}")
 
     with writing_cache(f"{source.name} requantized to {kind}"):
-        _build_entry(entry, fill, source=str(source), weights=kind)
+        build_entry(entry, fill, source=str(source), weights=kind)
     return out
