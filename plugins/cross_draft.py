@@ -299,7 +299,7 @@ class CrossDraftProposer(ProposerBase):
         if self.config.mapping == "shared":
             return self._shared_chain(state, feed, k)
         new: list[int] = []
-        for i in range(k):
+        for _i in range(k):
             logits = self._run.feed(feed)
             if state.sampling.is_greedy:
                 tok = int(logits.argmax())
@@ -324,7 +324,7 @@ class CrossDraftProposer(ProposerBase):
         v = self.target.vocab_size
         drafted: list[int] = []
         probs: list[Tensor] = []
-        for i in range(k):
+        for _i in range(k):
             logits = self._run.feed(feed).float().to(dev)
             full = torch.full((v,), float("-inf"), dtype=torch.float32, device=dev)
             full.index_copy_(0, t_ids, logits[d_ids])  # the draft's logits of shared tokens, at their target ids

@@ -81,7 +81,8 @@ def main() -> int:
             top = torch.topk(logits, 2).values
             print(f"  {spec}: question {prompts[i].question_id} differs at token {at} "
                   f"(top-2 logit gap {float(top[0] - top[1]):.4g})", file=sys.stderr)
-        tau = lambda rs: sum(len(r.token_ids) for r in rs) / max(1, sum(r.metrics.target_forwards for r in rs))
+        def tau(rs):
+            return sum(len(r.token_ids) for r in rs) / max(1, sum(r.metrics.target_forwards for r in rs))
         fw_alone = sum(r.metrics.target_forwards for r in alone)
         fw_batched = len(steps)
         print(f"| {spec} | {same}/{len(ids)} | {tau(alone):.2f} | {tau(batched):.2f} | {fw_alone} | {fw_batched} | "

@@ -68,6 +68,36 @@ def start_server(model: str, dtype: str, batch_size: int, port: int, allow: list
     raise SystemExit("the server did not come up in 300 s")
 
 
+def serve_jobs(proc: subprocess.Popen, clients: int, jobs: list, ask_one) -> tuple[list, float, int]:
+    """``ask_one`` over ``jobs`` from ``clients`` threads at once against the running server ``proc``, then SIGTERM:
+    (answers in job order, seconds, the server's exit code). The server is killed if anything fails."""
+    try:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            answers = list(pool.map(ask_one, jobs))
+        took = time.perf_counter() - t0
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return answers, took, code
+
+
+def report(args: argparse.Namespace, machine: dict, code: int, took: float, requests: list[dict], title: str,
+           head: str, table: list[str], tail: str) -> None:
+    """Print ``head`` and ``table``; with ``args.output``, write ``results.json`` (every request) and ``report.md``
+    (``title``, ``head``, ``table``, ``tail``) there."""
+    print(head)
+    print("\n".join(table))
+    if args.output:
+        args.output.mkdir(parents=True, exist_ok=True)
+        (args.output / "results.json").write_text(json.dumps(
+            {"args": {k: str(v) for k, v in vars(args).items()}, "environment": environment(), "machine": machine,
+             "server_exit_code": code, "seconds": took, "requests": requests}, indent=1))
+        (args.output / "report.md").write_text(f"# {title}\n\n{head}\n\n" + "\n".join(table) + "\n\n" + tail)
+
+
 def ask(client: openai.OpenAI, model: str, text: str, chat: bool, stream: bool, props: list[dict],
         max_tokens: int) -> tuple[str, int]:
     """(text, completion tokens) of one greedy request."""
@@ -125,20 +155,11 @@ def main() -> int:
     names = sorted({n for s in strategies for n in s.split("+")})
     proc = start_server(args.model, args.dtype, args.batch_size, port, names)
     bad = 0
-    try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
-        jobs = [(spec, chat, stream, i) for spec in strategies for chat in (True, False) for stream in (False, True)
-                for i in range(len(prompts))]
-        t1 = time.perf_counter()
-        with ThreadPoolExecutor(args.clients) as pool:
-            answers = list(pool.map(lambda j: ask(client, args.model, prompts[j[3]].text, j[1], j[2],
-                                                  entries(j[0]), args.max_new_tokens), jobs))
-        took = time.perf_counter() - t1
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
+    jobs = [(spec, chat, stream, i) for spec in strategies for chat in (True, False) for stream in (False, True)
+            for i in range(len(prompts))]
+    answers, took, code = serve_jobs(proc, args.clients, jobs, lambda j: ask(
+        client, args.model, prompts[j[3]].text, j[1], j[2], entries(j[0]), args.max_new_tokens))
     results = []
     for (spec, chat, stream, i), (text, tokens) in zip(jobs, answers):
         want_text, want_tokens = offline[spec, chat, i]
@@ -158,16 +179,8 @@ def main() -> int:
     head = (f"{len(prompts)} dev questions × {args.max_new_tokens} tokens, {args.dtype}, greedy; server batch "
             f"{args.batch_size}, {args.clients} client threads; {len(jobs)} requests in {took:.0f} s; server exit "
             f"code on SIGTERM: {code}. Machine: {m['cpu']}, {m['cores']} cores, ISA {' '.join(m['isa'])}.")
-    print(head)
-    print("\n".join(table))
-    if args.output:
-        args.output.mkdir(parents=True, exist_ok=True)
-        (args.output / "results.json").write_text(json.dumps(
-            {"args": {k: str(v) for k, v in vars(args).items()}, "environment": environment(), "machine": m,
-             "server_exit_code": code, "seconds": took, "requests": results}, indent=1))
-        (args.output / "report.md").write_text(
-            "# specframe serve against offline generation\n\n" + head + "\n\n" + "\n".join(table) + "\n\n"
-            f"Command: `python scripts/check_serve_exactness.py {' '.join(sys.argv[1:])}`\n")
+    report(args, m, code, took, results, "specframe serve against offline generation", head, table,
+           f"Command: `python scripts/check_serve_exactness.py {' '.join(sys.argv[1:])}`\n")
     return 1 if bad or code != 0 else 0
 
 

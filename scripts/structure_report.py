@@ -46,8 +46,7 @@ from pathlib import Path
 METRIC_FIELDS = {
     "prompt_tokens", "new_tokens", "target_forwards", "drafted_nodes", "accepted_nodes", "proposer_faults",
     "proposer_fault_kinds", "proposer_disabled", "wall_s", "prefill_s", "propose_s", "forward_s", "verify_s",
-    "drafted_by_depth", "accepted_by_depth", "steps", "skipped_steps", "proposed_nodes", "drafted_nodes",
-    "accepted_alone", "wasted_nodes", "draft_s", "faults", "disabled",
+    "drafted_by_depth", "accepted_by_depth", "steps", "skipped_steps", "proposed_nodes", "accepted_alone", "wasted_nodes", "draft_s", "faults", "disabled",
     "drafted" + "_tokens", "accepted" + "_tokens", "drafted_by" + "_position", "accepted_by" + "_position",  # before #27
 }
 METRIC_OWNERS = re.compile(r"^(self\.)?(metrics|m|own|pm|[a-z_]+\.metrics)$")

@@ -64,6 +64,31 @@ def _check_keywords(function: str, given: dict[str, Any], known: Sequence[str]) 
                             f"{', '.join(known)}")
 
 
+def _batch_inputs(prompts: Any, batch_size: Any, question_ids: Any, on_result: Any) -> list:
+    """``prompts`` read into a list, after checking the batch-level arguments of ``generate_batch_results``.
+
+    Raises:
+        ConfigError: a bad ``batch_size``, no prompts or not a list, ``question_ids`` not one per prompt,
+            ``on_result`` not callable.
+    """
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if isinstance(prompts, (str, bytes, dict)) or not isinstance(prompts, Iterable):
+        raise ConfigError(f"prompts must be a non-empty list of prompts (text or token-id lists), got "
+                          f"{type(prompts).__name__}")
+    prompts = list(prompts)  # (an iterator or generator is read once, here)
+    if not prompts:
+        raise ConfigError("prompts must be a non-empty list of prompts (text or token-id lists)")
+    if question_ids is not None and (isinstance(question_ids, (str, bytes, dict))
+                                     or not isinstance(question_ids, Sequence)):
+        raise ConfigError(f"question_ids must be a list (one id per prompt), got {type(question_ids).__name__}")
+    if on_result is not None and not callable(on_result):
+        raise ConfigError(f"on_result must be a function taking (index, result), got {on_result!r}")
+    if question_ids is not None and len(question_ids) != len(prompts):
+        raise ConfigError(f"question_ids has {len(question_ids)} entries for {len(prompts)} prompts")
+    return prompts
+
+
 class Specframe:
     """A loaded target plus the installed plugins. Create it with :func:`load`.
 
@@ -352,21 +377,7 @@ class Specframe:
         """
         from .decode.batch import decode_batch
 
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        if isinstance(prompts, (str, bytes, dict)) or not isinstance(prompts, Iterable):
-            raise ConfigError(f"prompts must be a non-empty list of prompts (text or token-id lists), got "
-                              f"{type(prompts).__name__}")
-        prompts = list(prompts)  # (an iterator or generator is read once, here)
-        if not prompts:
-            raise ConfigError("prompts must be a non-empty list of prompts (text or token-id lists)")
-        if question_ids is not None and (isinstance(question_ids, (str, bytes, dict))
-                                         or not isinstance(question_ids, Sequence)):
-            raise ConfigError(f"question_ids must be a list (one id per prompt), got {type(question_ids).__name__}")
-        if on_result is not None and not callable(on_result):
-            raise ConfigError(f"on_result must be a function taking (index, result), got {on_result!r}")
-        if question_ids is not None and len(question_ids) != len(prompts):
-            raise ConfigError(f"question_ids has {len(question_ids)} entries for {len(prompts)} prompts")
+        prompts = _batch_inputs(prompts, batch_size, question_ids, on_result)
         opts = self.options(proposers=proposers, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                             top_k=top_k, seed=seed, stop=stop, chat=chat, merge=merge, router=router,
                             constraint=constraint, logprobs=logprobs)

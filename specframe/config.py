@@ -561,7 +561,8 @@ def config_schema(registry: Any) -> dict[str, Any]:
     schema["title"] = "specframe config"
     props = schema["properties"]
     # the shorthands the loader reads (_Shorthands): a proposer, merge policy or router by its name alone
-    names = lambda classes, *more: {"enum": sorted(classes) + list(more)}
+    def names(classes, *more):
+        return {"enum": sorted(classes) + list(more)}
     item = props["proposers"].pop("items")
     props["proposers"] = {k: v for k, v in props["proposers"].items() if k in ("default", "description", "title")}
     props["proposers"]["anyOf"] = [names(registry.proposers), {"type": "array", "minItems": 1, "items": {

@@ -330,7 +330,8 @@ def test_cli_batch_size_output_in_prompt_order(tmp_path, monkeypatch, env):
     one = CliRunner().invoke(app, args)
     many = CliRunner().invoke(app, [*args, "--batch-size", "3"])
     assert one.exit_code == 0 and many.exit_code == 0, many.output
-    ids = lambda out: [(r["question_id"], r["token_ids"]) for r in map(json.loads, out.stdout.splitlines())]
+    def ids(out):
+        return [(r["question_id"], r["token_ids"]) for r in map(json.loads, out.stdout.splitlines())]
     assert ids(many) == ids(one) and [q for q, _ in ids(many)] == [0, 1, 2, 3]
 
 

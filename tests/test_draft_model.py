@@ -306,7 +306,7 @@ def assert_cache_is_a_fresh_prefill(prop: DraftModelProposer) -> None:
             prop.draft.model(input_ids=ids, cache=fresh, use_cache=True)
     assert cache_length(prop._cache) == cache_length(fresh) == len(prop._seen)
     assert len(prop._cache.layers) == len(fresh.layers)
-    for i, (a, b) in enumerate(zip(prop._cache.layers, fresh.layers)):
+    for _i, (a, b) in enumerate(zip(prop._cache.layers, fresh.layers)):
         n = a.keys.shape[-2]
         if "Sliding" not in type(a).__name__:  # a full-attention layer holds every position
             assert n == len(prop._seen)

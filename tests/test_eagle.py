@@ -411,7 +411,7 @@ def test_training_resumes_exactly(tmp_path):
     part = tmp_path / "part"
     steps = []
     with pytest.raises(KeyboardInterrupt):
-        train_eagle(t, records, part, s, progress=lambda st, n, l: steps.append(st) or (
+        train_eagle(t, records, part, s, progress=lambda st, n, loss: steps.append(st) or (
             (_ for _ in ()).throw(KeyboardInterrupt) if st == 53 else None))
     resumed = train_eagle(t, records, part, s)["drafter"]
     for (k, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):

@@ -71,7 +71,7 @@ def test_a_proposer_that_reads_target_tokens_gets_the_targets_argmax_after_the_r
 def test_without_the_flag_no_target_tokens_are_computed(target):
     from specframe_plugins.ngram import NgramProposer
 
-    assert not getattr(NgramProposer, "reads_target_tokens")
+    assert not NgramProposer.reads_target_tokens
     outcome = VerifyOutcome(DraftTree.empty(), ((),), ((1,),), False)
     assert outcome.target_tokens is None
 

@@ -106,7 +106,7 @@ def test_every_node_keeps_its_own_path(greedy):
         for node, src in enumerate(m.sources):
             assert src and all(node in m.node_of[j] for j in range(len(drafts)) if src >> j & 1)
         if not greedy:  # a stochastic node is never shared
-            for node, src in enumerate(m.sources):
+            for src in m.sources:
                 stochastic = [j for j in range(len(drafts)) if src >> j & 1 and drafts[j].draft_probs is not None]
                 assert not stochastic or src == 1 << stochastic[0]
 

@@ -53,7 +53,7 @@ def write_eagle3(folder: Path, target_cfg, fmt: str, seed: int = 0, subset: torc
                               target_cfg.hidden_size, **flags)
         gen = torch.Generator().manual_seed(seed + 1)
         with torch.no_grad():
-            for name, p in d2.named_parameters():
+            for _name, p in d2.named_parameters():
                 p.copy_(torch.randn(p.shape, generator=gen) / (p.shape[-1] ** 0.5) if p.dim() == 2
                         else 1 + 0.1 * torch.randn(p.shape, generator=gen))
             d2.d2t.copy_(d.d2t)

@@ -94,7 +94,7 @@ def _figures(results) -> list:
 
 
 @pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'specframe[ray]')")
-def test_a_sweep_on_ray_gives_the_figures_of_a_sequential_one(files, monkeypatch):  # noqa: F811
+def test_a_sweep_on_ray_gives_the_figures_of_a_sequential_one(files, monkeypatch):
     from specframe.target.loader import load_target
 
     monkeypatch.setenv("SPECFRAME_CACHE", str(files / "cache"))
@@ -117,7 +117,7 @@ def test_a_sweep_on_ray_gives_the_figures_of_a_sequential_one(files, monkeypatch
 
 
 @pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'specframe[ray]')")
-def test_the_replay_command_sweeps_on_ray_by_default_and_ranks_as_without(files, tmp_path, monkeypatch):  # noqa: F811
+def test_the_replay_command_sweeps_on_ray_by_default_and_ranks_as_without(files, tmp_path, monkeypatch):
     import yaml
 
     monkeypatch.setenv("SPECFRAME_CACHE", str(files / "cache"))

@@ -308,7 +308,7 @@ def test_a_proposer_whose_verified_drafts_do_not_pay_is_left_out_but_for_probes(
                                            probe_every=6, keep_tolerance=0.0))
     router.start(["lookup"], seed=0, greedy=True)
     asked = []
-    for i in range(40):
+    for _i in range(40):
         budgets = router.route(8, 16, [True])
         asked.append(budgets[0] > 0)
         # when asked, it drafts 2 nodes and they are verified (as a draft kept whole would be), none accepted

@@ -22,7 +22,7 @@ def _snippet() -> str:
 def test_the_documented_host_loop_runs_and_equals_generate_result(capsys):
     code = _snippet()
     scope: dict = {}
-    exec(compile(code, "docs/how-it-works.md", "exec"), scope)  # noqa: S102 - the documented snippet, as written
+    exec(compile(code, "docs/how-it-works.md", "exec"), scope)
     sf, result = scope["sf"], scope["result"]
     assert capsys.readouterr().out.strip()  # it printed the text and τ
     want = sf.generate_result(scope["ids"], proposers=["ngram"], max_new_tokens=32)

@@ -4,7 +4,11 @@ median over repetitions. Issue 37 b; one Specframe (default model, `auto` dtype)
 
     python lab/scripts/batch_interleaved.py REPS CONCURRENCIES OUT.json     # e.g. 3 4,8 interleaved.json
 """
-import sys, time, json, collections, statistics
+import sys
+import time
+import json
+import collections
+import statistics
 import specframe
 from specframe.io.prompts import read_prompts
 from specframe.bench.runner import select_questions
@@ -14,7 +18,8 @@ enc = [sf.encode(q.text, True) for q in qs]
 strategies = [("none", ["none"]), ("ngram", ["ngram"]), ("ngram+medusa", ["ngram", "medusa"])]
 for _, p in strategies:
     sf.generate_batch_results(enc[:8], batch_size=8, max_new_tokens=8, proposers=p)
-reps = int(sys.argv[1]); cs = [int(c) for c in sys.argv[2].split(",")]
+reps = int(sys.argv[1])
+cs = [int(c) for c in sys.argv[2].split(",")]
 out = collections.defaultdict(list)
 for r in range(reps):
     for c in cs:
@@ -29,7 +34,8 @@ summary = {k: {"runs": [round(x, 1) for x in v], "median": round(statistics.medi
 for c in cs:
     base = summary[f"none@{c}"]["median"]
     for name, _ in strategies:
-        e = summary[f"{name}@{c}"]; e["x_none_median"] = round(e["median"] / base, 3)
+        e = summary[f"{name}@{c}"]
+        e["x_none_median"] = round(e["median"] / base, 3)
         e["x_none_paired"] = [round(a / b, 3) for a, b in zip(out[f"{name}@{c}"], out[f"none@{c}"])]
 json.dump(summary, open(sys.argv[3], "w"), indent=1)
 print(json.dumps(summary, indent=1))

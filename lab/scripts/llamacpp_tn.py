@@ -16,7 +16,8 @@ t.llama = LlamaModel(resolve_model("smollm2-135m-instruct").gguf)
 t.n_ctx, t.vocab_size = 4096, t.llama.n_vocab
 out = {"build": build_info().to_dict(), "t_ms_2_threads": time_decodes(t, 2)}
 print(json.dumps(out))
-import random, time
+import random
+import time
 from specframe.target.llamacpp.binding import LlamaContext
 ctx = LlamaContext(t.llama, 4096, 512, 2)
 ids = [random.Random(0).randrange(t.vocab_size) for _ in range(1024)]

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from openvino_rows import SETTINGS, OVStateful, default_workdir, export_model  # noqa: E402
+from openvino_rows import SETTINGS, OVStateful, default_workdir, export_model
 
 CATEGORIES = ("summarization", "qa", "rag", "translation", "math_reasoning")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from openvino_rows import SETTINGS, OVStateful, default_workdir, export_model  # noqa: E402
+from openvino_rows import SETTINGS, OVStateful, default_workdir, export_model
 
 OV_SETTINGS = ("default", "kv-f32", "dynq-off+kv-f32")
 

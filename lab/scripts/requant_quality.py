@@ -76,7 +76,7 @@ def main() -> int:
         ctx = LlamaContext(llama, 2048, 512, 2)
         agree = total = 0
         nll = []
-        for (category, n, seq), ref in zip(seqs, bf16_argmax):
+        for (_category, n, seq), ref in zip(seqs, bf16_argmax):
             ctx.clear()
             rows = []
             for i in range(0, len(seq), 512):

@@ -33,7 +33,7 @@ from specframe.io.prompts import read_prompts
 from specframe.target.machine import fingerprint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # the serving check's helpers
-from check_serve_exactness import DEFAULT_QUESTIONS, entries, free_port, start_server  # noqa: E402
+from check_serve_exactness import DEFAULT_QUESTIONS, entries, free_port, start_server
 
 MALFORMED = [
     ("bad JSON", b'{"prompt": "hi", "max_tokens": ', 400),

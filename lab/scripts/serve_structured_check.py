@@ -26,21 +26,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jsonschema
 import openai
 
-from specframe.bench.runner import environment, select_questions
+from specframe.bench.runner import select_questions
 from specframe.io.prompts import read_prompts
 from specframe.target.machine import fingerprint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # the serving check's helpers
-from check_serve_exactness import entries, free_port, start_server  # noqa: E402
+from check_serve_exactness import entries, free_port, report, serve_jobs, start_server
 
 DECOY = {"type": "function", "function": {"name": "lookup", "description": "Look a word up in a dictionary",
                                           "parameters": {"type": "object", "properties": {"word": {"type": "string"}},
@@ -116,38 +113,30 @@ def main() -> int:
     port = free_port()
     proc = start_server(args.model, args.dtype, args.batch_size, port, sorted({n for s in strategies
                                                                                for n in s.split("+")}))
-    t0 = time.perf_counter()
-    try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=900)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=900)
 
-        def request(job):
-            kind, strategy, stream, i, choice = job
-            kw = dict(model=args.model, messages=[{"role": "user", "content": prompts[i].text}],
-                      max_tokens=args.max_tokens, temperature=0,
-                      extra_body={"speculative": {"proposers": entries(strategy)}})
-            fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schemas[i], "strict": True}}
-            if kind == "tools":
-                kw |= {"tools": [DECOY, answer_tool(schemas[i])],
-                       "tool_choice": choice if choice == "required" else
-                       {"type": "function", "function": {"name": "answer"}}}
-            else:
-                kw["response_format"] = fmt
-            if kind == "logprobs":
-                kw |= {"logprobs": True, "top_logprobs": 5}
-            return chat(client, stream, **kw)
+    def request(job):
+        kind, strategy, stream, i, choice = job
+        kw = dict(model=args.model, messages=[{"role": "user", "content": prompts[i].text}],
+                  max_tokens=args.max_tokens, temperature=0,
+                  extra_body={"speculative": {"proposers": entries(strategy)}})
+        fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schemas[i], "strict": True}}
+        if kind == "tools":
+            kw |= {"tools": [DECOY, answer_tool(schemas[i])],
+                   "tool_choice": choice if choice == "required" else
+                   {"type": "function", "function": {"name": "answer"}}}
+        else:
+            kw["response_format"] = fmt
+        if kind == "logprobs":
+            kw |= {"logprobs": True, "top_logprobs": 5}
+        return chat(client, stream, **kw)
 
-        jobs = [(kind, s, stream, i, None) for kind in ("schema", "logprobs") for s in strategies
-                for stream in (False, True) for i in range(len(prompts))]
-        jobs += [("tools", s, stream, i, choice) for s in spec for choice in ("required", "named")
-                 for stream in (False, True) for i in range(len(prompts))]
-        with ThreadPoolExecutor(args.clients) as pool:
-            replies = dict(zip(jobs, pool.map(request, jobs)))
-        took = time.perf_counter() - t0
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    jobs = [(kind, s, stream, i, None) for kind in ("schema", "logprobs") for s in strategies
+            for stream in (False, True) for i in range(len(prompts))]
+    jobs += [("tools", s, stream, i, choice) for s in spec for choice in ("required", "named")
+             for stream in (False, True) for i in range(len(prompts))]
+    answers, took, code = serve_jobs(proc, args.clients, jobs, request)
+    replies = dict(zip(jobs, answers))
 
     rows, bad = [], 0
     for (kind, s, stream, i, choice), r in replies.items():
@@ -203,20 +192,12 @@ def main() -> int:
             f"{args.model}, {args.dtype}, greedy; server batch {args.batch_size}, {args.clients} client threads; "
             f"{len(jobs)} requests in {took:.0f} s; server exit code on SIGTERM: {code}; {bad} failed. Machine: "
             f"{m['cpu']}, {m['cores']} cores, ISA {' '.join(m['isa'])}.")
-    print(head)
-    print("\n".join(table))
-    if args.output:
-        args.output.mkdir(parents=True, exist_ok=True)
-        (args.output / "results.json").write_text(json.dumps(
-            {"args": {k: str(v) for k, v in vars(args).items()}, "environment": environment(), "machine": m,
-             "server_exit_code": code, "seconds": took, "requests": rows}, indent=1))
-        (args.output / "report.md").write_text(
-            "# Structured output through specframe serve (openai client)\n\n" + head + "\n\n" + "\n".join(table)
-            + "\n\nA row passes when: json_schema — finished answers parse and validate and every answer equals the "
-              "`none` answer; logprobs — also the same tokens and top-5 alternatives as `none`, every log-probability "
-              f"within {args.tolerance:g}; tools — one `tool_calls` entry, no content, arguments valid against the "
-              "called function's parameters.\n\n"
-              f"Command: `python lab/scripts/serve_structured_check.py {' '.join(sys.argv[1:])}`\n")
+    report(args, m, code, took, rows, "Structured output through specframe serve (openai client)", head, table,
+           "A row passes when: json_schema — finished answers parse and validate and every answer equals the `none` "
+           "answer; logprobs — also the same tokens and top-5 alternatives as `none`, every log-probability within "
+           f"{args.tolerance:g}, and the tokens' bytes joined are the content; tools — one `tool_calls` entry, no "
+           "content, arguments valid against the called function's parameters.\n\n"
+           f"Command: `python lab/scripts/serve_structured_check.py {' '.join(sys.argv[1:])}`\n")
     return 1 if bad or code != 0 else 0
 
 

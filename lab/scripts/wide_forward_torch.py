@@ -59,7 +59,7 @@ class Int8Linear(torch.nn.Module):
 
 
 def to_int8(model: torch.nn.Module) -> None:
-    for name, mod in list(model.named_modules()):
+    for _name, mod in list(model.named_modules()):
         for child_name, child in list(mod.named_children()):
             if isinstance(child, torch.nn.Linear):
                 setattr(mod, child_name, Int8Linear(child.weight, child.bias))

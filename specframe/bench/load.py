@@ -147,7 +147,8 @@ def _economize(target: Any, encoded: list[list[int]], c: int, max_new: int, opti
 def _figures(requests: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     tokens = sum(r["new_tokens"] for r in requests)
     forwards = sum(r["target_forwards"] for r in requests)
-    med = lambda key: (statistics.median(v) if (v := [r[key] for r in requests if r[key] is not None]) else None)
+    def med(key):
+        return (statistics.median(v) if (v := [r[key] for r in requests if r[key] is not None]) else None)
     return {"wall_s": wall, "tokens": tokens, "throughput": tokens / wall if wall > 0 else 0.0,
             "ttft_median_s": med("ttft_s"), "tpot_median_s": med("tpot_s"),
             "tau": tokens / forwards if forwards else 0.0,
@@ -178,7 +179,8 @@ def load_table(load: list[dict[str, Any]]) -> list[str]:
     one = {r["strategy"]: r["throughput"] for r in load if r["concurrency"] == min(base or [1])}
     lines = ["| strategy | C | throughput tok/s | × none | × its C = 1 | TTFT median s | TPOT median ms | τ | "
              "nodes / request / step |", "|---|---|---|---|---|---|---|---|---|"]
-    fmt = lambda v, f: "—" if v is None else format(v, f)
+    def fmt(v, f):
+        return "—" if v is None else format(v, f)
     for r in sorted(load, key=lambda r: (r["strategy"] != BASELINE, r["strategy"], r["concurrency"])):
         b = base.get(r["concurrency"])
         lines.append(

@@ -71,7 +71,7 @@ def aggregate(records: list[dict[str, Any]], strategies: list[str], profile: dic
         if name is None:
             continue
         base = out["strategies"].get(name, {}).get("by_column", {})
-        for s, entry in out["strategies"].items():
+        for entry in out["strategies"].values():
             for col, cell in entry["by_column"].items():
                 b = base.get(col)
                 cell[key] = cell["tokens_per_s"] / b["tokens_per_s"] if b and b["tokens_per_s"] else None

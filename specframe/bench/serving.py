@@ -168,7 +168,8 @@ def _compare_answers(out: list[dict[str, Any]], temperature: float) -> None:
 
 def serving_table(load: list[dict[str, Any]]) -> list[str]:
     """report.md lines: per endpoint and C, throughput, TTFT and TPOT (mean / p50 / p99), τ, failures, answers."""
-    fmt = lambda v, f, scale=1.0: "—" if v is None else format(v * scale, f)
+    def fmt(v, f, scale=1.0):
+        return "—" if v is None else format(v * scale, f)
     lines = ["| endpoint | C | throughput tok/s | TTFT mean / p50 / p99 s | TPOT mean / p50 / p99 ms | τ | failed | "
              "empty | same answers |", "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(load, key=lambda r: (r["concurrency"], [x["endpoint"] for x in load].index(r["endpoint"]))):

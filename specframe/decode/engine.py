@@ -364,7 +364,7 @@ class Request:
         newest = self.newest
         try:
             return merged, self.scorer.score(newest, merged.tree)
-        except Exception as exc:  # noqa: BLE001 - a draft the target cannot take must not end the request
+        except Exception as exc:
             if not merged.tree.num_nodes:
                 raise  # the target fails on its own: not a draft's doing
             merged = self._draft_refused(merged, exc)

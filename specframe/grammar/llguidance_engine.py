@@ -185,7 +185,7 @@ class LLGuidanceEngine:
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: frozenset[int] | Sequence[int]) -> None:
         try:
-            import llguidance  # noqa: F401
+            import llguidance
             import llguidance.hf
         except ImportError as exc:  # pragma: no cover - a core dependency
             raise ConstraintError(f"constraints need the llguidance package ({exc}): pip install llguidance") from None

@@ -50,7 +50,7 @@ def parse_yaml(text: str, where: str) -> Any:
             ``<where> line N: invalid YAML (<problem>)``.
     """
     try:
-        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=UniqueKeyLoader)
     except _DuplicateKey as exc:
         raise ConfigError(f"{where} line {exc.line}: duplicate key {exc.key!r} (first given on line "
                           f"{exc.first_line}): keep one") from None

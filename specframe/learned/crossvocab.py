@@ -40,7 +40,7 @@ def user_turn(tok: Any) -> tuple[str, str] | None:
     try:
         text = tok.apply_chat_template([{"role": "user", "content": _SENTINEL}], add_generation_prompt=True,
                                        tokenize=False)
-    except Exception:  # a template that refuses a lone user turn: treat the prompt as plain text
+    except Exception:  # noqa: BLE001 - a template that refuses a lone user turn: treat the prompt as plain text
         return None
     if not isinstance(text, str) or text.count(_SENTINEL) != 1:
         return None

@@ -347,8 +347,9 @@ def _aux_layers(config: dict) -> list[int] | None:
     return None if ids is None else [int(i) for i in ids]
 
 
-def load_eagle3(folder: Path, target_hidden: int, target_vocab: int, target_layers: int, target_name: str = "",
-                target_path: str = "") -> Eagle3Drafter:
+def load_eagle3(  # noqa: PLR0915 - the published layout's checks, one after another
+        folder: Path, target_hidden: int, target_vocab: int, target_layers: int, target_name: str = "",
+        target_path: str = "") -> Eagle3Drafter:
     """Load an EAGLE-3 drafter from a native or speculators checkpoint folder, for a target with hidden size
     ``target_hidden``, vocabulary ``target_vocab`` and ``target_layers`` decoder layers.
 

@@ -74,8 +74,8 @@ def _fasterdecoding(state: dict[str, Tensor], heads: int, layers: int) -> dict[s
         if not m:
             out[k] = v
             continue
-        h, l, kind = int(m[1]), int(m[2]), m[3]
-        out[f"lm_heads.{h}.weight" if l == layers else f"blocks.{h}.{l}.{kind}"] = v
+        h, layer, kind = int(m[1]), int(m[2]), m[3]
+        out[f"lm_heads.{h}.weight" if layer == layers else f"blocks.{h}.{layer}.{kind}"] = v
     return out
 
 
@@ -146,8 +146,8 @@ def save_medusa(module: PublishedMedusa, out: Path, fmt: str, base_model: str) -
     heads, layers = module.num_heads, module.num_layers
     state: dict[str, Tensor] = {}
     for h in range(heads):
-        for l, lin in enumerate(module.blocks[h]):
-            pre = f"{h}.{l}.linear." if fmt == MEDUSA else f"blocks.{h}.layers.{l}."
+        for layer, lin in enumerate(module.blocks[h]):
+            pre = f"{h}.{layer}.linear." if fmt == MEDUSA else f"blocks.{h}.layers.{layer}."
             state[pre + "weight"] = lin.weight
             if lin.bias is not None:
                 state[pre + "bias"] = lin.bias
@@ -190,11 +190,11 @@ def from_own(heads: nn.Module, lm_head: nn.Module, full_vocab: bool = False) -> 
     m = PublishedMedusa(heads.hidden_size, heads.num_heads, heads.num_layers, vocab, lin0.bias is not None, tm)
     with torch.no_grad():
         for h in range(heads.num_heads):
-            for l in range(heads.num_layers):
-                src = heads.heads[h][l].linear
-                m.blocks[h][l].weight.copy_(src.weight.float())
+            for layer in range(heads.num_layers):
+                src = heads.heads[h][layer].linear
+                m.blocks[h][layer].weight.copy_(src.weight.float())
                 if src.bias is not None:
-                    m.blocks[h][l].bias.copy_(src.bias.float())
+                    m.blocks[h][layer].bias.copy_(src.bias.float())
             m.lm_heads[h].weight.copy_(weight if tm is None else weight[tm])
     if getattr(lm_head, "bias", None) is not None:
         raise ConfigError("the target's LM head has a bias, which Medusa's published heads cannot hold")

@@ -80,7 +80,7 @@ def run_task(target: Any, registry: Any, trace: Trace, task: Task, advance: Call
 def run_here(target: Any, registry: Any, trace: Trace, tasks: Sequence[Task],
              advance: Callable[[str], None] = lambda s: None) -> list[TaskResult]:
     """Every task in this process, one after another."""
-    return [run_task(target, registry, trace, t, lambda: advance(t.strategy["name"])) for t in tasks]
+    return [run_task(target, registry, trace, t, lambda name=t.strategy["name"]: advance(name)) for t in tasks]
 
 
 def ray_available() -> bool:

@@ -148,11 +148,11 @@ def check_rollback_after_partial_acceptance(kit: "Kit") -> None:
     for prompt in kit.prompts:
         tokens, gen = list(prompt), torch.Generator().manual_seed(0)
         state = _state(kit, tokens, len(prompt), gen)
-        _guarded(kit, live, lambda: live.start(state))
+        _guarded(kit, live, live.start, state)
         rollback = None  # what the previous simulated outcome was, when it rejected something
         for rnd in range(ROLLBACK_ROUNDS):
             snapshot = gen.get_state()
-            draft = _guarded(kit, live, lambda: live.propose(state, ROLLBACK_BUDGET))
+            draft = _guarded(kit, live, live.propose, state, ROLLBACK_BUDGET)
             if rollback is not None:
                 _compare_with_fresh(kit, draft, tokens, len(prompt), snapshot, rollback)
                 probes += 1
@@ -166,7 +166,7 @@ def check_rollback_after_partial_acceptance(kit: "Kit") -> None:
                 nxt = (nxt + 1) % kit.target.vocab_size
             rollback = f"{a} of {len(path)} drafted tokens accepted, then {nxt} committed" if path else None
             committed = tuple(kept + [nxt])
-            _guarded(kit, live, lambda: live.on_verified(VerifyOutcome(draft, (tuple(path[:a]),), (committed,), False)))
+            _guarded(kit, live, live.on_verified, VerifyOutcome(draft, (tuple(path[:a]),), (committed,), False))
             tokens += committed
             state.tokens = torch.tensor([tokens])
             if kit.cls.needs_hidden_states:
@@ -197,11 +197,11 @@ def _state(kit: "Kit", tokens: list[int], prompt_len: int, gen: torch.Generator)
                        committed_features(kit.target, tokens, layers), layers)
 
 
-def _guarded(kit: "Kit", rec: "CallLog", call: Callable[[], Any]) -> Any:
-    """``call()`` (one call into ``rec``); what it raises is noted by the CallLog, then the kit fails on it."""
+def _guarded(kit: "Kit", rec: "CallLog", call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)`` (one call into ``rec``); what it raises is noted by the CallLog, then the kit fails on it."""
     with single_thread(), torch.inference_mode():
         try:
-            out = call()
+            out = call(*args)
         except Exception:  # noqa: BLE001 - logged by the CallLog
             out = None
     kit.fail_on_problems(rec, "the rollback check")
@@ -213,8 +213,8 @@ def _compare_with_fresh(kit: "Kit", draft: DraftTree, tokens: list[int], prompt_
     gen = torch.Generator()
     gen.set_state(snapshot)
     state = _state(kit, tokens, prompt_len, gen)
-    _guarded(kit, fresh, lambda: fresh.start(state))
-    expected = _guarded(kit, fresh, lambda: fresh.propose(state, ROLLBACK_BUDGET))
+    _guarded(kit, fresh, fresh.start, state)
+    expected = _guarded(kit, fresh, fresh.propose, state, ROLLBACK_BUDGET)
     n = min(draft.num_nodes, expected.num_nodes)
     same = (draft.num_nodes == 0) == (expected.num_nodes == 0) and _same_draft(
         DraftTree(draft.token_ids[:, :n], draft.parent[:, :n], None if draft.draft_probs is None else draft.draft_probs[:, :n]),

@@ -50,7 +50,7 @@ def _corpus_settings(corpus: Path, model: str, prompts: int, max_new_tokens: int
     try:
         cs = CorpusSettings(**json.loads(meta.read_text())["settings"])
     except (ValueError, KeyError, TypeError):
-        raise ConfigError(f"{meta} is not a specframe corpus description: rebuild it with `specframe train corpus`")
+        raise ConfigError(f"{meta} is not a specframe corpus description: rebuild it with `specframe train corpus`") from None
     if cs.model != model:
         raise ConfigError(f"the corpus in {corpus} holds answers of {cs.model!r}, not of {model!r}: build one for this "
                           "target with `specframe train corpus --model ...`")

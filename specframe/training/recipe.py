@@ -190,7 +190,7 @@ def _extra_corpus(path: Path, target_name: str) -> tuple[dict, list[dict]]:
     try:
         cs = CorpusSettings(**json.loads(meta.read_text())["settings"])
     except (ValueError, KeyError, TypeError):
-        raise ConfigError(f"{meta} is not a specframe corpus description: rebuild it with `specframe train corpus`")
+        raise ConfigError(f"{meta} is not a specframe corpus description: rebuild it with `specframe train corpus`") from None
     if cs.model != target_name:
         raise ConfigError(f"--extra-corpus {path} holds answers of {cs.model!r}, not of {target_name!r}")
     first, second = finished_shards(path, cs) or corpus_batches(cs)  # (a finished corpus: no source is read)
