@@ -39,11 +39,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError
 from .checkpoints import check_target_name, log, mismatch, read_config, read_weights, weight_files
+from .eagle_drafter import attend
 
 NATIVE = "eagle3"  # SafeAILab layout
 SPECULATORS = "speculators"
@@ -103,15 +103,7 @@ class Eagle3Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), *rope)
-        if into is not None:
-            keys, vals = into.write(at, k, v)
-        else:
-            keys, vals = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
-        if mask is None:
-            m = keys.shape[2] - n
-            mask = torch.ones((n, m + n), dtype=torch.bool, device=x.device)
-            mask[:, m:] = torch.ones((n, n), dtype=torch.bool, device=x.device).tril()
-        att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        att = attend(q, k, v, past, mask, into, at)
         return self.o_proj(att.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)), (k, v)
 
 

@@ -104,6 +104,35 @@ def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
     return (x.float() * cos + rot.float() * sin).to(x.dtype)
 
 
+def attend(q: Tensor, k: Tensor, v: Tensor, past: tuple[Tensor, Tensor] | None, mask: Tensor | None,
+           into: "KVBuffer | None" = None, at: int = 0) -> Tensor:
+    """A drafter layer's attention after its projections and RoPE, written once for every learned drafter (EAGLE,
+    EAGLE-3): store the new keys and values, then grouped-query scaled-dot-product attention over the past and new
+    rows.
+
+    Args:
+        q: ``[B, h, n, d]`` queries of the n new rows; ``k``, ``v``: ``[B, kv, n, d]`` their keys and values.
+        past: earlier keys and values ``[B, kv, m, d]`` (concatenated before the new ones), or None.
+        mask: ``[n, m + n]`` bool (True = may attend), or None for causal over the new rows after all of the past.
+        into: a :class:`KVBuffer` to write the new rows into at ``at .. at + n`` instead (``past`` is then ignored
+            and the rows attend to the buffer's first ``at + n`` entries: no cache is copied).
+
+    Returns:
+        ``[B, h, n, d]``, the attention output before the output projection.
+    """
+    n = q.shape[2]
+    if into is not None:
+        keys, vals = into.write(at, k, v)
+    else:
+        keys, vals = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+    if mask is None:
+        m = keys.shape[2] - n
+        mask = torch.ones((n, m + n), dtype=torch.bool, device=q.device)
+        mask[:, m:] = torch.ones((n, n), dtype=torch.bool, device=q.device).tril()
+    # grouped-query attention without copying keys per query head
+    return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
 class DecoderLayer(nn.Module):
     """Pre-norm Llama-style layer: grouped-query self-attention with RoPE, SwiGLU MLP."""
 
@@ -138,16 +167,7 @@ class DecoderLayer(nn.Module):
         k = self.k_proj(y).view(b, n, s.num_kv_heads, s.head_dim).transpose(1, 2)
         v = self.v_proj(y).view(b, n, s.num_kv_heads, s.head_dim).transpose(1, 2)
         q, k = rope(q, positions, s.rope_theta), rope(k, positions, s.rope_theta)
-        if into is not None:
-            keys, vals = into.write(at, k, v)
-        else:
-            keys, vals = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
-        if mask is None:
-            m = keys.shape[2] - n
-            mask = torch.ones((n, m + n), dtype=torch.bool, device=x.device)
-            mask[:, m:] = torch.ones((n, n), dtype=torch.bool, device=x.device).tril()
-        # grouped-query attention without copying keys per query head
-        att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=s.num_heads != s.num_kv_heads)
+        att = attend(q, k, v, past, mask, into, at)
         x = x + self.o_proj(att.transpose(1, 2).reshape(b, n, s.num_heads * s.head_dim))
         y = self.post_attention_layernorm(x)
         x = x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
