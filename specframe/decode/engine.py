@@ -287,7 +287,7 @@ class Request:
             close()
 
     def start(self) -> None:
-        """Prefill all but the newest prompt token (the KV invariant above) and start the proposers."""
+        """Prefill all but the newest prompt token (the KV invariant of the module docstring) and start the proposers."""
         self.t_start = time.perf_counter()
         if self.length > 1:
             ids = self.buf[:, : self.length - 1]
