@@ -153,15 +153,28 @@ def check_metrics(result: GenerationResult) -> None:
     assert m.proposer_faults == 0
 
 
+def wait_healthy(url: str, tries: int, pause: float) -> bool:
+    """Poll ``url``/health until it answers 200 (True), at most ``tries`` times ``pause`` seconds apart."""
+    import time
+
+    import httpx
+
+    for _ in range(tries):
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return True
+        except httpx.HTTPError:
+            time.sleep(pause)
+    return False
+
+
 def live_server(app):
     """Serve ``app`` with uvicorn on a free localhost port in a thread: a context manager giving its URL once
     ``/health`` answers, stopped on exit."""
     import contextlib
     import socket
     import threading
-    import time
 
-    import httpx
     import uvicorn
 
     @contextlib.contextmanager
@@ -173,12 +186,7 @@ def live_server(app):
         thread = threading.Thread(target=srv.run, daemon=True)
         thread.start()
         url = f"http://127.0.0.1:{port}"
-        for _ in range(200):
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.05)
+        wait_healthy(url, tries=200, pause=0.05)
         try:
             yield url
         finally:

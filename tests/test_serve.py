@@ -22,7 +22,7 @@ httpx = pytest.importorskip("httpx")
 import specframe  # noqa: E402
 from specframe.target.hf import Target  # noqa: E402
 
-from .support import build_model, build_tokenizer, live_server  # noqa: E402
+from .support import build_model, build_tokenizer, live_server, wait_healthy  # noqa: E402
 
 # a word-level tokenizer's chat template: "<role> content" per message, then the assistant's turn
 TEMPLATE = ("{% for m in messages %}{{ 'aa ' if m['role'] == 'user' else 'ab ' }}{{ m['content'] }} {% endfor %}"
@@ -274,12 +274,7 @@ def test_serve_command_drains_and_exits_0_on_sigterm(tmp_path):
                              "--batch-size", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        wait_healthy(url, tries=600, pause=0.1)
         result = {}
 
         def slow():
