@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import logging
 import threading
@@ -24,7 +25,6 @@ from .config import (
     SamplingConfig,
     SpecframeConfig,
     load_config,
-    plugin_entries,
     resolve_plugins,
     runtime_config,
     settings_error,
@@ -37,6 +37,7 @@ from .errors import ConfigError, ConstraintError
 from .registry import Registry, build_registry
 from .sampling import SamplingParams, check_logprobs
 from .instance_pool import Lease, PluginSets
+from .request_job import RequestJob
 from .request_options import RequestOptions
 from .contracts.optional import optional
 
@@ -232,29 +233,7 @@ class Specframe:
         ids = self.prompt_ids(prompt, opts.chat)
         if self.config.batch_size > 1:  # decoded together with other threads' requests (one forward per step)
             return self._submit(ids, opts, cancel=None).result()
-        compiled = self.constraint(opts.constraint) if opts.constraint is not None else None
-        governor = optional(self.target, "governor")
-        observer = self.registry.observers()  # None when no plugin observes: the loop then skips events
-        with self.lease(opts.proposers, opts.merge, opts.router, opts.sampling) as lease:
-            load = governor.check() if governor is not None else None  # threads within the free cores
-            result = lease.engine.generate(
-                ids, max_new_tokens=opts.max_new_tokens, sampling=opts.sampling, seed=opts.seed,
-                stop_strings=opts.stop, on_text=opts.on_text, observer=observer,
-                between_steps=governor.check if governor is not None else None,  # a neighbour may start mid-request
-                constraint=compiled, logprobs=opts.logprobs,
-            )
-        return self._finish(result, lease.engine.labels, ids, observer, opts.question_id, load)
-
-    def _finish(self, result: GenerationResult, labels: Sequence[str], ids: list[int], observer: Any,
-                question_id: Any, load: float | None) -> GenerationResult:
-        """The observers' request event, the question id and the machine record of a finished request."""
-        if observer is not None:
-            observer.request(tuple(labels), len(ids), tuple(result.token_ids), result.finish_reason,
-                             result.metrics.to_dict())
-        result.question_id = question_id
-        if optional(self.target, "settings") is not None:
-            result.machine = {**self.machine_info(), "others_load": round(load or 0.0, 2)}
-        return result
+        return RequestJob(self, ids, opts).run()  # this thread's own forwards
 
     def submit(
         self,
@@ -295,24 +274,17 @@ class Specframe:
 
     def _submit(self, ids: list[int], opts: RequestOptions, cancel: Any) -> Future:
         """Queue a checked request (see :meth:`submit`)."""
-        compiled = self.constraint(opts.constraint) if opts.constraint is not None else None
-        governor = optional(self.target, "governor")
-        observer = self.registry.observers()
-        lease = self.lease(opts.proposers, opts.merge, opts.router, opts.sampling)  # a bad plugin option raises here
-        load = governor.check() if governor is not None else None
-        item = BatchRequest(lease.engine, ids, opts.max_new_tokens, opts.sampling, opts.seed, opts.stop, opts.on_text,
-                            observer, release=lease.release, cancel=cancel, constraint=compiled,
-                            logprobs=opts.logprobs)
+        job = RequestJob(self, ids, opts)  # a bad plugin option raises here
         try:
-            inner = self._batch_scheduler().submit(item)
+            inner = self._batch_scheduler().submit(job.batch_request(cancel))
         except BaseException:
-            lease.release()
+            job.lease.release()
             raise
         outer: Future = Future()
 
         def done(f: Future) -> None:
             try:
-                outer.set_result(self._finish(f.result(), lease.engine.labels, ids, observer, opts.question_id, load))
+                outer.set_result(job.finish(f.result()))
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 outer.set_exception(exc)
 
@@ -385,31 +357,21 @@ class Specframe:
         self.lease(opts.proposers, opts.merge, opts.router, opts.sampling).release()  # a bad option fails now
         if opts.constraint is not None:
             self.constraint(opts.constraint)  # and a bad constraint (each request compiles its own below)
-        observed: dict[int, tuple[Any, tuple[str, ...]]] = {}  # index -> (its observers or None, proposer labels)
+        jobs: dict[int, RequestJob] = {}
 
         def requests() -> Iterator[BatchRequest]:
             for i, ids in enumerate(encoded):  # each request's plugin set is leased as it joins
-                lease = self.lease(opts.proposers, opts.merge, opts.router, opts.sampling)
-                observed[i] = (self.registry.observers(), tuple(lease.engine.labels))
-                compiled = self.constraint(opts.constraint) if opts.constraint is not None else None
-                yield BatchRequest(lease.engine, ids, opts.max_new_tokens, opts.sampling, opts.seed, opts.stop,
-                                   observer=observed[i][0], release=lease.release, constraint=compiled,
-                                   logprobs=opts.logprobs)
+                qid = None if question_ids is None else question_ids[i]
+                jobs[i] = RequestJob(self, ids, dataclasses.replace(opts, question_id=qid), measure_load=False)
+                yield jobs[i].batch_request()
 
         governor = optional(self.target, "governor")
-        machine = {**self.machine_info()} if optional(self.target, "settings") is not None else None
         results: list[GenerationResult | None] = [None] * len(encoded)
         for i, result in decode_batch(self.target, requests(), batch_size,
                                       between_steps=governor.check if governor is not None else None):
-            result.question_id = None if question_ids is None else question_ids[i]
-            result.machine = machine
-            results[i] = result
-            observer, labels = observed.pop(i)
-            if observer is not None:
-                observer.request(labels, len(encoded[i]), tuple(result.token_ids), result.finish_reason,
-                                 result.metrics.to_dict())
+            results[i] = jobs.pop(i).finish(result)
             if on_result is not None:
-                on_result(i, result)
+                on_result(i, results[i])
         return [r for r in results if r is not None]
 
     def generate_batch(self, prompts: Sequence[str | list[int]], **kwargs: Any) -> list[dict]:
@@ -530,11 +492,8 @@ def load(
         SpecframeError subclasses for bad config, unknown model/proposer, missing model package.
     """
     _check_keywords("load", overrides, _LOAD_KEYWORDS)
-    if isinstance(config, SpecframeConfig):
+    if isinstance(config, BaseModel):  # a SpecframeConfig, or a loaded Specframe's typed config (sf.config)
         cfg = load_config(None, base=config.model_dump(exclude_unset=True), **overrides)
-    elif isinstance(config, BaseModel):  # a loaded Specframe's typed config (sf.config)
-        base = {k: v for k, v in config.model_dump(exclude_unset=True).items() if k not in ("proposers", "merge", "router")}
-        cfg = load_config(None, base={**base, **plugin_entries(config)}, **overrides)
     else:
         cfg = load_config(config, **overrides)
     reg = registry or build_registry()

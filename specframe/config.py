@@ -355,9 +355,16 @@ class Plugins:
     router: tuple[type, RouterConfig] | None  # None: ``router: none``, or not needed (see resolve_plugins)
 
 
-def resolve_plugins(config: SpecframeConfig, registry: Any, *, lone_router: bool = False) -> Plugins:
-    """The one path from a config to plugin classes, used by the Python API, the CLI, bench, replay, training and
-    the vLLM bridge alike.
+def resolve_plugins(config: Any, registry: Any, *, proposers: Any = None, merge: Any = None, router: Any = None,
+                    lone_router: bool = False) -> Plugins:
+    """The one path from a config to plugin classes, used by the Python API, the CLI, bench, replay, training, the
+    vLLM bridge and each request alike.
+
+    ``config`` is either form: a :class:`SpecframeConfig` as read from a file (plugin entries are mappings, checked
+    here) or a loaded model's typed config (``sf.config``, :func:`runtime_config`: entries are the plugins' own
+    config objects, used as they are). ``proposers`` / ``merge`` / ``router`` are one request's overrides, read as
+    a config file's values are (shorthands included); None keeps the config's. Nothing else of ``config`` is
+    copied or re-validated.
 
     Proposers are always resolved. ``merge`` and ``router`` act when two or more proposers are combined; with one
     proposer they are resolved when set explicitly (a typo fails now, not on the day a second proposer is added),
@@ -371,23 +378,60 @@ def resolve_plugins(config: SpecframeConfig, registry: Any, *, lone_router: bool
         ConfigError: an option unknown or out of range for its plugin, or the same proposer twice with the same
             options.
     """
-    proposers = tuple(_resolve_proposers(config, registry))
-    combined = len(proposers) > 1
-    merge = _resolve_merge(config.merge, registry) if combined or "merge" in config.model_fields_set else None
-    router = None
-    explicit_router = "router" in config.model_fields_set
-    if combined or explicit_router:
-        router = _resolve_router(config.router, registry)
+    given = _overrides(proposers, merge, router)
+    explicit = config.model_fields_set | set(given)
+    entries = given.get("proposers", config.proposers)
+    found = tuple(_resolve_proposers(entries, registry))
+    combined = len(found) > 1
+    merge_entry = given.get("merge", config.merge if "merge" in config.model_fields_set else MergeSettings())
+    resolved_merge = _resolve_merge(merge_entry, registry) if combined or "merge" in explicit else None
+    # a typed config's router None is `router: none` when set; unset, the default router is meant
+    router_entry = given.get("router", config.router if "router" in config.model_fields_set else RouterSettings())
+    resolved_router = None
+    if combined or "router" in explicit:
+        resolved_router = _resolve_router(router_entry, registry)
     elif lone_router:
         try:
-            router = _resolve_router(config.router, registry)
+            resolved_router = _resolve_router(router_entry, registry)
         except UnknownRouterError:
-            router = None
-    return Plugins(proposers, merge, router)
+            resolved_router = None
+    return Plugins(found, resolved_merge, resolved_router)
 
 
-def _resolve_proposers(config: SpecframeConfig, registry: Any) -> list[tuple[type, ProposerConfig]]:
-    """Validate each proposer entry against its plugin's config model.
+def _overrides(proposers: Any, merge: Any, router: Any) -> dict[str, Any]:
+    """A request's plugin overrides read as a config file reads them (shorthands, names, bounds of ``merge``), only
+    the ones given: ``{"proposers": [...], "merge": MergeSettings, "router": RouterSettings}``.
+
+    Raises:
+        ConfigError: a malformed override (the message names the field).
+    """
+    data = {k: v for k, v in (("proposers", proposers), ("merge", merge), ("router", router)) if v is not None}
+    if not data:
+        return {}
+    try:
+        read = SpecframeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(validation_line(exc)) from None
+    return {k: getattr(read, k) for k in data}
+
+
+def _plugin_config(cls: type, entry: Any, where: str) -> Any:
+    """``entry`` as ``cls.Config``: a typed config's own object as it is, a mapping (or another model) validated.
+
+    Raises:
+        ConfigError: an option unknown or out of range for that plugin (the message names ``where``).
+    """
+    if isinstance(entry, cls.Config):
+        return entry
+    data = entry.model_dump() if isinstance(entry, BaseModel) else entry
+    try:
+        return cls.Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(validation_line(exc, where)) from None
+
+
+def _resolve_proposers(entries: Any, registry: Any) -> list[tuple[type, ProposerConfig]]:
+    """Validate each proposer entry (a mapping, or a typed config's object) against its plugin's config model.
 
     Raises:
         UnknownProposerError: no installed plugin has that name (the message lists the installed ones).
@@ -396,16 +440,14 @@ def _resolve_proposers(config: SpecframeConfig, registry: Any) -> list[tuple[typ
             proposer with the same options.
     """
     out: list[tuple[type, ProposerConfig]] = []
-    for i, entry in enumerate(config.proposers):
-        cls = registry.proposer(entry["name"])
-        try:
-            pcfg = cls.Config.model_validate(entry)
-        except ValidationError as exc:
-            raise ConfigError(validation_line(exc, f"proposer {entry['name']!r}")) from None
+    for i, entry in enumerate(entries):
+        name = entry.name if isinstance(entry, BaseModel) else entry["name"]
+        cls = registry.proposer(name)
+        pcfg = _plugin_config(cls, entry, f"proposer {name!r}")
         same = next((k for k, (c, other) in enumerate(out) if c is cls and other == pcfg), None)
         if same is not None:
             raise ConfigError(
-                f"proposers[{i}] repeats proposers[{same}] ({entry['name']!r} with the same options): combining a "
+                f"proposers[{i}] repeats proposers[{same}] ({name!r} with the same options): combining a "
                 "proposer with itself adds nothing; drop one or give them different options"
             )
         out.append((cls, pcfg))
@@ -419,13 +461,13 @@ def _resolve_merge(settings: MergeSettings | dict[str, Any], registry: Any) -> t
         UnknownMergePolicyError: no installed plugin provides that policy (the message lists the installed ones).
         ConfigError: an option is unknown or out of range for that policy.
     """
+    if isinstance(settings, MergePolicyConfig):  # a typed config's own
+        cls = registry.merge_policy(settings.name)
+        return cls, _plugin_config(cls, settings, f"merge policy {settings.name!r}")
     data = settings.model_dump() if isinstance(settings, BaseModel) else dict(settings)
     data.setdefault("name", "priority")
     cls = registry.merge_policy(data["name"])
-    try:
-        return cls, cls.Config.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(validation_line(exc, f"merge policy {data['name']!r}")) from None
+    return cls, _plugin_config(cls, data, f"merge policy {data['name']!r}")
 
 
 def _resolve_router(settings: RouterSettings | dict[str, Any] | str | None, registry: Any) -> tuple[type, RouterConfig] | None:
@@ -435,7 +477,10 @@ def _resolve_router(settings: RouterSettings | dict[str, Any] | str | None, regi
         UnknownRouterError: no installed plugin provides that router (the message lists the installed ones).
         ConfigError: an option is unknown or out of range for that router.
     """
-    settings = router_shorthand(settings)
+    if isinstance(settings, RouterConfig):  # a typed config's own
+        cls = registry.router(settings.name)
+        return cls, _plugin_config(cls, settings, f"router {settings.name!r}")
+    settings = router_shorthand(settings)  # (a typed config's None: no router)
     data: dict[str, Any] = settings.model_dump() if isinstance(settings, BaseModel) else dict(settings)
     data.setdefault("name", "adaptive")
     if names_no_router(data):
@@ -443,10 +488,7 @@ def _resolve_router(settings: RouterSettings | dict[str, Any] | str | None, regi
             raise ConfigError(f"router: none takes no options, got {sorted(k for k in data if k != 'name')}")
         return None
     cls = registry.router(data["name"])
-    try:
-        return cls, cls.Config.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(validation_line(exc, f"router {data['name']!r}")) from None
+    return cls, _plugin_config(cls, data, f"router {data['name']!r}")
 
 
 def runtime_config(config: SpecframeConfig, registry: Any) -> BaseModel:
@@ -475,24 +517,6 @@ def runtime_config(config: SpecframeConfig, registry: Any) -> BaseModel:
         return typed_config_model(registry).model_validate(data)
     except ValidationError as exc:
         raise ConfigError(validation_line(exc, "config")) from None
-
-
-def plugin_entries(config: Any) -> dict[str, Any]:
-    """A config's plugins as the mappings a :class:`SpecframeConfig` reads (``proposers``, and ``merge`` /
-    ``router`` where the config sets them): the inverse of :func:`runtime_config` for a typed config, the config's
-    own entries for a :class:`SpecframeConfig`."""
-    if isinstance(config, SpecframeConfig):
-        out: dict[str, Any] = {"proposers": list(config.proposers)}
-        for key in ("merge", "router"):
-            if key in config.model_fields_set:
-                out[key] = getattr(config, key).model_dump()
-        return out
-    out = {"proposers": [p.model_dump() for p in config.proposers]}
-    if "merge" in config.model_fields_set and config.merge is not None:
-        out["merge"] = config.merge.model_dump()
-    if "router" in config.model_fields_set:
-        out["router"] = "none" if config.router is None else config.router.model_dump()
-    return out
 
 
 # --- the typed form: one frozen model over the installed plugins, and its JSON Schema ---------------------------

@@ -180,28 +180,15 @@ class PluginSets:
         held.clear()
 
     def _resolved(self, proposers: Any, merge: Any, router: Any) -> Any:
-        """This request's plugin classes (:func:`~specframe.config.resolve_plugins`): the config's, with the request's
-        overrides (None: the config's; ``"ngram"`` is short for ``[{"name": "ngram"}]``). A lone proposer is routed
-        (its draft trimmed to what pays) when the router is set explicitly, or when the target carries this machine's
-        measured cost curve."""
-        from pydantic import ValidationError
-
-        from .config import SpecframeConfig, plugin_entries, proposer_shorthand, resolve_plugins, validation_line
-        from .errors import ConfigError
+        """This request's plugin classes: the typed config's, with the request's overrides applied to it
+        (:func:`~specframe.config.resolve_plugins`; None: the config's; ``"ngram"`` is short for
+        ``[{"name": "ngram"}]``). A lone proposer is routed (its draft trimmed to what pays) when the router is set
+        explicitly, or when the target carries this machine's measured cost curve."""
+        from .config import resolve_plugins
 
         sf = self.owner
-        data = plugin_entries(sf.config)
-        if proposers is not None:
-            data["proposers"] = proposer_shorthand(proposers)
-        if merge is not None:
-            data["merge"] = merge
-        if router is not None:
-            data["router"] = router
-        try:
-            cfg = SpecframeConfig.model_validate(data)
-        except ValidationError as exc:
-            raise ConfigError(validation_line(exc)) from None
-        return resolve_plugins(cfg, sf.registry, lone_router=sf.target.info.cost is not None)
+        return resolve_plugins(sf.config, sf.registry, proposers=proposers, merge=merge, router=router,
+                               lone_router=sf.target.info.cost is not None)
 
     def _instances(self, plugins: Any, held: list) -> tuple[list[Any], Any, Any]:
         """``(proposers, merge policy, router)`` instances for one request (from the pool; recorded in ``held``). A

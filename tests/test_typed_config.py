@@ -107,3 +107,45 @@ def test_a_loaded_specframe_runs_with_the_typed_config(specframe_tiny_target):
     lone = specframe.load(target=specframe_tiny_target)  # nothing set: the default router is the config's router
     assert lone.config.router is not None and lone.config.router.name == "adaptive"
     assert "router" not in lone.config.model_fields_set
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"proposers": "ngram"},
+    {"proposers": ["ngram", {"name": "ngram", "k": 2}], "merge": "confidence"},
+    {"router": "none"},
+    {"proposers": ["ngram", {"name": "ngram", "k": 2}], "router": {"name": "adaptive"}},
+    {"merge": {"policy": "priority", "max_nodes": 5}},
+])
+def test_request_overrides_apply_to_the_typed_config_as_to_the_file(registry, overrides):
+    """A request's overrides resolve on the typed config (``sf.config``) exactly as on the file's form with the same
+    values written in; the typed config's own objects are used as they are (no round trip)."""
+    from specframe.config import runtime_config
+
+    base = {"proposers": [{"name": "ngram", "k": 3}, {"name": "ngram", "k": 5}], "merge": {"name": "priority",
+                                                                                       "max_nodes": 7}}
+    typed = runtime_config(load_config(None, **base), registry)
+    request = resolve_plugins(typed, registry, **overrides)
+    file_form = resolve_plugins(load_config(None, **{**base, **overrides}), registry)
+    dump = [(c, cfg.model_dump()) for c, cfg in request.proposers]
+    assert dump == [(c, cfg.model_dump()) for c, cfg in file_form.proposers]
+    for part in ("merge", "router"):
+        mine, theirs = getattr(request, part), getattr(file_form, part)
+        assert (mine is None) == (theirs is None)
+        if mine is not None:
+            assert mine[0] is theirs[0] and mine[1].model_dump() == theirs[1].model_dump()
+    if "proposers" not in overrides:
+        assert all(cfg is own for (_, cfg), own in zip(request.proposers, typed.proposers))
+
+
+def test_a_malformed_request_override_names_the_field(registry):
+    from specframe.config import runtime_config
+    from specframe.errors import ConfigError, UnknownProposerError
+
+    typed = runtime_config(load_config(None), registry)
+    with pytest.raises(ConfigError, match=r"merge.max_nodes"):
+        resolve_plugins(typed, registry, merge={"name": "priority", "max_nodes": 0})
+    with pytest.raises(ConfigError, match=r"proposers"):
+        resolve_plugins(typed, registry, proposers=[])
+    with pytest.raises(UnknownProposerError, match="ngram"):
+        resolve_plugins(typed, registry, proposers="nope")
