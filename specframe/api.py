@@ -16,7 +16,7 @@ import logging
 import threading
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from pydantic import BaseModel, ValidationError
 
@@ -38,15 +38,16 @@ from .registry import Registry, build_registry
 from .sampling import SamplingParams, check_logprobs
 from .instance_pool import Lease, PluginSets
 from .request_job import RequestJob
-from .request_options import RequestOptions
+from .request_options import BATCH_KEYWORDS, REQUEST_KEYWORDS, BatchKeywords, RequestKeywords, RequestOptions
 from .contracts.optional import optional
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger("specframe")
 
 POOL_IDLE = 16  # idle plugin instances a Specframe keeps for later requests (and build failures it remembers)
 _LOAD_KEYWORDS = tuple(SpecframeConfig.model_fields) + tuple(SamplingConfig.model_fields)
-_GENERATE_KEYWORDS = ("proposers", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "chat",
-                      "question_id", "on_text", "merge", "router", "constraint", "logprobs")
 
 
 def _check_chat(chat: Any) -> None:
@@ -190,86 +191,41 @@ class Specframe:
         with self.lease(proposers, merge, router, sampling, verifier) as lease:
             yield lease.engine
 
-    def generate_result(
-        self,
-        prompt: str | list[int],
-        *,
-        proposers: Sequence[dict[str, Any] | str] | str | None = None,
-        max_new_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: Sequence[str] | str | None = None,
-        chat: bool | None = None,
-        question_id: Any = None,
-        on_text: Callable[[str], None] | None = None,
-        merge: dict[str, Any] | str | None = None,
-        router: dict[str, Any] | str | None = None,
-        constraint: ConstraintSpec | dict[str, Any] | None = None,
-        logprobs: int | None = None,
-    ) -> GenerationResult:
-        """Generate for one prompt (text, or token ids used as they are). Arguments override the config.
-
-        ``proposers`` is a list of proposer configs or names (``"ngram"`` alone is short for ``[{"name": "ngram"}]``).
-        ``merge`` and ``router`` (as in the config file) apply when two or more proposers are combined (the router also
-        trims a lone proposer's draft when set explicitly or on a target with a measured cost curve). Safe to call
-        from several threads at once (see the class docstring).
-
-        ``constraint`` (structured output): ``{"json_schema": {...}}``, ``{"json_object": True}``, ``{"regex": "..."}``
-        or ``{"grammar": "<Lark>"}`` (a :class:`~specframe.contracts.constraint.ConstraintSpec`; None: the config's).
-        The output then matches it, and equals constrained decoding without speculation (docs/structured-output.md).
-        ``logprobs``: keep each generated token's log-probability and this many likeliest alternatives (0: the chosen
-        token's only) in ``result.logprobs`` (:class:`~specframe.decode.engine.TokenLogprob`).
+    def generate_result(self, prompt: str | list[int], **keywords: Unpack[RequestKeywords]) -> GenerationResult:
+        """Generate for one prompt (text, or token ids used as they are). Keywords (each None or left out: the
+        config's) are :class:`~specframe.request_options.RequestKeywords`: ``proposers``, ``max_new_tokens``,
+        ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``chat``, ``merge``, ``router``, ``constraint``
+        (structured output: the output matches it and equals constrained decoding without speculation),
+        ``logprobs``, ``question_id``, ``on_text``. Safe to call from several threads at once (see the class
+        docstring).
 
         Raises:
-            ConfigError: a value out of range or of the wrong type (the message names the parameter as spelled here).
+            ConfigError: a value out of range or of the wrong type (the message names the keyword).
             ConstraintError: an invalid or unsupported schema, regex or grammar.
-            TypeError: a prompt that is neither text nor a list of token ids.
+            TypeError: an unknown keyword (the message lists the known ones); a prompt that is neither text nor a
+                list of token ids.
         """
-        opts = self.options(proposers=proposers, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                            top_k=top_k, seed=seed, stop=stop, chat=chat, question_id=question_id, on_text=on_text,
-                            merge=merge, router=router, constraint=constraint, logprobs=logprobs)
+        opts = self._options("generate_result", keywords, REQUEST_KEYWORDS)
         ids = self.prompt_ids(prompt, opts.chat)
         if self.config.batch_size > 1:  # decoded together with other threads' requests (one forward per step)
             return self._submit(ids, opts, cancel=None).result()
         return RequestJob(self, ids, opts).run()  # this thread's own forwards
 
-    def submit(
-        self,
-        prompt: str | list[int],
-        *,
-        cancel: Any = None,
-        proposers: Sequence[dict[str, Any] | str] | str | None = None,
-        max_new_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: Sequence[str] | str | None = None,
-        chat: bool | None = None,
-        question_id: Any = None,
-        on_text: Callable[[str], None] | None = None,
-        merge: dict[str, Any] | str | None = None,
-        router: dict[str, Any] | str | None = None,
-        constraint: ConstraintSpec | dict[str, Any] | None = None,
-        logprobs: int | None = None,
-    ) -> Future:
+    def submit(self, prompt: str | list[int], *, cancel: Any = None, **keywords: Unpack[RequestKeywords]) -> Future:
         """Queue one request for the batch loop thread (continuous batching with every other submitted request,
         ``batch_size`` of the config at most per forward) and return at once: a
         :class:`concurrent.futures.Future` of its :class:`GenerationResult`. ``cancel`` (a ``threading.Event``): set
         it and the request leaves the batch before the next step (its future then raises ``CancelledError``).
-        ``on_text`` runs on the loop thread. Other arguments as in :meth:`generate_result`.
+        ``on_text`` runs on the loop thread. Keywords as in :meth:`generate_result`.
 
         Raises (at once, before anything is queued):
             ConfigError: a bad value or plugin option, an empty prompt.
             PromptTooLongError: the prompt leaves no room in the model's context.
+            TypeError: an unknown keyword.
         """
         if cancel is not None and not callable(getattr(cancel, "is_set", None)):
             raise ConfigError(f"cancel must be a threading.Event (an object with is_set()), got {cancel!r}")
-        opts = self.options(proposers=proposers, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                            top_k=top_k, seed=seed, stop=stop, chat=chat, question_id=question_id, on_text=on_text,
-                            merge=merge, router=router, constraint=constraint, logprobs=logprobs)
+        opts = self._options("submit", keywords, REQUEST_KEYWORDS)
         return self._submit(self.prompt_ids(prompt, opts.chat), opts, cancel)
 
     def _submit(self, ids: list[int], opts: RequestOptions, cancel: Any) -> Future:
@@ -321,25 +277,15 @@ class Specframe:
         batch_size: int = 8,
         question_ids: Sequence[Any] | None = None,
         on_result: Callable[[int, GenerationResult], None] | None = None,
-        proposers: Sequence[dict[str, Any] | str] | str | None = None,
-        max_new_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stop: Sequence[str] | str | None = None,
-        chat: bool | None = None,
-        merge: dict[str, Any] | str | None = None,
-        router: dict[str, Any] | str | None = None,
-        constraint: ConstraintSpec | dict[str, Any] | None = None,
-        logprobs: int | None = None,
+        **keywords: Unpack[BatchKeywords],
     ) -> list[GenerationResult]:
         """Generate for several prompts, up to ``batch_size`` of them in each target forward (continuous batching:
         :mod:`specframe.decode.batch`). Each request has its own proposers, draft, acceptance and generator (seeded
         with ``seed``, as :meth:`generate_result` would), so each result equals that prompt generated alone.
 
         Returns the results in prompt order; ``on_result(index, result)`` is called as each request finishes.
-        Other arguments as in :meth:`generate_result`.
+        Keywords (:class:`~specframe.request_options.BatchKeywords`) as in :meth:`generate_result`, but for
+        ``question_id`` / ``on_text``: ``question_ids`` gives one per prompt.
 
         Raises:
             ConfigError: ``batch_size < 1``, ``prompts`` empty or not a list (any iterable is read into one), or a
@@ -350,9 +296,7 @@ class Specframe:
         from .decode.batch import decode_batch
 
         prompts = _batch_inputs(prompts, batch_size, question_ids, on_result)
-        opts = self.options(proposers=proposers, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                            top_k=top_k, seed=seed, stop=stop, chat=chat, merge=merge, router=router,
-                            constraint=constraint, logprobs=logprobs)
+        opts = self._options("generate_batch_results", keywords, BATCH_KEYWORDS)
         encoded = [self.prompt_ids(p, opts.chat, index=i) for i, p in enumerate(prompts)]
         self.lease(opts.proposers, opts.merge, opts.router, opts.sampling).release()  # a bad option fails now
         if opts.constraint is not None:
@@ -378,31 +322,33 @@ class Specframe:
         """Like :meth:`generate_batch_results` (same keyword arguments), returning the ``--json`` records."""
         return [r.to_dict() for r in self.generate_batch_results(prompts, **kwargs)]
 
-    def options(self, *, proposers: Any = None, max_new_tokens: int | None = None, temperature: float | None = None,
-                top_p: float | None = None, top_k: int | None = None, seed: int | None = None,
-                stop: Sequence[str] | str | None = None, chat: bool | None = None, question_id: Any = None,
-                on_text: Callable[[str], None] | None = None, merge: Any = None, router: Any = None,
-                constraint: ConstraintSpec | dict[str, Any] | None = None,
-                logprobs: int | None = None) -> RequestOptions:
+    def options(self, **keywords: Unpack[RequestKeywords]) -> RequestOptions:
         """A request's options, checked once (:class:`~specframe.request_options.RequestOptions`): the given values
         (named as spelled in :meth:`generate_result` in any error), else the config's (valid already).
 
         Raises:
+            TypeError: an unknown keyword.
             ConfigError: a value out of range or of the wrong type; a stop string holding a special token and other
                 text; a malformed constraint.
         """
+        return self._options("options", keywords, REQUEST_KEYWORDS)
+
+    def _options(self, function: str, keywords: dict[str, Any], known: Sequence[str]) -> RequestOptions:
+        """:meth:`options` of ``keywords`` for the entry point ``function`` (named in an unknown keyword's error)."""
+        _check_keywords(function, keywords, known)
         from .decode.stopping import special_stop_ids
 
+        get = keywords.get
+        on_text, chat, logprobs = get("on_text"), get("chat"), get("logprobs")
         if on_text is not None and not callable(on_text):
             raise ConfigError(f"on_text must be a function taking each new piece of text, got {on_text!r}")
         _check_chat(chat)
         c, s = self.config, self.config.sampling
-        given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-                 "seed": seed, "stop": stop}
         config = {"max_new_tokens": c.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
                   "top_k": s.top_k, "seed": s.seed, "stop": c.stop}
         try:
-            req = RequestSettings.model_validate({k: config[k] if v is None else v for k, v in given.items()})
+            req = RequestSettings.model_validate({name: value if get(name) is None else get(name)
+                                                  for name, value in config.items()})
         except ValidationError as exc:
             raise ConfigError(settings_error(exc)) from None
         special_stop_ids(tuple(req.stop), self.target.tokenizer)  # a stop string that cannot match fails now
@@ -410,8 +356,9 @@ class Specframe:
         return RequestOptions(
             max_new_tokens=req.max_new_tokens, seed=req.seed, stop=tuple(req.stop),
             sampling=SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p),
-            proposers=proposers, merge=merge, router=router, constraint=self._constraint_spec(constraint),
-            logprobs=logprobs, chat=chat, on_text=on_text, question_id=question_id)
+            proposers=get("proposers"), merge=get("merge"), router=get("router"),
+            constraint=self._constraint_spec(get("constraint")), logprobs=logprobs, chat=chat, on_text=on_text,
+            question_id=get("question_id"))
 
     def prompt_ids(self, prompt: str | list[int], chat: bool | None = None, index: int | None = None) -> list[int]:
         """The token ids of one prompt: text is encoded (with the chat template unless ``chat`` is False); token ids
@@ -466,7 +413,7 @@ class Specframe:
         Raises:
             TypeError: an unknown keyword argument (the message lists the known ones).
         """
-        _check_keywords("generate", kwargs, _GENERATE_KEYWORDS)
+        _check_keywords("generate", kwargs, REQUEST_KEYWORDS)
         return self.generate_result(prompt, **kwargs).to_dict()
 
 
