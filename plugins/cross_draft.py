@@ -44,10 +44,12 @@ from specframe import (
     ProposerConfig,
     SpecframeError,
     TargetInfo,
+    hookimpl,
+)
+from specframe.services import (
     TextBridge,
     cache_length,
     check_lossless,
-    hookimpl,
     new_cache,
     probs_from_logits,
     rollback,
@@ -106,7 +108,7 @@ class _LlamaRunner:
     instance; a rollback drops the cells past ``n`` (``seq_rm``)."""
 
     def __init__(self, model: Any, n_ctx: int) -> None:
-        from specframe import LlamaContext
+        from specframe.services import LlamaContext
 
         self.ctx = LlamaContext(model, n_ctx=n_ctx, n_batch=512, threads=max(1, torch.get_num_threads()))
         self.length = 0
@@ -140,7 +142,7 @@ class _Draft:
     shared-token map; read-only once built. ``runner()`` makes one request's KV state."""
 
     def __init__(self, spec: str, target: TargetInfo, window: int, engine: str) -> None:
-        from specframe import (
+        from specframe.services import (
             load_model,
             model_directory,
             resolve_model,
@@ -160,7 +162,7 @@ class _Draft:
         if engine == "llama.cpp":
             from transformers import AutoTokenizer
 
-            from specframe import LlamaModel
+            from specframe.services import LlamaModel
 
             self.llama = LlamaModel(source.gguf)
             self.model = None
@@ -204,7 +206,7 @@ class _Draft:
 
 def _llama_cpp_loads() -> bool:
     try:
-        from specframe import import_llama_cpp
+        from specframe.services import import_llama_cpp
 
         import_llama_cpp()
         return True
@@ -214,7 +216,7 @@ def _llama_cpp_loads() -> bool:
 
 def _same_gguf(source: Any, target: TargetInfo) -> bool:
     """The draft's GGUF holds the same bytes as the GGUF the target was loaded from (its name resolved again)."""
-    from specframe import file_sha256, resolve_model
+    from specframe.services import file_sha256, resolve_model
 
     try:
         own = resolve_model(target.name).gguf

@@ -47,9 +47,11 @@ from specframe import (
     ProposerConfig,
     TargetInfo,
     VerifyOutcome,
+    hookimpl,
+)
+from specframe.services import (
     cache_length,
     folder_key,
-    hookimpl,
     is_small_draft,
     load_small_draft,
     new_cache,
@@ -161,7 +163,7 @@ def standalone_draft(folder: Path, target: TargetInfo) -> Path:
         ConfigError: the draft is not the one shipped for a built-in target (a trained one needs the target's
             embeddings: use engine transformers, or export it with scripts/export_draft.py and set ``model:``).
     """
-    from specframe import DRAFT_SUFFIX, model_directory, resolve_model
+    from specframe.services import DRAFT_SUFFIX, model_directory, resolve_model
 
     own = shipped(target.name, "draft-model")
     if own is None or own.resolve() != Path(folder).resolve():

@@ -44,13 +44,15 @@ from specframe import (
     ConfigError,
     DecodeState,
     DraftTree,
-    EagleDrafter,
-    KVBuffer,
     ProposerBase,
     ProposerConfig,
     TargetInfo,
-    folder_key,
     hookimpl,
+)
+from specframe.services import (
+    EagleDrafter,
+    KVBuffer,
+    folder_key,
     load_eagle3,
     probs_from_logits,
     shared,

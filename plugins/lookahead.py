@@ -32,7 +32,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, TokenTrie, VerifyOutcome, hookimpl
+from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, VerifyOutcome, hookimpl
+from specframe.services import TokenTrie
 
 
 class LookaheadConfig(ProposerConfig):

@@ -36,12 +36,14 @@ from specframe import (
     ConfigError,
     DecodeState,
     DraftTree,
-    MedusaHeads,
     ProposerBase,
     ProposerConfig,
     TargetInfo,
-    folder_key,
     hookimpl,
+)
+from specframe.services import (
+    MedusaHeads,
+    folder_key,
     load_medusa,
     shared,
 )

@@ -30,8 +30,10 @@ from specframe import (
     ProposerBase,
     ProposerConfig,
     TargetInfo,
-    folder_key,
     hookimpl,
+)
+from specframe.services import (
+    folder_key,
     load_mtp,
     mtp_layer_count,
     probs_from_logits,

@@ -30,7 +30,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, TokenTrie, hookimpl
+from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig, TargetInfo, hookimpl
+from specframe.services import TokenTrie
 
 
 class NgramConfig(ProposerConfig):

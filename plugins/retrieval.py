@@ -31,16 +31,18 @@ from pydantic import Field, model_validator
 
 from specframe import (
     ConfigError,
-    Datastore,
-    DatastoreError,
     DecodeState,
     DraftTree,
     ProposerBase,
     ProposerConfig,
-    Retrieval,
     TargetInfo,
-    TokenTrie,
     hookimpl,
+)
+from specframe.services import (
+    Datastore,
+    DatastoreError,
+    Retrieval,
+    TokenTrie,
 )
 
 
@@ -118,7 +120,7 @@ def open_datastore(config: RetrievalConfig, target: TargetInfo) -> Datastore:
         ConfigError: the datastore cannot be opened, its ids do not fit the target's vocabulary, or it was built
             with another tokenizer; no datastore is set and the target has no tokenizer.
     """
-    from specframe import tokenizer_info
+    from specframe.services import tokenizer_info
 
     info = tokenizer_info(target.tokenizer) if target.tokenizer is not None else None
     try:
@@ -130,7 +132,7 @@ def open_datastore(config: RetrievalConfig, target: TargetInfo) -> Datastore:
                 "build one with `specframe datastore build` and set `datastore: DIR`"
             )
         else:
-            from specframe import default_datastore
+            from specframe.services import default_datastore
 
             ds = default_datastore(target.tokenizer, model=target.name, info=info)
     except DatastoreError as exc:

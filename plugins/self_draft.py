@@ -37,10 +37,12 @@ from specframe import (
     DecodeState,
     DraftTree,
     TargetInfo,
+    hookimpl,
+)
+from specframe.services import (
     cached_skip_choice,
     check_skip,
     decoder_layers,
-    hookimpl,
     shared,
     skipping,
 )

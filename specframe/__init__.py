@@ -6,36 +6,48 @@ Public API::
     sf = specframe.load(model="smollm2-135m-instruct", proposers=[{"name": "ngram"}])
     record = sf.generate("Summarize: ...", max_new_tokens=128)   # same dict as `specframe generate --json`
 
-**This module is the public face.** Plugin authors (the built-in plugins and ``contrib/`` included) import only
-from ``specframe``; every name in ``__all__`` is public and keeps its meaning across minor versions. The modules
-behind it (``specframe.decode``, ``specframe.target``, ...) are the implementation and may move. The names, by group:
+**This module is the public face**: what a user needs to run specframe and what a plugin author needs to write a
+proposer, a verifier, a merge policy or a router. Two submodules complete it: :mod:`specframe.services` (what the
+engine offers a plugin beyond the contracts: token tries, the cost curve, shared weights, KV caches, learned
+drafters, model lookup, datastores, llama.cpp, the registry, the engine) and :mod:`specframe.errors` (every
+``SpecframeError`` subclass, for code that catches one kind). Plugins (the built-in ones and ``contrib/``
+included) import from these three only. Every name in ``__all__`` here and in :mod:`specframe.services`, and
+every error class of :mod:`specframe.errors`, is public and keeps its meaning across minor versions. The modules
+behind them (``specframe.decode``, ``specframe.target``, ...) are the implementation and may move. The names,
+each with why it is here:
 
-- contracts: ``DraftTree``, ``DecodeState``, ``Proposer``, ``ProposerBase``, ``ProposerConfig``, ``TargetInfo``,
-  ``TargetModel``, ``Verifier``, ``VerifyOutcome``, ``VerifyResult``, ``Capabilities``, ``hookimpl``;
-- combining several proposers: ``MergePolicy``, ``MergePolicyBase``, ``MergePolicyConfig``, ``Router``,
-  ``RouterBase``, ``RouterConfig``, ``ProposerStep``, ``StepReport``;
-- token trees and probabilities: ``TokenTrie``, ``children_of``, ``node_depths``, ``SamplingParams``,
-  ``probs_from_logits``;
-- the target's cost curve v(n): ``CostCurve``, ``v_at``;
-- what requests share: ``shared``, ``folder_key``;
-- errors: ``SpecframeError`` and its subclasses (``ConfigError``, ``DraftError``, ...);
-- services heavier to import, loaded on first use: a draft's KV cache (``new_cache``, ``cache_length``,
-  ``rollback``, ``compact``), two tokenizers over one text (``TextBridge``, ``check_lossless``, ``shared_tokens``),
-  the learned drafters' networks (``EagleDrafter``, ``KVBuffer``, ``MedusaHeads``, published EAGLE-3 drafters
-  (``Eagle3Drafter``, ``load_eagle3``) Medusa heads (``PublishedMedusa``, ``load_medusa``) and a target's MTP layers (``load_mtp``,
-  ``mtp_layer_count``), ``is_small_draft``,
-  ``load_small_draft``), model lookup (``resolve_model``, ``load_model``, ``model_directory``,
-  ``tokenizer_directory``, ``file_sha256``, ``DRAFT_SUFFIX``), retrieval datastores (``Datastore``,
-  ``DatastoreError``, ``Retrieval``, ``default_datastore``, ``tokenizer_info``), llama.cpp (``import_llama_cpp``,
-  ``LlamaModel``, ``LlamaContext``), the registry (``build_registry``, ``Registry``: plugins passed in without
-  installing them) and the runtime (``load``, ``Specframe``, ``Engine``).
+- running: ``load`` (build an instance from a config or keywords: the one entry point), ``Specframe`` (what it
+  returns: ``generate``, ``generate_result``, ``generate_batch``, ``lease``), ``SamplingParams`` (a request's
+  temperature / top-p / top-k / seed; a proposer reads it as ``DecodeState.sampling``);
+- writing a proposer: ``ProposerBase`` (the class to subclass), ``ProposerConfig`` (the base of its pydantic
+  options), ``DraftTree`` (what ``propose`` returns), ``DecodeState`` (what ``propose`` reads), ``TargetInfo``
+  (what ``__init__`` is told about the target: vocabulary, EOS ids, context, dtype, cost, tree support),
+  ``VerifyOutcome`` (what ``on_verified`` hears), ``Proposer`` and ``Capabilities`` (the protocol the registry
+  checks, for a proposer that does not subclass ``ProposerBase``, and the flags the engine reads from it),
+  ``hookimpl`` (marks the hook that registers the classes);
+- writing a verifier: ``Verifier`` (its protocol), ``VerifyResult`` (what ``verify`` returns), ``TargetModel``
+  (the target as the engine uses it: what a test or replay target implements);
+- combining proposers: ``MergePolicyBase``, ``MergePolicyConfig`` and ``RouterBase``, ``RouterConfig`` (the
+  classes to subclass and their options), ``MergePolicy`` and ``Router`` (their protocols), ``StepReport`` and
+  ``ProposerStep`` (what a step reports to them, per proposer);
+- errors: ``SpecframeError`` (the base of every error specframe raises on purpose: what a user catches),
+  ``ConfigError`` (what a plugin raises for a setting the user must fix: one error line, not a plugin fault),
+  ``DraftError`` (a draft that breaks the contract: what the conformance kit reports); the others are in
+  :mod:`specframe.errors`.
+
+The names this module used to export that moved to :mod:`specframe.services` or :mod:`specframe.errors`
+still resolve here, with a ``DeprecationWarning`` naming their new place; they are not in ``__all__`` nor
+``dir(specframe)``.
 """
 
 from __future__ import annotations
 
+import sys
+import warnings
 from importlib import import_module
 from typing import Any
 
+from . import services  # (and specframe.errors, bound by the import below)
 from .contracts.combining import (
     MergePolicy,
     MergePolicyBase,
@@ -59,61 +71,43 @@ from .contracts import (
     VerifyOutcome,
     VerifyResult,
 )
-from .errors import (
-    CacheError,
-    ConfigError,
-    DraftError,
-    ModelNotInstalledError,
-    PluginContractError,
-    PluginError,
-    ProposerTimeoutError,
-    SpecframeError,
-    TraceError,
-)
+from .errors import ConfigError, DraftError, SpecframeError
 from .hookspecs import hookimpl
-from .sampling import SamplingParams, probs_from_logits
-from .shared_weights import folder_key, shared
-from .target.cost import CostCurve, v_at
-from .token_tree import children_of, node_depths
-from .token_tree import TokenTrie
+from .sampling import SamplingParams
 
 __version__ = "0.1.0"
 
-# name -> module: imported on first use (these pull in transformers, safetensors, ctypes or the engine)
-_LAZY = {
-    "new_cache": ".target.kv_cache", "cache_length": ".target.kv_cache", "rollback": ".target.kv_cache",
-    "compact": ".target.kv_cache",
-    "skipping": ".target.layer_skip", "decoder_layers": ".target.layer_skip", "check_skip": ".target.layer_skip",
-    "cached_skip_choice": ".target.skip_search", "SkipChoice": ".target.skip_search",
-    "TextBridge": ".learned.crossvocab", "check_lossless": ".learned.crossvocab", "shared_tokens": ".learned.crossvocab",
-    "EagleDrafter": ".learned.eagle_drafter", "KVBuffer": ".learned.eagle_drafter",
-    "MedusaHeads": ".learned.medusa_heads",
-    "Eagle3Drafter": ".learned.eagle3", "load_eagle3": ".learned.eagle3",
-    "PublishedMedusa": ".learned.medusa_published", "load_medusa": ".learned.medusa_published",
-    "load_mtp": ".learned.mtp", "mtp_layer_count": ".learned.mtp",
-    "is_small_draft": ".learned.small_draft", "load_small_draft": ".learned.small_draft",
-    "resolve_model": ".target.models", "load_model": ".target.models", "model_directory": ".target.models",
-    "tokenizer_directory": ".target.models", "file_sha256": ".target.models", "DRAFT_SUFFIX": ".target.models",
-    "Datastore": ".datastore", "DatastoreError": ".datastore", "Retrieval": ".datastore",
-    "default_datastore": ".datastore.default", "tokenizer_info": ".datastore.sources",
-    "import_llama_cpp": ".target.llamacpp.binding", "LlamaModel": ".target.llamacpp.binding",
-    "LlamaContext": ".target.llamacpp.binding",
-    "load": ".api", "Specframe": ".api", "Engine": ".decode.engine",
-    "build_registry": ".registry", "Registry": ".registry",
+# name -> module: imported on first use (the runtime pulls in transformers and the engine)
+_LAZY = {"load": ".api", "Specframe": ".api"}
+
+# name -> its public home now: the names this module exported before (they resolve, with a DeprecationWarning)
+_MOVED = {
+    **dict.fromkeys(services.__all__, "specframe.services"),
+    **dict.fromkeys(("CacheError", "ModelNotInstalledError", "PluginContractError", "PluginError",
+                     "ProposerTimeoutError", "TraceError"), "specframe.errors"),
 }
 
 __all__ = [
-    "CacheError", "Capabilities", "ConfigError", "CostCurve", "DecodeState", "DraftError", "DraftTree",
-    "MergePolicy", "MergePolicyBase", "MergePolicyConfig", "ModelNotInstalledError", "PluginContractError",
-    "PluginError", "Proposer", "ProposerBase", "ProposerConfig", "ProposerStep", "ProposerTimeoutError", "Router",
-    "RouterBase", "RouterConfig", "SamplingParams", "SpecframeError", "StepReport", "TargetInfo", "TargetModel",
-    "TokenTrie", "TraceError", "Verifier", "VerifyOutcome", "VerifyResult", "children_of", "folder_key", "hookimpl",
-    "node_depths", "probs_from_logits", "shared", "v_at", *_LAZY,
+    "Capabilities", "ConfigError", "DecodeState", "DraftError", "DraftTree", "MergePolicy", "MergePolicyBase",
+    "MergePolicyConfig", "Proposer", "ProposerBase", "ProposerConfig", "ProposerStep", "Router", "RouterBase",
+    "RouterConfig", "SamplingParams", "SpecframeError", "StepReport", "TargetInfo", "TargetModel", "Verifier",
+    "VerifyOutcome", "VerifyResult", "hookimpl", *_LAZY,
 ]
 
 
-def __getattr__(name: str) -> Any:  # PEP 562: heavy imports only when used
+def __getattr__(name: str) -> Any:  # PEP 562: heavy imports only when used, moved names with a warning
     module = _LAZY.get(name)
-    if module is None:
+    if module is not None:
+        return getattr(import_module(module, __name__), name)  # (not cached here: a patched module attribute is seen)
+    home = _MOVED.get(name)
+    if home is None:
         raise AttributeError(f"module 'specframe' has no attribute {name!r}")
-    return getattr(import_module(module, __name__), name)  # (not cached here: a patched module attribute is seen)
+    caller = sys._getframe(1).f_code
+    if caller.co_name == "_handle_fromlist" and "importlib" in caller.co_filename:
+        return getattr(import_module(home), name)  # its hasattr before `from specframe import name`, which warns next
+    warnings.warn(f"specframe.{name} is moved: import it from {home}", DeprecationWarning, stacklevel=2)
+    return getattr(import_module(home), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

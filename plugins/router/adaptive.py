@@ -30,15 +30,14 @@ import random
 from typing import Sequence
 
 from specframe import (
-    CostCurve,
     DraftTree,
     ProposerStep,
     RouterBase,
     StepReport,
     TargetInfo,
     hookimpl,
-    node_depths,
 )
+from specframe.services import CostCurve, node_depths
 
 from . import ascent, ledger, probes
 from .config import AdaptiveConfig, load_cost_curve

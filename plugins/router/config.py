@@ -15,7 +15,8 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator
 
-from specframe import ConfigError, CostCurve, RouterConfig
+from specframe import ConfigError, RouterConfig
+from specframe.services import CostCurve
 
 
 class AdaptiveConfig(RouterConfig):

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specframe import CostCurve, ProposerStep, StepReport, TargetInfo
+from specframe import ProposerStep, StepReport, TargetInfo
+from specframe.services import CostCurve
 
 from .stats import ProposerStats
 
