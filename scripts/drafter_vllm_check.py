@@ -56,7 +56,7 @@ def run_specframe(args) -> None:
 
     obs = Steps()
     sf = specframe.load(model=args.model, dtype="float32", threads=2, prepack=False,
-                        registry=specframe.build_registry(extra_plugins=(obs,)))
+                        registry=specframe.services.build_registry(extra_plugins=(obs,)))
     prompts = select_questions(read_prompts(args.questions), None, args.per_category)[: args.limit]
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)

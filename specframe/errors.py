@@ -7,6 +7,31 @@ exits with code 2. Messages say what to fix.
 from __future__ import annotations
 
 
+__all__ = [  # the error classes (first_line is a helper of the package's own)
+    "SpecframeError",
+    "ConfigError",
+    "UnknownModelError",
+    "ModelNotInstalledError",
+    "UnknownNameError",
+    "UnknownProposerError",
+    "UnknownVerifierError",
+    "UnknownMergePolicyError",
+    "UnknownRouterError",
+    "UnknownConstraintEngineError",
+    "PluginError",
+    "PluginLoadError",
+    "PluginContractError",
+    "DuplicateRegistrationError",
+    "CacheError",
+    "PromptTooLongError",
+    "PromptsFileError",
+    "DraftError",
+    "ProposerTimeoutError",
+    "TraceError",
+    "ConstraintError",
+]
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of ``exc``'s message (empty when it has none): what a one-line error quotes of a cause."""
     return (str(exc).strip().splitlines() or [""])[0]

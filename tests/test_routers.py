@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from specframe import DraftTree
 from specframe.contracts.combining import ProposerStep, StepReport
-from specframe import TargetInfo, node_depths
+from specframe import TargetInfo
+from specframe.services import node_depths
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter, ascent, ledger
 from specframe_plugins.router.config import load_cost_curve
 from specframe_plugins.router.stats import column as col
