@@ -131,10 +131,7 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
         return
     registry = build_registry()
     validate_bench_config(cfg, registry)
-    try:  # an unwritable output fails now, not after the run
-        output.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--output {output}: cannot create the directory ({exc.strerror})") from None
+    _mkdir(output)
     if profile is None and cfg.profile is not None:
         err.print(f"measuring the cost curve v(n) too: {config} has a `profile:` section (--no-profile skips it)",
                   markup=False, soft_wrap=True)
@@ -155,14 +152,7 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
 
     # 2. load once, 3. run
     by_strategy, assistants = _load_strategies(cfg, registry, err)
-    try:
-        records, prof = _run_strategies(cfg, chosen, by_strategy, assistants, err, journal)
-    except KeyboardInterrupt:
-        journal.close()
-        err.print(f"interrupted: the finished runs are kept in {journal.path}; to continue, run the same command with "
-                  "--resume", markup=False, soft_wrap=True)
-        raise typer.Exit(130) from None
-    journal.close()
+    records, prof = _run_journaled(cfg, chosen, by_strategy, assistants, err, journal)
     lossless = lossless_check(by_strategy.__getitem__, records, chosen, cfg.chat, _float32_target(cfg)) \
         if is_greedy_temperature(cfg.temperature) else None
     summary = aggregate(records, [s.name for s in cfg.strategies], prof, cfg.reference)
@@ -222,6 +212,10 @@ def _bench_load(cfg, chosen, by_strategy, output, err) -> None:
 
 
 def _mkdir(output: Path) -> None:
+    """Create ``output`` (and its parents) if missing.
+
+    Raises:
+        ConfigError: the directory cannot be created (the OS's reason)."""
     try:  # an unwritable output fails now, not after the run
         output.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -400,6 +394,23 @@ def _run_strategies(cfg, chosen, by_strategy, assistants, err, journal=None) -> 
         records = runner.run(chosen, advance=lambda s: progress.update(task, advance=1, description=f"bench {s:>16}"),
                              done=journal.done if journal else None, on_record=journal.add if journal else lambda r: None,
                              on_question=None if err.is_terminal else _question_line(err, chosen))
+    return records, prof
+
+
+def _run_journaled(cfg, chosen, by_strategy, assistants, err, journal) -> tuple[list[dict], Any]:
+    """:func:`_run_strategies` with each finished run kept in ``journal`` (closed at the end): (records, cost profile
+    or None). Ctrl-C closes the journal, says how to resume and exits with status 130.
+
+    Raises:
+        typer.Exit: 130, on Ctrl-C."""
+    try:
+        records, prof = _run_strategies(cfg, chosen, by_strategy, assistants, err, journal)
+    except KeyboardInterrupt:
+        journal.close()
+        err.print(f"interrupted: the finished runs are kept in {journal.path}; to continue, run the same command with "
+                  "--resume", markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
+    journal.close()
     return records, prof
 
 

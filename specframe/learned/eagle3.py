@@ -339,16 +339,14 @@ def _aux_layers(config: dict) -> list[int] | None:
     return None if ids is None else [int(i) for i in ids]
 
 
-def load_eagle3(  # noqa: PLR0915 - the published layout's checks, one after another
-        folder: Path, target_hidden: int, target_vocab: int, target_layers: int, target_name: str = "",
-        target_path: str = "") -> Eagle3Drafter:
-    """Load an EAGLE-3 drafter from a native or speculators checkpoint folder, for a target with hidden size
-    ``target_hidden``, vocabulary ``target_vocab`` and ``target_layers`` decoder layers.
+def _layout(folder: Path, config: dict) -> tuple[str, str, Any, str | None, dict[str, bool]]:
+    """Which published layout ``config`` (the folder's ``config.json``) is in, and what it says of the drafter:
+    ``(format, layer type, layer config, verifier name or None, flags)``; the flags are the
+    :class:`Eagle3Drafter` keywords ``norm_before_residual``, ``norm_before_fc``, ``fc_norm`` and ``norm_output``.
 
     Raises:
-        ConfigError: not an EAGLE-3 checkpoint, an unsupported layer type or algorithm, unreadable weights, weights
-            that do not match the config, or a drafter for another target's hidden size, vocabulary or depth."""
-    config = read_config(folder)
+        ConfigError: a speculators checkpoint of another algorithm, a config that describes no EAGLE-3 drafter, or
+            an unsupported layer type."""
     spec_type = config.get("speculators_model_type")
     if spec_type is not None and spec_type != "eagle3":
         raise ConfigError(f"{folder} is a speculators {spec_type!r} checkpoint; specframe's eagle proposer reads "
@@ -363,7 +361,6 @@ def load_eagle3(  # noqa: PLR0915 - the published layout's checks, one after ano
         verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
         flags = {k: bool(config.get(k, False)) for k in ("norm_before_residual", "norm_before_fc", "fc_norm",
                                                            "norm_output")}
-        t_hidden = config.get("target_hidden_size")
     else:
         layer = {k: v for k, v in config.items() if k not in ("draft_vocab_size", "target_hidden_size")}
         layer_type = "llama"
@@ -371,13 +368,52 @@ def load_eagle3(  # noqa: PLR0915 - the published layout's checks, one after ano
         verifier = config.get("base_model_name_or_path") or config.get("_name_or_path") or None
         flags = {k: bool(config.get(k, False)) for k in ("norm_before_fc", "fc_norm", "norm_output")}
         flags["norm_before_residual"] = False
-        t_hidden = config.get("target_hidden_size")
-    layer_cfg = _layer_config(layer_type, layer)
+    return fmt, layer_type, _layer_config(layer_type, layer), verifier, flags
+
+
+def _drafter_weights(folder: Path) -> dict[str, Tensor]:
+    """The weights in ``folder`` under :class:`Eagle3Drafter`'s names (native ``midlayer.*`` read as ``layers.0.*``),
+    without the verifier's own ``verifier_lm_head.*`` / ``verifier_norm.*``; tensors as stored.
+
+    Raises:
+        ConfigError: unreadable weights, or no ``fc.weight`` or ``lm_head.weight`` among them."""
     state = read_weights(weight_files(folder))
     state = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in state.items()}
     state = {k: v for k, v in state.items() if not k.startswith(("verifier_lm_head.", "verifier_norm."))}
     if "fc.weight" not in state or "lm_head.weight" not in state:
         raise ConfigError(f"{folder}: the weights lack fc.weight or lm_head.weight: not an EAGLE-3 drafter")
+    return state
+
+
+def _vocabulary_maps(folder: Path, state: dict[str, Tensor], draft_vocab: int, vocab: int) -> None:
+    """Set ``state``'s ``d2t`` (``[draft_vocab]`` int64, target id minus draft id) and ``t2d`` (``[vocab]`` bool, the
+    target ids the head drafts), in place: a checkpoint without ``d2t`` has a full-vocabulary head (``d2t`` zeros,
+    ``t2d`` all true); one without ``t2d`` gets all false.
+
+    Raises:
+        ConfigError: no ``d2t`` and a draft vocabulary smaller than the target's."""
+    if "d2t" not in state:  # a full-vocabulary head
+        if draft_vocab != vocab:
+            raise ConfigError(f"{folder}: the draft vocabulary ({draft_vocab}) is smaller than the target's ({vocab}) "
+                              f"but there is no d2t to map it")
+        state["d2t"] = torch.zeros(draft_vocab, dtype=torch.int64)
+        state["t2d"] = torch.ones(vocab, dtype=torch.bool)
+    state["d2t"] = state["d2t"].to(torch.int64)
+    state["t2d"] = state.get("t2d", torch.zeros(vocab)).to(torch.bool)
+
+
+def load_eagle3(folder: Path, target_hidden: int, target_vocab: int, target_layers: int, target_name: str = "",
+                target_path: str = "") -> Eagle3Drafter:
+    """Load an EAGLE-3 drafter from a native or speculators checkpoint folder, for a target with hidden size
+    ``target_hidden``, vocabulary ``target_vocab`` and ``target_layers`` decoder layers.
+
+    Raises:
+        ConfigError: not an EAGLE-3 checkpoint, an unsupported layer type or algorithm, unreadable weights, weights
+            that do not match the config, or a drafter for another target's hidden size, vocabulary or depth."""
+    config = read_config(folder)
+    fmt, layer_type, layer_cfg, verifier, flags = _layout(folder, config)
+    t_hidden = config.get("target_hidden_size")
+    state = _drafter_weights(folder)
     h = int(layer_cfg.hidden_size)
     draft_vocab = int(state["lm_head.weight"].shape[0])
     vocab = int(state["t2d"].shape[0]) if "t2d" in state else int(layer_cfg.vocab_size)
@@ -398,14 +434,7 @@ def load_eagle3(  # noqa: PLR0915 - the published layout's checks, one after ano
     check_target_name("EAGLE-3", folder, verifier, target_name, (target_path,))
     drafter = Eagle3Drafter(layer_cfg, layer_type, tuple(taps), draft_vocab, vocab, t_hidden,
                             own_embed="embed_tokens.weight" in state, **flags)
-    if "d2t" not in state:  # a full-vocabulary head
-        if draft_vocab != vocab:
-            raise ConfigError(f"{folder}: the draft vocabulary ({draft_vocab}) is smaller than the target's ({vocab}) "
-                              f"but there is no d2t to map it")
-        state["d2t"] = torch.zeros(draft_vocab, dtype=torch.int64)
-        state["t2d"] = torch.ones(vocab, dtype=torch.bool)
-    state["d2t"] = state["d2t"].to(torch.int64)
-    state["t2d"] = state.get("t2d", torch.zeros(vocab)).to(torch.bool)
+    _vocabulary_maps(folder, state, draft_vocab, vocab)
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.startswith("rotary.")]
     if missing or unexpected:

@@ -60,21 +60,7 @@ def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | No
     app = FastAPI(title="specframe", docs_url=None, redoc_url=None)
     server = _Server(sf, model_name or sf.config.model, allowed, max_tokens_limit, max_pending, drain_s)
     metrics = server.metrics
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        metrics.requests.labels(request.url.path, "400").inc()
-        message, param = _validation_message(exc)
-        return JSONResponse(error_body(message, param=param), status_code=400)
-
-    @app.exception_handler(_Refused)
-    async def _refused(request: Request, exc: _Refused) -> JSONResponse:
-        metrics.requests.labels(request.url.path, str(exc.status)).inc()
-        return JSONResponse(error_body(exc.message, exc.kind, exc.param, exc.code), status_code=exc.status)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), status_code=exc.status_code)
+    _error_handlers(app, metrics)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -109,6 +95,27 @@ def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | No
         return await server.serve(body, request, server.chat_prompt(body), chat=True)
 
     return app
+
+
+def _error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+    """Answer every refusal with the OpenAI error object: a body that fails validation (400), a :class:`_Refused`
+    (its status), and Starlette's own HTTP errors (e.g. 404 for an unknown path, 405); the first two are counted in
+    ``metrics.requests`` under the path and status."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        metrics.requests.labels(request.url.path, "400").inc()
+        message, param = _validation_message(exc)
+        return JSONResponse(error_body(message, param=param), status_code=400)
+
+    @app.exception_handler(_Refused)
+    async def _refused(request: Request, exc: _Refused) -> JSONResponse:
+        metrics.requests.labels(request.url.path, str(exc.status)).inc()
+        return JSONResponse(error_body(exc.message, exc.kind, exc.param, exc.code), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), status_code=exc.status_code)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

@@ -142,6 +142,24 @@ def _drafter(target: Any, s: EagleSettings, token_map: torch.Tensor) -> tuple[tu
     return spec.feature_layers, drafter, copied
 
 
+def _drafter_and_subset(target: Any, records: list[dict],
+                        s: EagleSettings) -> tuple[tuple[int, ...], Any, bool, torch.Tensor, float]:
+    """The drafter to train (:func:`_drafter`) and the subset of the target vocabulary its head drafts over:
+    ``(feature layers, drafter, whether a target layer was copied, token_map, coverage)``, ``token_map`` ``[S]``
+    int64 target ids on the CPU: the ``s.vocab_subset`` most frequent response tokens of ``records``
+    (:func:`~specframe.training.common.token_subset`), or for a warm start (``s.init``) the rows its head was
+    trained with; ``coverage``: the share of the records' response tokens in it.
+
+    Raises:
+        ConfigError: as :func:`_drafter`."""
+    token_map, coverage = token_subset(records, s.vocab_subset, target.eos_token_ids)
+    layers, drafter, copied = _drafter(target, s, token_map)
+    if s.init:  # the head keeps the rows it was trained with
+        token_map = drafter.token_map.cpu()
+        coverage = _coverage(records, token_map)
+    return layers, drafter, copied, token_map, coverage
+
+
 def native_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16, AMX, or Arm BF16): elsewhere bfloat16 autocast is
     emulated and slower than float32 (an EAGLE-3 training step at batch 8 x 256 tokens: 20.3 s under autocast, 2.9 s
@@ -168,6 +186,18 @@ def _inputs(target: Any, ids: torch.Tensor, valid: torch.Tensor, layers: tuple[i
         nxt = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], 1)
         emb = target.model.get_input_embeddings()(nxt.to(target.device)).float()
     return feats, emb
+
+
+def _batch(target: Any, rows: list[tuple[list[int], int]], sub_index: torch.Tensor,
+           layers: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    """One training batch of ``rows`` (``(ids, first response index)``, :func:`_examples`), right-padded, on the
+    target's device: the drafter's inputs (:func:`_inputs`: features ``[B, W, F, H]``, next-token embeddings
+    ``[B, W, H]`` float32), ``valid [B, W]`` bool and ``labels [B, W]`` int64, the subset index (``sub_index``) of the
+    token two positions ahead, -100 where there is none (:func:`~specframe.training.common.padded_batch`)."""
+    ids, valid, labels = padded_batch(rows, sub_index, shift=2)
+    valid, labels = valid.to(target.device), labels.to(target.device)
+    feats, emb = _inputs(target, ids, valid, layers)
+    return feats, emb, valid, labels
 
 
 def _unrolled_loss(drafter: Any, feats: torch.Tensor, emb: torch.Tensor, valid: torch.Tensor,
@@ -215,11 +245,7 @@ def train_eagle(target: Any, records: list[dict], out: Path, s: EagleSettings,
     """
     torch.manual_seed(s.seed)
     out.mkdir(parents=True, exist_ok=True)
-    token_map, coverage = token_subset(records, s.vocab_subset, target.eos_token_ids)
-    layers, drafter, copied = _drafter(target, s, token_map)
-    if s.init:  # the head keeps the rows it was trained with
-        token_map = drafter.token_map.cpu()
-        coverage = _coverage(records, token_map)
+    layers, drafter, copied, token_map, coverage = _drafter_and_subset(target, records, s)
     sub_index = subset_index(token_map, target.vocab_size)
     examples = _examples(records, s.max_len)
     head_rows = target.model.get_output_embeddings().weight.detach()[token_map.to(target.device)].float()
@@ -235,9 +261,7 @@ def train_eagle(target: Any, records: list[dict], out: Path, s: EagleSettings,
     batches = resumed_batches(lambda epoch: length_batches(lengths, s.batch_size, s.seed, epoch), per_epoch,
                               s.epochs, run.step)
     for b in batches:
-        ids, valid, labels = padded_batch([examples[i] for i in b], sub_index, shift=2)
-        valid, labels = valid.to(target.device), labels.to(target.device)
-        feats, emb = _inputs(target, ids, valid, layers)
+        feats, emb, valid, labels = _batch(target, [examples[i] for i in b], sub_index, layers)
         with _autocast(s, target):
             loss, accs = _unrolled_loss(drafter, feats, emb, valid, labels, head_rows, weights)
         if not bool(torch.isfinite(loss)) or not loss.requires_grad:

@@ -113,6 +113,21 @@ def from_teacher(teacher: list[dict], num_heads: int) -> tuple[Tensor, Tensor]:
     return torch.cat(hs), torch.cat(ls)
 
 
+def _hidden_and_labels(target: Any, records: list[dict], s: MedusaSettings,
+                       progress: Callable[[str, int, int, float], None] | None,
+                       teacher: list[dict] | None) -> tuple[Tensor, Tensor]:
+    """The training positions: ``(hidden [M, H], labels [M, num_heads] int64, -1 = past the end)``, from the
+    teacher pass's hidden states (:func:`from_teacher`) when given, else from a target forward per batch of records
+    (:func:`collect`, reported to ``progress`` as phase ``"hidden"``).
+
+    Raises:
+        ConfigError: no record has a usable response."""
+    if teacher is not None:
+        return from_teacher(teacher, s.num_heads)
+    return collect(target, records, s.num_heads, s.max_len,
+                   (lambda d, n: progress("hidden", d, n, 0.0)) if progress else None)
+
+
 def _position_batches(m: int, size: int, seed: int, epoch: int) -> tuple[Tensor, ...]:
     """The batches of an epoch: ``size`` of the ``m`` positions each, in a permutation seeded per epoch."""
     g = torch.Generator().manual_seed(seed * 1000 + epoch)
@@ -151,11 +166,7 @@ def train_medusa(
     torch.manual_seed(s.seed)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    if teacher is not None:
-        hidden, labels = from_teacher(teacher, s.num_heads)
-    else:
-        hidden, labels = collect(target, records, s.num_heads, s.max_len,
-                                 (lambda d, n: progress("hidden", d, n, 0.0)) if progress else None)
+    hidden, labels = _hidden_and_labels(target, records, s, progress, teacher)
     t_hidden = time.perf_counter() - t0
     token_map, coverage = token_subset(records, s.vocab_subset, target.eos_token_ids)
     sub_index = subset_index(token_map, target.vocab_size)

@@ -135,7 +135,6 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
     """
     from ..machine import LoadMonitor, choose_threads, usable_cores
     from ..models import resolve_model
-    from ..profile import Candidate, Settings, ThreadGovernor, load_independent, measured_threads
     from .profile import get_profile
     from .target import LlamaCppTarget
 
@@ -170,6 +169,22 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
     target.weights, target.weights_why = weights, weights_why
     model_name = _profile_name(source.name, weights)
     profile = get_profile(target, model_name, progress) if measuring else None
+    settings, cand = _thread_settings(target, source, profile, threads, fit, speculative, cores_why, others)
+    target.set_threads(settings.threads)
+    _check_rows(target, model_name, bool(opts.get("inexact")))
+    _attach_governor(target, settings, cand, profile, threads == "auto", cores)
+    return target
+
+
+def _thread_settings(target: Any, source: Any, profile: Any, threads: int | str, fit: int, speculative: bool,
+                     cores_why: str, others: float) -> tuple[Any, Any]:
+    """What ``target`` (its ``weights`` and ``weights_why`` set), loaded from ``source`` (the resolved model), runs
+    with: ``threads: auto`` is the profile's choice within ``fit`` threads (``fit`` itself when ``profile`` is None:
+    not measured), a number is taken as given. Returns ``(Settings, Candidate)`` (:mod:`specframe.target.profile`);
+    the reason of an ``auto`` choice starts with the usable cores (``cores_why``) and others' load (cores)."""
+    from ..profile import Candidate, Settings
+
+    weights, weights_why = target.weights, target.weights_why
     if profile is not None:
         cand, _, reason = profile.choose("auto", threads, False, fit, speculative)
     else:
@@ -179,12 +194,18 @@ def load_llamacpp_target(name_or_path: str, dtype: str = "auto", device: str = "
     settings = Settings(weights, cand.threads, False, what,
                         "as given" if threads != "auto" else f"{cores_why}; others using {others:.1f}; {reason}",
                         "not used by llama.cpp", str(profile.path) if profile is not None and profile.path else None)
-    target.set_threads(settings.threads)
-    _check_rows(target, model_name, bool(opts.get("inexact")))
+    return settings, cand
+
+
+def _attach_governor(target: Any, settings: Any, cand: Any, profile: Any, auto: bool, cores: int) -> None:
+    """Give ``target`` its ``settings`` and a thread governor over ``cores`` usable cores: the live cost curve of
+    ``cand`` (ms per forward, from ``profile``; none when not measured), retuning the threads only when they were
+    chosen (``auto``) and the profile measured ``cand``'s weights at some thread count."""
+    from ..profile import ThreadGovernor, load_independent, measured_threads
+
     measured = profile.find(cand) if profile is not None else None
     curve = CostCurve(measured.t_ms if measured else None, load_independent(profile, cand))
-    governor = ThreadGovernor(settings, threads == "auto", cores, profile, curve, apply=target.set_threads)
+    governor = ThreadGovernor(settings, auto, cores, profile, curve, apply=target.set_threads)
     if profile is not None and not measured_threads(profile, cand):
         governor.auto = False
     target.attach_machine(settings, governor)
-    return target
