@@ -13,7 +13,7 @@ trained weights (:data:`PROPOSERS`; ``retrieval`` over a datastore of the refere
 - ``error: <type>: <first line>``: an exception that is not a SpecframeError (a traceback for a user).
 
 A type transformers itself cannot build or generate with is ``unbuildable`` (not specframe's to judge).
-``python scripts/decoder_sweep.py`` writes the table; ``tests/test_decoder_sweep.py`` asserts it.
+``python scripts/decoder_sweep.py`` writes the table; ``tests/target/test_decoder_sweep.py`` asserts it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ weighted sum run over every cell (others' masked to zero) — other SIMD lanes, 
 differences against one-token decoding on the default model. With a stream per sequence a request attends to its own
 cells only, laid out as when it decodes alone, and on the batch-invariant build (no llamafile sgemm, no repacked
 weights: docs/llamacpp.md) every row of a batch rounds as one-token decoding: logits bit-identical
-(``tests/test_llamacpp.py``).
+(``tests/target/test_llamacpp.py``).
 
 Ragged rows: llama.cpp splits a batch whose sequences carry different token counts into several micro-batches (one
 graph each), so a step pads every row to the longest with copies of its last token at the next positions. Causal

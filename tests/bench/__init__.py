@@ -1,0 +1,1 @@
+"""Measuring: specframe bench, traces and replay (the conformance kit's replay included), sweeps."""
