@@ -13,7 +13,7 @@ from specframe.contracts.combining import ProposerStep
 from specframe.target.hf import Target
 from specframe_plugins.merge_policies import ConfidenceConfig, ConfidencePolicy, PriorityConfig, PriorityPolicy
 
-from .support import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, hf_greedy
+from tests.fakes import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, hf_greedy
 
 N_NEW = 32
 

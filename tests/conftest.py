@@ -1,4 +1,4 @@
-"""Shared fixtures (see :mod:`tests.support` for the builders they use)."""
+"""Shared fixtures (see :mod:`tests.fakes` for the builders they use)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from transformers import PreTrainedTokenizerFast
 
 from specframe.target.hf import Target
 
-from .support import ARCHS, VOCAB, build_model, build_tokenizer
+from tests.fakes import ARCHS, VOCAB, build_model, build_tokenizer
 
 
 @pytest.fixture(scope="session")

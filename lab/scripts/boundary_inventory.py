@@ -146,7 +146,7 @@ def main() -> int:
     a = ap.parse_args()
     import specframe
     from specframe.target.hf import Target
-    from tests.support import build_model, build_tokenizer
+    from tests.fakes import build_model, build_tokenizer
 
     tok = build_tokenizer()
     tok.chat_template = TEMPLATE

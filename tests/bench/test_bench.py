@@ -22,7 +22,7 @@ from specframe.io.prompts import Prompt
 from specframe.registry import build_registry
 from specframe.target.hf import Target
 
-from ..support import build_model, build_tokenizer
+from tests.fakes import build_model, build_tokenizer
 
 QUESTIONS = [
     Prompt("aa ab ac aa ab ad ae aa ab", 1, "summarization"),

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from specframe.bench import runner as bench_runner
 from specframe.cli import app
 
-from ..support import WORDS, build_model, build_tokenizer
+from tests.fakes import WORDS, build_model, build_tokenizer
 
 N_QUESTIONS = 4
 SAME = ("question", "question_id", "strategy", "seed", "repeat", "token_ids", "finish_reason")

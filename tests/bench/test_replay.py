@@ -30,7 +30,7 @@ from specframe.replay.sweep import Task, run_here
 from specframe.replay.trace import VERSION, check_trace_matches, read_trace, write_trace
 from specframe.target.hf import Target
 
-from ..support import PROMPT, PROMPT_2, VOCAB, WORDS, build_model, build_tokenizer
+from tests.fakes import PROMPT, PROMPT_2, VOCAB, WORDS, build_model, build_tokenizer
 
 N_NEW = 40
 NAME = "specframe-test-tiny-no-shipped-weights"  # no shipped weights are ever found for it

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from specframe import cli
 
-from ..support import PROMPT, PROMPT_2, WORDS, build_model, build_tokenizer
+from tests.fakes import PROMPT, PROMPT_2, WORDS, build_model, build_tokenizer
 
 runner = CliRunner()
 N_NEW = 24

@@ -20,7 +20,7 @@ from specframe_plugins.ngram import NgramConfig, NgramProposer
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter
 
 from ..combining_helpers import N_NEW, ScriptedChain, ScriptedTree, chain, combining_envs, policy_of
-from ..support import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, check_metrics
+from tests.fakes import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, check_metrics
 
 
 @pytest.fixture(scope="module")

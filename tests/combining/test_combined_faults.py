@@ -15,7 +15,7 @@ from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.merge_policies import PriorityConfig, PriorityPolicy
 
 from ..combining_helpers import N_NEW, ScriptedChain, combining_envs, policy_of
-from ..support import PROMPT
+from tests.fakes import PROMPT
 
 
 @pytest.fixture(scope="module")

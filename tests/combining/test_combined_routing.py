@@ -15,7 +15,7 @@ from specframe_plugins.ngram import NgramConfig, NgramProposer
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter
 
 from ..combining_helpers import N_NEW, ScriptedChain, combining_envs, policy_of
-from ..support import ARCHS, PROMPT, VOCAB, build_tokenizer, check_metrics
+from tests.fakes import ARCHS, PROMPT, VOCAB, build_tokenizer, check_metrics
 
 
 @pytest.fixture(scope="module")

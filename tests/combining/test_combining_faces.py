@@ -13,7 +13,7 @@ from specframe.errors import ConfigError
 from specframe.registry import build_registry
 
 from ..combining_helpers import N_NEW, combining_envs
-from ..support import PROMPT, build_model, build_tokenizer, hf_greedy
+from tests.fakes import PROMPT, build_model, build_tokenizer, hf_greedy
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from specframe.sampling import SamplingParams
 from specframe.acceptance import SpeculativeSamplingVerifier
 
 from ..combining_helpers import chain, tree
-from ..support import VOCAB
+from tests.fakes import VOCAB
 
 
 def whole(drafts):

@@ -21,7 +21,7 @@ from specframe_plugins.merge_policies import (
 )
 
 from ..combining_helpers import N_NEW, chain, combining_envs, step
-from ..support import PROMPT
+from tests.fakes import PROMPT
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from specframe_plugins.medusa import MedusaConfig, MedusaProposer
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
 from ..combining_helpers import draft_dir, policy_of
-from ..support import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, check_metrics
+from tests.fakes import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, check_metrics
 from ..proposers.test_eagle import random_drafter
 from ..proposers.test_medusa import random_heads
 
@@ -362,7 +362,7 @@ def test_the_router_shrinks_drafts_as_the_batch_grows(env):
     from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter
 
     from ..combining_helpers import ScriptedChain
-    from ..support import hf_greedy
+    from tests.fakes import hf_greedy
 
     target = env["llama"][0]
     curve = [max(1.0, n / 8) for n in range(1, 129)]

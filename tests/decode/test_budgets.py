@@ -15,7 +15,7 @@ from specframe.target.hf import Target
 from specframe.acceptance import GreedyVerifier
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
-from ..support import PROMPT, build_model, build_tokenizer, plain_generate
+from tests.fakes import PROMPT, build_model, build_tokenizer, plain_generate
 
 HUGE = 10**12  # 8 TB of int64 token ids if a buffer were sized by it
 

@@ -3,7 +3,7 @@ path, so greedy output equals constrained decoding without speculation — check
 specframe: transformers' ``generate`` with a logits processor that masks by llguidance directly.
 
 The model is a tiny random llama over a byte-level BPE tokenizer trained on JSON-like text (so the grammar engine
-sees real byte tokens; :func:`tests.support.build_bpe_tokenizer`), float32, CPU.
+sees real byte tokens; :func:`tests.fakes.build_bpe_tokenizer`), float32, CPU.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from specframe.errors import ConstraintError
 from specframe.grammar.llguidance_engine import LLGuidanceEngine, unpack_bitmask
 from specframe.target.hf import Target
 
-from ..support import BPE_EOS as EOS
-from ..support import build_bpe_model, build_bpe_tokenizer
+from tests.fakes import BPE_EOS as EOS
+from tests.fakes import build_bpe_model, build_bpe_tokenizer
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 150},

@@ -22,7 +22,7 @@ from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.autoregressive import NoneConfig, NoProposer
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
-from ..support import PROMPT, PROMPT_2, VOCAB, WORDS, build_model, check_metrics, hf_greedy, plain_generate
+from tests.fakes import PROMPT, PROMPT_2, VOCAB, WORDS, build_model, check_metrics, hf_greedy, plain_generate
 
 N_NEW = 40
 

@@ -17,7 +17,7 @@ from specframe.target.hf import Target
 from specframe.acceptance import GreedyVerifier
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
-from ..support import PROMPT, WORDS, build_model, build_tokenizer, plain_generate
+from tests.fakes import PROMPT, WORDS, build_model, build_tokenizer, plain_generate
 
 END = "<|im_end|>"
 

@@ -13,7 +13,7 @@ from specframe.target.hf import Target
 from specframe.acceptance import GreedyVerifier
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
-from ..support import PROMPT, VOCAB, WORDS, build_model
+from tests.fakes import PROMPT, VOCAB, WORDS, build_model
 
 # a word-level vocabulary with punctuation and contractions, which clean_up_tokenization_spaces glues to the word
 # before ("it ' s" -> "it's", "a ," -> "a,"): decoding one more token rewrites text decoded before
@@ -103,7 +103,7 @@ def test_stop_prefix_length():
 
 
 def test_the_engine_streams_as_it_goes_with_a_300_character_stop_string():
-    from ..support import build_tokenizer
+    from tests.fakes import build_tokenizer
 
     target = Target(build_model("llama"), build_tokenizer())
     engine = Engine(target, [NgramProposer(NgramConfig(), target.info)], GreedyVerifier())

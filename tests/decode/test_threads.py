@@ -15,7 +15,7 @@ import specframe
 from specframe.registry import build_registry
 from specframe.target.hf import Target
 
-from ..support import PROMPT, PROMPT_2, WORDS, build_model, build_tokenizer
+from tests.fakes import PROMPT, PROMPT_2, WORDS, build_model, build_tokenizer
 
 TIMINGS = {"wall_s", "prefill_s", "ttft_s", "queue_s", "propose_s", "forward_s", "verify_s", "other_s", "tokens_per_s", "draft_s"}
 

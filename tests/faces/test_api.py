@@ -8,7 +8,7 @@ import specframe
 from specframe.errors import ConfigError, UnknownProposerError
 from specframe.target.hf import Target
 
-from ..support import PROMPT, build_model, build_tokenizer, check_metrics, hf_greedy
+from tests.fakes import PROMPT, build_model, build_tokenizer, check_metrics, hf_greedy
 
 
 @pytest.fixture(scope="module")

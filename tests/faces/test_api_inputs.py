@@ -11,7 +11,7 @@ from specframe.errors import ConfigError
 from specframe.registry import build_registry
 from specframe.target.hf import Target
 
-from ..support import build_model, build_tokenizer
+from tests.fakes import build_model, build_tokenizer
 
 
 @pytest.fixture(scope="module")

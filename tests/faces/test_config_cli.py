@@ -17,7 +17,7 @@ from specframe.config import SpecframeConfig, load_config
 from specframe.errors import ConfigError, PromptsFileError
 from specframe.io.prompts import Prompt, read_prompts
 
-from ..support import PROMPT, build_model, build_tokenizer, hf_greedy
+from tests.fakes import PROMPT, build_model, build_tokenizer, hf_greedy
 
 SPECBENCH = Path(__file__).parents[3] / "shared" / "specbench" / "question.jsonl"
 

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from ..support import PROMPT, WORDS, build_model, hf_greedy
+from tests.fakes import PROMPT, WORDS, build_model, hf_greedy
 
 # the tiny model's vocabulary with every word accented or in another script: any answer is non-ASCII
 ACCENTED = ["<pad>"] + [("é" if i % 2 else "日") + w for i, w in enumerate(WORDS[1:], 1)]

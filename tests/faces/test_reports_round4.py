@@ -63,7 +63,7 @@ def test_chat_must_be_a_bool(chat):
     import specframe
     from specframe.target.hf import Target
 
-    from ..support import build_model, build_tokenizer
+    from tests.fakes import build_model, build_tokenizer
 
     sf = specframe.load(target=Target(build_model("llama"), build_tokenizer(), name="tiny"), max_new_tokens=4)
     with pytest.raises(ConfigError, match="chat must be True or False"):
@@ -142,7 +142,7 @@ def test_generate_into_a_closed_pipe_exits_0(mode, tmp_path):
     import subprocess
     import sys
 
-    from ..support import build_model, build_tokenizer
+    from tests.fakes import build_model, build_tokenizer
 
     model_dir = tmp_path / "tiny"
     build_model("llama").save_pretrained(model_dir)

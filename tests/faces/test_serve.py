@@ -22,7 +22,7 @@ httpx = pytest.importorskip("httpx")
 import specframe  # noqa: E402
 from specframe.target.hf import Target  # noqa: E402
 
-from ..support import build_model, build_tokenizer, live_server, wait_healthy  # noqa: E402
+from tests.fakes import build_model, build_tokenizer, live_server, wait_healthy  # noqa: E402
 
 # a word-level tokenizer's chat template: "<role> content" per message, then the assistant's turn
 TEMPLATE = ("{% for m in messages %}{{ 'aa ' if m['role'] == 'user' else 'ab ' }}{{ m['content'] }} {% endfor %}"

@@ -17,7 +17,7 @@ jsonschema = pytest.importorskip("jsonschema")
 import specframe  # noqa: E402
 from specframe.target.hf import Target  # noqa: E402
 
-from ..support import build_bpe_model, build_bpe_tokenizer, live_server  # noqa: E402
+from tests.fakes import build_bpe_model, build_bpe_tokenizer, live_server  # noqa: E402
 
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
             "{% if tools %}tools: {{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}\n"

@@ -23,7 +23,7 @@ from specframe.acceptance import SpeculativeSamplingVerifier
 from specframe.acceptance import sampling_chain
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
-from ..support import build_model
+from tests.fakes import build_model
 
 V = 10
 N = 200_000
@@ -307,7 +307,7 @@ def test_a_temperature_too_small_to_divide_by_decodes_greedily(dtype, temperatur
     import specframe
     from specframe.registry import build_registry
 
-    from ..support import PROMPT, build_tokenizer
+    from tests.fakes import PROMPT, build_tokenizer
 
     model = build_model("llama").to(dtype)
     folder = tmp_path_factory.getbasetemp() / f"tiny-t-draft-{str(dtype).split('.')[-1]}"

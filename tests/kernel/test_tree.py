@@ -15,7 +15,7 @@ from specframe.sampling import SamplingParams
 from specframe.token_tree import children_of, node_depths, tree_attention_mask, tree_position_ids
 from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier, greedy_tree, sampling_tree
 
-from ..support import PROMPT, build_model, build_tokenizer, check_metrics, hf_greedy
+from tests.fakes import PROMPT, build_model, build_tokenizer, check_metrics, hf_greedy
 from specframe.target.hf import Target
 
 #          root

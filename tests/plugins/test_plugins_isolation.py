@@ -335,7 +335,7 @@ def test_cli_with_a_proposer_that_raises_while_built(tmp_path, monkeypatch, capl
     from specframe import registry as registry_module
     from specframe.cli import app
 
-    from ..support import PROMPT as WORD_PROMPT, build_model, build_tokenizer, hf_greedy
+    from tests.fakes import PROMPT as WORD_PROMPT, build_model, build_tokenizer, hf_greedy
 
     model = build_model("llama")
     model.save_pretrained(tmp_path)

@@ -247,7 +247,7 @@ def test_an_unknown_name_raises_the_error_of_its_kind(lookup, kind, error):
 def test_the_api_names_the_kind_of_an_unknown_merge_policy_or_router():
     from specframe.target.hf import Target
 
-    from ..support import build_model, build_tokenizer
+    from tests.fakes import build_model, build_tokenizer
 
     target = Target(build_model("llama"), build_tokenizer())
     two = [{"name": "ngram"}, {"name": "none"}]

@@ -27,7 +27,7 @@ from specframe.testing.stats import tv_test_fixed
 from specframe.testing.tiny import first_two_tokens
 from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 
-from ..support import (
+from tests.fakes import (
     PROMPT,
     PROMPT_2,
     VOCAB,

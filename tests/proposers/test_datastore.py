@@ -22,7 +22,7 @@ from specframe.datastore.default import default_datastore
 from specframe.datastore.sources import PRESETS, fingerprint, read_preset
 from specframe.datastore.store import suffix_array
 
-from ..support import WORDS, build_tokenizer, tiny_config
+from tests.fakes import WORDS, build_tokenizer, tiny_config
 
 runner = CliRunner()
 

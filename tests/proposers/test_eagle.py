@@ -25,7 +25,7 @@ from specframe_plugins.eagle import EagleConfig, EagleProposer
 from specframe_plugins.merge_policies import PriorityConfig, PriorityPolicy
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
-from ..support import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, check_metrics, hf_greedy
+from tests.fakes import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, check_metrics, hf_greedy
 
 NAME = "specframe-test-tiny-no-shipped-weights"
 N_NEW = 32

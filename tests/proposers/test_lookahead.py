@@ -15,7 +15,7 @@ from specframe.target.hf import Target
 from specframe.testing import conformance_suite
 from specframe_plugins.lookahead import LookaheadConfig, LookaheadProposer
 
-from ..support import PROMPT, build_model, build_tokenizer, hf_greedy
+from tests.fakes import PROMPT, build_model, build_tokenizer, hf_greedy
 
 # (its drafts follow its Jacobi trajectory, which the feedback of rejected drafts legitimately moves: no rollback check)
 TestLookaheadConformance = conformance_suite(LookaheadProposer, config={"window": 3, "ngram": 2, "guesses": 3},

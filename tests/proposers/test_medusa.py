@@ -28,9 +28,9 @@ from specframe.token_tree import node_depths
 from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.medusa import MedusaConfig, MedusaProposer, grow_tree
 
-from ..support import ARCHS, PROMPT, PROMPT_2, build_model, build_tokenizer, check_metrics, hf_greedy
+from tests.fakes import ARCHS, PROMPT, PROMPT_2, build_model, build_tokenizer, check_metrics, hf_greedy
 
-HIDDEN = 32  # tests.support.tiny_config
+HIDDEN = 32  # tests.fakes.tiny_config
 N_NEW = 40
 # tiny targets get an explicit name: no shipped heads can ever be found for it by accident
 NAME = "specframe-test-tiny-no-shipped-weights"

@@ -16,7 +16,7 @@ import torch
 from specframe import ConfigError
 from specframe.target.hf import Target
 
-from ..support import PROMPT, PROMPT_2, hf_greedy
+from tests.fakes import PROMPT, PROMPT_2, hf_greedy
 from .test_published_drafters import SV, _drafts, chain, mtp, run, successor
 
 N_NEW = 12

@@ -175,7 +175,7 @@ def test_branching_ngram_is_exact_and_drafts_trees(llama_target):
     from specframe.decode.engine import Engine
     from specframe.acceptance import GreedyVerifier
 
-    from ..support import hf_greedy
+    from tests.fakes import hf_greedy
 
     cfg = NgramConfig(branches=3, max_nodes=12, k=4)
     proposer = NgramProposer(cfg, llama_target.info)

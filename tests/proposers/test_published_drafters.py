@@ -33,7 +33,7 @@ from specframe.acceptance import GreedyVerifier
 from specframe_plugins.eagle import EagleConfig, EagleProposer
 from specframe_plugins.medusa import MedusaConfig, MedusaProposer
 
-from ..support import PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, check_metrics, hf_greedy
+from tests.fakes import PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, check_metrics, hf_greedy
 
 NAME = "specframe-test-tiny-no-shipped-weights"
 N_NEW = 24

@@ -34,7 +34,7 @@ from specframe_plugins.retrieval import (
     most_frequent_chain,
 )
 
-from ..support import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, check_metrics, hf_greedy
+from tests.fakes import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, check_metrics, hf_greedy
 
 N_NEW = 40
 

@@ -160,7 +160,7 @@ def test_self_drafts_alone_combined_and_batched_decode_exactly_the_targets_greed
     import specframe
     from specframe.target.hf import Target
 
-    from ..support import PROMPT, PROMPT_2, build_model, build_tokenizer, hf_greedy
+    from tests.fakes import PROMPT, PROMPT_2, build_model, build_tokenizer, hf_greedy
 
     target = Target(build_model(arch, num_hidden_layers=4), build_tokenizer())
     want = [hf_greedy(target.model, p, 24) for p in (PROMPT, PROMPT_2)]

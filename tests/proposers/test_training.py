@@ -35,7 +35,7 @@ from specframe.acceptance import GreedyVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.medusa import MedusaConfig, MedusaProposer
 
-from ..support import VOCAB, build_model, check_metrics, hf_greedy, plain_generate
+from tests.fakes import VOCAB, build_model, check_metrics, hf_greedy, plain_generate
 
 KINDS = {"summarize", "passage-qa", "rewrite", "explain", "translate", "write", "question", "math", "list"}
 SPECBENCH = Path(__file__).resolve().parents[3] / "shared" / "specbench" / "question.jsonl"
@@ -47,7 +47,7 @@ EOS = 33  # ends some of the tiny target's greedy answers to the corpus prompts 
 
 def _word_tokenizer() -> PreTrainedTokenizerFast:
     """A word-level tokenizer over the 63 most frequent words of the training prompts (unknown words -> 0), so the
-    prompts encode to varied ids and the tiny target answers them differently (tests/support's two-letter words
+    prompts encode to varied ids and the tiny target answers them differently (tests/fakes' two-letter words
     would turn every prompt into a run of pad ids)."""
     counts = collections.Counter(w for p in build_prompts(90, 0) for w in p["text"].split())
     words = ["<pad>"] + sorted(w for w, _ in counts.most_common(VOCAB - 1))

@@ -38,7 +38,7 @@ from specframe.target.profile import (Candidate, MachineProfile, Measured, Setti
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter
 from specframe_plugins.router.stats import column as col
 
-from ..support import PROMPT, build_model, build_tokenizer
+from tests.fakes import PROMPT, build_model, build_tokenizer
 
 CLK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 

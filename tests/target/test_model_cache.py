@@ -75,7 +75,7 @@ def tiny_builtin(tmp_path, monkeypatch):
 
     from specframe.learned.small_draft import build_from_target
 
-    from ..support import VOCAB, build_model, build_tokenizer
+    from tests.fakes import VOCAB, build_model, build_tokenizer
 
     monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path / "cache"))
     target_dir, draft_dir = tmp_path / "tiny", tmp_path / "weights" / "tiny" / "draft-model"
@@ -93,7 +93,7 @@ def test_a_shipped_draft_is_a_builtin_model_exported_once_on_first_use(tiny_buil
 
     from specframe.learned import small_draft
 
-    from ..support import VOCAB, build_model
+    from tests.fakes import VOCAB, build_model
 
     _, draft_dir = tiny_builtin
     assert "tiny-draft" in models.builtin_names()
@@ -135,7 +135,7 @@ def test_an_unknown_draft_name_lists_the_builtin_ones(tiny_builtin):
 @pytest.fixture
 def real_conversions(tmp_path, monkeypatch) -> list[Path]:
     """A private cache, and a conversion that writes a real (tiny) transformers model into the entry."""
-    from ..support import build_model, build_tokenizer
+    from tests.fakes import build_model, build_tokenizer
 
     monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path / "cache"))
     calls: list[Path] = []
@@ -209,7 +209,7 @@ def test_a_full_disk_during_conversion_is_one_error_and_leaves_nothing(tmp_path,
     import transformers
     from safetensors import SafetensorError
 
-    from ..support import build_model, build_tokenizer
+    from tests.fakes import build_model, build_tokenizer
 
     monkeypatch.setenv("SPECFRAME_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: build_model("llama"))
