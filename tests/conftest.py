@@ -1,4 +1,4 @@
-"""Shared fixtures (see :mod:`tests.fakes` for the builders they use)."""
+"""Fixtures every test folder uses (see :mod:`tests.fakes` for the builders they use)."""
 
 from __future__ import annotations
 

@@ -1,28 +1,58 @@
-"""Helpers shared by the tests: tiny randomly initialised HF causal LMs (float32, CPU), a word-level tokenizer
-whose vocabulary matches them, and references for plain greedy decoding.
+"""The tests' one fakes module: what several test modules build, fake or compare against, in one place.
 
-Every model is built from a config here and seeded with ``torch.manual_seed``; nothing is downloaded.
+- tiny randomly initialised HF causal LMs (float32, CPU) and a word-level tokenizer whose vocabulary matches them,
+  a byte-level BPE pair for structured output, and references for plain greedy decoding;
+- checks every test shares (the metrics that must agree, one user-error line), a live server;
+- for combining: drafts, step reports, scripted proposers, an HF draft folder, merge policies by name;
+- learned proposers' random weights (Medusa heads, an EAGLE drafter); a scripted successor target's helpers;
+- replay: the questions, cost curve and target the replay tests record from, and the CLI's trace;
+- proposers with one realistic bug each, for testing the conformance kit itself;
+- the source of a trivial plugin module, for the plugin-discovery tests.
+
+Fixtures live in conftest.py (tests/ and the folders'); this module only builds. Every model is built from a config
+here and seeded with ``torch.manual_seed``; nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Literal
 
 import pytest
 import torch
+from pydantic import Field
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from specframe import DraftTree, ProposerBase, ProposerConfig
+from specframe.contracts.combining import ProposerStep
 from specframe.decode.engine import Engine, GenerationResult
-from specframe.sampling import SamplingParams
+from specframe.io.prompts import Prompt
+from specframe.learned.eagle_drafter import EagleDrafter, EagleSpec, init_from_target, new_drafter
+from specframe.learned.medusa_heads import MedusaHeads
+from specframe.sampling import SamplingParams, probs_from_logits
+from specframe.target.cost import CostCurve
 from specframe.target.hf import Target
+from specframe.testing.tiny import tiny_target
 from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.autoregressive import NoneConfig, NoProposer
+from specframe_plugins.merge_policies import ConfidenceConfig, ConfidencePolicy, PriorityConfig, PriorityPolicy
 
 # Tiny models spend their time in thread wake-ups, not arithmetic: one thread is ~20x faster on 2 cores.
 torch.set_num_threads(1)
 
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+SPECBENCH = ROOT.parent / "shared" / "specbench" / "question.jsonl"  # Spec-Bench's questions, beside the checkout
+NAME = "specframe-test-tiny-no-shipped-weights"  # a target name no shipped weights are ever found for
+
+
+# --- tiny models and tokenizers ---------------------------------------------------------------------------------------
+
 VOCAB = 64
+HIDDEN = 32  # every tiny model's hidden size (tiny_config)
 # id 0 is the (special) pad token; ids 1..63 are two-letter words, so no word is a substring of another and a
 # stop string made of whole words can only match at word boundaries in the decoded text ("aa ab ac ...").
 WORDS = ["<pad>"] + ["".join(p) for p in itertools.product("abcdefgh", repeat=2)][: VOCAB - 1]
@@ -39,7 +69,7 @@ PROMPT_2 = [17, 3, 3, 44, 17, 3, 21, 60, 8, 17, 3]
 def tiny_config(arch: str, **overrides):
     common = dict(
         vocab_size=VOCAB,
-        hidden_size=32,
+        hidden_size=HIDDEN,
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
@@ -108,6 +138,9 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>")
 
 
+# --- references and shared checks -------------------------------------------------------------------------------------
+
+
 def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
     """Plain greedy decoding by transformers ``generate`` (stops after ``eos`` when given)."""
     ids = torch.tensor([prompt], dtype=torch.int64)
@@ -153,6 +186,23 @@ def check_metrics(result: GenerationResult) -> None:
     assert m.proposer_faults == 0
 
 
+def assert_user_error(result, *needles: str) -> str:
+    """Exit code 2, one ``error:`` line on stderr containing every needle, empty stdout, no traceback."""
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    assert result.stdout == ""
+    lines = result.stderr.strip("\n").splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert "Traceback" not in result.output
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)
+    return lines[0]
+
+
+# --- a live server ----------------------------------------------------------------------------------------------------
+
+
 def wait_healthy(url: str, tries: int, pause: float) -> bool:
     """Poll ``url``/health until it answers 200 (True), at most ``tries`` times ``pause`` seconds apart."""
     import time
@@ -194,3 +244,433 @@ def live_server(app):
             thread.join(timeout=10)
 
     return running()
+
+
+# --- combining: drafts, step reports, scripted proposers --------------------------------------------------------------
+
+COMBINING_N_NEW = 32
+
+
+def chain(ids, probs=None) -> DraftTree:
+    return DraftTree.chain(ids, probs)
+
+
+def tree(ids, parents, probs=None) -> DraftTree:
+    return DraftTree(torch.tensor([ids]), torch.tensor([parents]), None if probs is None else probs[None])
+
+
+def step(name, drafted=0, accepted=0, asked=True, budget=8, proposed=None, depths=None, draft_s=0.001):
+    proposed = drafted if proposed is None else proposed
+    depths = tuple([1] * drafted) if depths is None else depths
+    return ProposerStep(name, asked, budget if asked else 0, proposed, drafted, depths, accepted, accepted, draft_s,
+                        False)
+
+
+# --- combining: proposers for the engine tests ------------------------------------------------------------------------
+
+
+class ScriptedTree(ProposerBase):
+    """A deterministic tree: a wrong branch first, then ``good`` correct tokens of the reference under the second
+    root child. On a target that cannot take trees it drafts the correct chain."""
+
+    name = "scripted-tree"
+    produces_trees = True
+
+    def __init__(self, target, reference: list[int], good: int = 3) -> None:
+        super().__init__(ProposerConfig(name=self.name), target)
+        self.reference, self.good = reference, good
+
+    def propose(self, state, budget):
+        done = state.num_generated
+        right = self.reference[done : done + self.good]
+        if not right:
+            return DraftTree.empty()
+        if not self.target.supports_trees:
+            return chain(right)
+        wrong = [(t + 1) % VOCAB for t in right]
+        ids = [wrong[0], right[0]] + right[1:] + wrong[1:2]
+        parents = [-1, -1] + list(range(1, len(right))) + [0][: len(wrong[1:2])]
+        return tree(ids, parents).truncate(budget)
+
+
+class ScriptedChain(ProposerBase):
+    """Drafts ``k`` tokens of the reference, the ones from ``correct`` on made wrong."""
+
+    name = "scripted"
+
+    def __init__(self, target, reference: list[int], k: int = 4, correct: int | None = None, name: str = "scripted"):
+        super().__init__(ProposerConfig(name=name), target)
+        self.name = name
+        self.reference, self.k, self.correct = reference, k, correct
+
+    def propose(self, state, budget):
+        done = state.num_generated
+        draft = self.reference[done : done + min(self.k, budget)]
+        c = len(draft) if self.correct is None else self.correct
+        return chain(draft[:c] + [(t + 1) % VOCAB for t in draft[c:]]) if draft else DraftTree.empty()
+
+
+def draft_dir(root: Path, arch: str) -> Path:
+    """A different tiny random model with the same vocabulary: an HF draft for the draft-model proposer."""
+    folder = root / f"draft-{arch}"
+    if not folder.exists():
+        build_model(arch, seed=1).save_pretrained(folder)
+        build_tokenizer().save_pretrained(folder)
+    return folder
+
+
+
+def policy_of(name: str, max_nodes: int = 12):
+    if name == "priority":
+        return PriorityPolicy(PriorityConfig(max_nodes=max_nodes))
+    return ConfidencePolicy(ConfidenceConfig(max_nodes=max_nodes))
+
+
+# --- learned proposers' random weights --------------------------------------------------------------------------------
+
+
+def random_heads(num_heads: int = 4, num_layers: int = 1, std: float = 0.3, seed: int = 0,
+                 hidden: int = HIDDEN, token_map: torch.Tensor | None = None) -> MedusaHeads:
+    """Heads with normal(std) weights and biases (zero-init heads would all predict what the LM head predicts)."""
+    heads = MedusaHeads(hidden, num_heads, num_layers, token_map)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+    return heads
+
+
+def random_drafter(model, seed: int = 1, subset: torch.Tensor | None = None, layers=None) -> EagleDrafter:
+    spec = EagleSpec.for_target(model.config, NAME, layers)
+    d = new_drafter(spec, torch.arange(VOCAB) if subset is None else subset, seed)
+    init_from_target(d, model)
+    return d
+
+
+# --- a scripted successor target: known drafts ------------------------------------------------------------------------
+SV = 64  # vocabulary = hidden size: every hidden state is a one-hot token
+
+
+def successor() -> list[int]:
+    """The fixed permutation ``succ`` a scripted target continues with: its greedy continuation of ``x`` is
+    ``succ(x), succ(succ(x)), ...``."""
+    perm = torch.randperm(SV, generator=torch.Generator().manual_seed(7)).tolist()
+    succ = [0] * SV
+    for i in range(SV):
+        succ[perm[i]] = perm[(i + 1) % SV]
+    return succ
+
+
+def successor_chain(x: int, n: int) -> list[int]:
+    """The ``n`` tokens a scripted target decodes after ``x``."""
+    succ, out = successor(), []
+    for _ in range(n):
+        x = succ[x]
+        out.append(x)
+    return out
+
+
+def run(target: Target, proposers, prompt=PROMPT, n: int = 24, sampling=SamplingParams(),
+        seed: int = 0) -> GenerationResult:
+    """The engine with ``proposers`` and the greedy verifier: ``n`` new tokens after ``prompt``."""
+    return Engine(target, proposers, GreedyVerifier()).generate(prompt, max_new_tokens=n, sampling=sampling, seed=seed)
+
+
+def drafts_seen(target: Target, proposer, prompt, steps: int = 1):
+    """Each draft the proposer makes over 8 tokens after ``prompt`` (the engine's own prefill, so features are
+    real), as (committed tokens, draft ids, draft parents), and the result."""
+    seen = []
+    orig = proposer.propose
+
+    def spy(state, budget):
+        tree = orig(state, budget)
+        seen.append((state.tokens[0].tolist(), tree.token_ids[0].tolist(), tree.parent[0].tolist()))
+        return tree
+
+    proposer.propose = spy
+    r = run(target, [proposer], prompt=prompt, n=8)
+    return seen, r
+
+
+def mtp(target: Target, **kw):
+    from specframe_plugins.mtp import MtpConfig, MtpProposer
+
+    return MtpProposer(MtpConfig(**kw), target.info)
+
+
+# --- replay: what the replay tests record from ------------------------------------------------------------------------
+REPLAY_N_NEW = 40
+# a steep synthetic cost curve (T(n) ms at two contexts): routers trim drafts on it
+REPLAY_CURVE = {128: [10.0, 11.0, 13.0, 17.0, 25.0, 41.0], 512: [12.0, 13.0, 15.0, 19.0, 27.0, 43.0]}
+REPLAY_QUESTIONS = [(PROMPT, "summarization"), (PROMPT_2, "summarization"), (PROMPT[::-1], "qa"),
+                    ([3, 7, 3, 7, 9, 3, 7, 3, 7, 11], "qa"), (PROMPT_2[::-1] + PROMPT, "rag"),
+                    ([30, 31, 32, 30, 31], "rag")]
+
+
+def text_of(ids: list[int]) -> str:
+    return " ".join(WORDS[i] for i in ids)
+
+
+REPLAY_PROMPTS = [Prompt(text_of(ids), i + 1, cat) for i, (ids, cat) in enumerate(REPLAY_QUESTIONS)]
+
+
+def replay_target(arch: str, curve: bool) -> Target:
+    """A tiny target named :data:`NAME`, with :data:`REPLAY_CURVE` as its measured cost when ``curve``."""
+    t = Target(build_model(arch), build_tokenizer(), name=NAME)
+    if curve:
+        t.info = replace(t.info, cost=CostCurve(REPLAY_CURVE))
+    return t
+
+
+# the CLI's trace (``specframe trace record`` over two model folders), shared by the replay command's tests
+CLI_TRACE_N_NEW = 24
+CLI_TRACE_QUESTIONS = [(PROMPT, "summarization"), (PROMPT_2, "summarization"), (PROMPT[::-1], "qa"),
+                       (PROMPT_2[::-1], "rag"), ([3, 7, 3, 7, 9, 3, 7, 3, 7, 11], "rag")]
+
+
+def invoke(*args: str):
+    """``specframe ARGS...`` through typer's test runner."""
+    from typer.testing import CliRunner
+
+    from specframe import cli
+
+    return CliRunner().invoke(cli.app, list(args))
+
+
+def write_cli_trace(root: Path) -> Path:
+    """Into ``root``: model folders ``tiny-llama`` (the target) and ``tiny-qwen``, questions ``q.jsonl``, and a trace
+    ``trace`` recorded from tiny-llama by ``specframe trace record`` (run with SPECFRAME_CACHE set)."""
+    for name, arch in (("tiny-llama", "llama"), ("tiny-qwen", "qwen2")):
+        build_model(arch).save_pretrained(root / name)
+        build_tokenizer().save_pretrained(root / name)
+    questions = root / "q.jsonl"
+    questions.write_text("".join(json.dumps({"question_id": i + 1, "category": c, "turns": [text_of(p)]}) + "\n"
+                                 for i, (p, c) in enumerate(CLI_TRACE_QUESTIONS)))
+    result = invoke("trace", "record", "--questions", str(questions), "--output", str(root / "trace"), "--model",
+                    str(root / "tiny-llama"), "--max-new-tokens", str(CLI_TRACE_N_NEW), "--no-profile",
+                    "--threads", "1")
+    assert result.exit_code == 0, result.output
+    assert "5 questions of tiny-llama (float32)" in result.stderr
+    return root
+
+
+# --- proposers for testing the conformance kit ------------------------------------------------------------------------
+# Honest ones it must pass, and ones with a single, realistic bug it must catch (each docstring says which check
+# should fail).
+
+
+class SelfDraftConfig(ProposerConfig):
+    name: Literal["selfdraft"] = "selfdraft"
+    k: int = Field(2, ge=1, description="Draft length.")
+    sharpen: float = Field(1.0, gt=0, description="Sample from q ** (1 / sharpen), normalised; 1 = honest.")
+
+
+class SelfDraft(ProposerBase):
+    """Samples drafts from the target itself (no cache) and reports q = the target's warped distribution.
+
+    With ``sharpen != 1`` it samples from a sharpened q but still reports q: the exactness bug of must-show c
+    (caught by ``check_draft_probs_match_samples`` and ``check_sampling_lossless``, invisible to greedy).
+    """
+
+    name = "selfdraft"
+    Config = SelfDraftConfig
+    provides_draft_probs = True
+
+    def _logits(self, tokens: list[int]) -> torch.Tensor:
+        return self.target.model(input_ids=torch.tensor([tokens])).logits[0, -1]
+
+    def propose(self, state, budget):
+        tokens, ids, qs = state.tokens[0].tolist(), [], []
+        for _ in range(min(self.config.k, budget)):
+            logits = self._logits(tokens + ids)
+            if state.sampling.is_greedy:
+                ids.append(int(logits.argmax()))
+                continue
+            q = probs_from_logits(logits, state.sampling)
+            sample_from = torch.softmax(torch.log(q) / self.config.sharpen, -1)
+            ids.append(int(torch.multinomial(sample_from, 1, generator=state.generator)))
+            qs.append(q)
+        return DraftTree.chain(ids, torch.stack(qs) if qs else None)
+
+
+class OtherModelConfig(ProposerConfig):
+    name: Literal["othermodel"] = "othermodel"
+    k: int = Field(2, ge=1, description="Draft length.")
+    sample_temperature: float = Field(0.7, gt=0, description="Temperature actually sampled at (bug if != target's).")
+
+
+class OtherModelDraft(SelfDraft):
+    """A separate draft model (another tiny random Llama) that samples at ``sample_temperature`` but reports the
+    distribution at the request's temperature: q differs from p, so the end-to-end bias is diluted, and the direct
+    draft-probability check is what catches it."""
+
+    name = "othermodel"
+    Config = OtherModelConfig
+
+    def __init__(self, config, target) -> None:
+        super().__init__(config, target)
+        self.draft_model = tiny_target(seed=1).model
+
+    def propose(self, state, budget):
+        tokens, ids, qs = state.tokens[0].tolist(), [], []
+        for _ in range(min(self.config.k, budget)):
+            logits = self.draft_model(input_ids=torch.tensor([tokens + ids])).logits[0, -1]
+            q = probs_from_logits(logits, state.sampling)
+            sampled = torch.softmax(logits / self.config.sample_temperature, -1)
+            ids.append(int(torch.multinomial(sampled, 1, generator=state.generator)))
+            qs.append(q)
+        return DraftTree.chain(ids, torch.stack(qs))
+
+
+class DropUnlikely(SelfDraft):
+    """Honest sampling, but drops the last draft node when the sampled token had q < 0.3 ("low confidence").
+    Deciding *after* seeing the token biases the drafts that remain: caught by the draft-probability check."""
+
+    name = "dropunlikely"
+
+    class Config(SelfDraftConfig):
+        name: Literal["dropunlikely"] = "dropunlikely"
+
+    def propose(self, state, budget):
+        draft = super().propose(state, budget)
+        n = draft.num_nodes
+        if n and draft.draft_probs is not None and float(draft.draft_probs[0, n - 1, draft.token_ids[0, n - 1]]) < 0.3:
+            return draft.truncate(n - 1)
+        return draft
+
+
+class LeakyDraftModelConfig(ProposerConfig):
+    name: Literal["leaky"] = "leaky"
+
+
+class LeakyDraftModel(SelfDraft):
+    """A greedy draft model keeping its own context (standing in for a draft KV cache): it appends its drafts,
+    and on feedback appends only the last committed token, as if every draft had been accepted. Output stays
+    exact (the verifier guards it), but after a rejection the drafts come from a wrong context. Caught by the
+    rollback check."""
+
+    name = "leaky"
+    Config = LeakyDraftModelConfig
+
+    def start(self, state):
+        self.context = state.tokens[0].tolist()
+
+    def propose(self, state, budget):
+        draft = []
+        for _ in range(min(3, budget)):
+            draft.append(int(self._logits(self.context + draft).argmax()))
+        self.context += draft
+        return DraftTree.chain(draft)
+
+    def on_verified(self, outcome):
+        self.context.append(outcome.committed[0][-1])  # bug: the rejected drafts are never cropped
+
+
+class GlobalRngConfig(ProposerConfig):
+    name: Literal["globalrng"] = "globalrng"
+
+
+class GlobalRng(SelfDraft):
+    """Samples with the global torch RNG instead of ``state.generator``: caught by the determinism check."""
+
+    name = "globalrng"
+    Config = GlobalRngConfig
+
+    def propose(self, state, budget):
+        if state.sampling.is_greedy:
+            return DraftTree.empty()
+        q = probs_from_logits(self._logits(state.tokens[0].tolist()), state.sampling)
+        return DraftTree.chain([int(torch.multinomial(q, 1))], q[None])
+
+
+class MutatorConfig(ProposerConfig):
+    name: Literal["mutator"] = "mutator"
+
+
+class Mutator(ProposerBase):
+    """Writes into ``state.tokens`` (the engine's committed tokens): caught by the contract check."""
+
+    name = "mutator"
+    Config = MutatorConfig
+
+    def propose(self, state, budget):
+        state.tokens[0, -1] = 0
+        return DraftTree.empty()
+
+
+class UndeclaredProbsConfig(ProposerConfig):
+    name: Literal["undeclared"] = "undeclared"
+
+
+class UndeclaredProbs(ProposerBase):
+    """Returns draft_probs while declaring ``provides_draft_probs = False``: caught by the contract check."""
+
+    name = "undeclared"
+    Config = UndeclaredProbsConfig
+
+    def propose(self, state, budget):
+        v = self.target.vocab_size
+        return DraftTree.chain([1], torch.full((1, v), 1.0 / v))
+
+
+class BadFeedbackConfig(ProposerConfig):
+    name: Literal["badfeedback"] = "badfeedback"
+
+
+class BadFeedback(ProposerBase):
+    """Adapts its draft length from feedback but reads a field that does not exist: caught by the feedback check."""
+
+    name = "badfeedback"
+    Config = BadFeedbackConfig
+
+    def propose(self, state, budget):
+        return DraftTree.empty()
+
+    def on_verified(self, outcome):
+        self.k = outcome.num_accepted + outcome.num_rejected  # AttributeError: there is no num_rejected
+
+
+class ConstraintCommitterConfig(SelfDraftConfig):
+    name: Literal["constraintcommitter"] = "constraintcommitter"
+
+
+class ConstraintCommitter(SelfDraft):
+    """Honest drafts, but it advances the request's constraint itself (``state.constraint.commit``) after drafting,
+    as an author might who thinks the proposer keeps the grammar state: the engine's grammar state runs ahead of the
+    committed tokens. The proposer sees a read-only view, so its commit raises (isolated: output unchanged) and
+    ``check_constrained_greedy_lossless`` reports it; invisible without a constraint."""
+
+    name = "constraintcommitter"
+    Config = ConstraintCommitterConfig
+
+    def propose(self, state, budget):
+        draft = super().propose(state, budget)
+        if state.constraint is not None and draft.num_nodes:
+            state.constraint.commit(draft.token_ids[0, :1].tolist())
+        return draft
+
+
+# --- plugin distributions ---------------------------------------------------------------------------------------------
+
+
+def proposer_module(name: str, cls_name: str = "P", body: str = "") -> str:
+    """Source of a plugin module registering one trivial proposer called ``name``."""
+    return f'''
+        from typing import Literal
+        from specframe import DraftTree, ProposerBase, ProposerConfig, hookimpl
+
+        class Config(ProposerConfig):
+            name: Literal["{name}"] = "{name}"
+
+        class {cls_name}(ProposerBase):
+            """A test proposer."""
+            name = "{name}"
+            Config = Config
+
+            def propose(self, state, budget):
+                {body or "return DraftTree.empty()"}
+
+        @hookimpl
+        def specframe_register_proposers(register):
+            register({cls_name})
+    '''

@@ -10,7 +10,6 @@ import gzip
 import json
 import random
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ from specframe import DraftTree, ProposerBase, hookimpl
 from specframe.io.atomic import replace_folder
 from specframe.datastore import build_datastore
 from specframe.errors import TraceError
-from specframe.io.prompts import Prompt
 from specframe.registry import build_registry
 from specframe.replay.driver import Request, TraceScorer, TraceVerifier
 from specframe.target.cost import CostCurve
@@ -30,28 +28,19 @@ from specframe.replay.sweep import Task, run_here
 from specframe.replay.trace import VERSION, check_trace_matches, read_trace, write_trace
 from specframe.target.hf import Target
 
-from tests.fakes import PROMPT, PROMPT_2, VOCAB, WORDS, build_model, build_tokenizer
-
-N_NEW = 40
-NAME = "specframe-test-tiny-no-shipped-weights"  # no shipped weights are ever found for it
-# a steep synthetic cost curve (T(n) ms at two contexts): routers trim drafts on it
-CURVE = {128: [10.0, 11.0, 13.0, 17.0, 25.0, 41.0], 512: [12.0, 13.0, 15.0, 19.0, 27.0, 43.0]}
-QUESTIONS = [(PROMPT, "summarization"), (PROMPT_2, "summarization"), (PROMPT[::-1], "qa"),
-             ([3, 7, 3, 7, 9, 3, 7, 3, 7, 11], "qa"), (PROMPT_2[::-1] + PROMPT, "rag"), ([30, 31, 32, 30, 31], "rag")]
-
-
-def text_of(ids: list[int]) -> str:
-    return " ".join(WORDS[i] for i in ids)
-
-
-PROMPTS = [Prompt(text_of(ids), i + 1, cat) for i, (ids, cat) in enumerate(QUESTIONS)]
-
-
-def make_target(arch: str, curve: bool) -> Target:
-    t = Target(build_model(arch), build_tokenizer(), name=NAME)
-    if curve:
-        t.info = replace(t.info, cost=CostCurve(CURVE))
-    return t
+from tests.fakes import REPLAY_N_NEW as N_NEW
+from tests.fakes import (
+    NAME,
+    REPLAY_CURVE,
+    REPLAY_PROMPTS,
+    VOCAB,
+    build_model,
+    build_tokenizer,
+    draft_dir,
+    random_drafter,
+    random_heads,
+    replay_target,
+)
 
 
 def corpus(trace, seed: int = 0) -> list[list[int]]:
@@ -74,8 +63,8 @@ def envs(tmp_path_factory):
     root = tmp_path_factory.mktemp("replay")
     out = {}
     for arch in ("llama", "qwen2-sliding"):
-        sf = specframe.load(target=make_target(arch, curve=True), registry=build_registry(), chat=False)
-        trace = record_trace(sf, PROMPTS, max_new_tokens=N_NEW, chat=False)
+        sf = specframe.load(target=replay_target(arch, curve=True), registry=build_registry(), chat=False)
+        trace = record_trace(sf, REPLAY_PROMPTS, max_new_tokens=N_NEW, chat=False)
         replace_folder(root / arch, lambda tmp: write_trace(trace, tmp))
         trace = read_trace(root / arch)
         ds = build_datastore(corpus(trace), root / f"ds-{arch}", vocab_size=VOCAB).path
@@ -169,13 +158,11 @@ def test_trace_scorer_answers_each_row_with_the_recorded_next_token(envs):
 def medusa_env(tmp_path_factory):
     from specframe.learned.medusa_heads import MedusaHeads
 
-    from ..proposers.test_medusa import random_heads
-
     root = tmp_path_factory.mktemp("medusa-replay")
     zero, rand = root / "zero", root / "random"
     MedusaHeads(32, 4, 1).save(zero, NAME)  # the LM head's own top tokens: repeats get accepted
     random_heads(3, 2, std=0.05, seed=3).save(rand, NAME)
-    sf = specframe.load(target=make_target("llama", curve=True), registry=build_registry(), chat=False)
+    sf = specframe.load(target=replay_target("llama", curve=True), registry=build_registry(), chat=False)
     return sf, zero, rand
 
 
@@ -187,7 +174,7 @@ def test_medusa_replay_is_within_tolerance_of_live(medusa_env, heads, recorded_w
     differ where rounding flips a near-tie among the heads' candidates (here it does not)."""
     sf, zero, rand = medusa_env
     med = {"name": "medusa", "heads": str(zero if heads == "zero" else rand)}
-    trace = record_trace(sf, PROMPTS, max_new_tokens=N_NEW, chat=False, proposers=[{"name": recorded_with}],
+    trace = record_trace(sf, REPLAY_PROMPTS, max_new_tokens=N_NEW, chat=False, proposers=[{"name": recorded_with}],
                          features_for=[med])
     assert trace.feature_layers == {2: "last"}  # the last layer (2 decoder layers), from the prompt's end on
     for name, proposers in (("medusa", [med]), ("ngram+medusa", [{"name": "ngram"}, med])):
@@ -212,7 +199,7 @@ def test_recorded_hidden_states_are_what_the_live_engine_hands_medusa(medusa_env
 
     sf, zero, _ = medusa_env
     med = {"name": "medusa", "heads": str(zero)}
-    trace = record_trace(sf, PROMPTS[:2], max_new_tokens=N_NEW, chat=False, features_for=[med])
+    trace = record_trace(sf, REPLAY_PROMPTS[:2], max_new_tokens=N_NEW, chat=False, features_for=[med])
     seen: dict[str, list] = {"live": [], "replay": []}
 
     class Spy(MedusaProposer):
@@ -241,15 +228,13 @@ def test_recorded_hidden_states_are_what_the_live_engine_hands_medusa(medusa_env
 
 def test_eagle_replay_is_within_tolerance_of_live(tmp_path):
     """EAGLE reads three layers at every committed position (prompt included): the trace holds them all."""
-    from ..proposers.test_eagle import random_drafter
-
     model = build_model("llama", num_hidden_layers=4)
     folder = tmp_path / "eagle"
     random_drafter(model, layers=(1, 2, 4)).save(folder)
     target = Target(model, build_tokenizer(), name=NAME)
     sf = specframe.load(target=target, registry=build_registry(), chat=False)
     eagle = {"name": "eagle", "weights": str(folder)}
-    trace = record_trace(sf, PROMPTS, max_new_tokens=N_NEW, chat=False, features_for=[eagle])
+    trace = record_trace(sf, REPLAY_PROMPTS, max_new_tokens=N_NEW, chat=False, features_for=[eagle])
     assert trace.feature_layers == {1: "all", 2: "all", 4: "all"}
     q = trace.questions[0]
     assert q.features[1][1].shape == (len(q.tokens) - 1, 32)  # every processed position
@@ -315,9 +300,9 @@ def test_trace_round_trip_and_manifest(envs, tmp_path):
     assert m["format"] == "specframe-trace" and m["version"] == VERSION and m["specframe"] == specframe.__version__
     assert m["model"] == NAME and m["dtype"] == "float32" and m["max_new_tokens"] == N_NEW
     assert m["recorded_with"] == [{"name": "none"}] and m["features"] is None
-    assert m["cost"]["t_ms"] == {str(k): v for k, v in CURVE.items()}
-    assert [q["question_id"] for q in m["questions"]] == [p.question_id for p in PROMPTS]
-    assert [q.category for q in trace.questions] == [p.category for p in PROMPTS]
+    assert m["cost"]["t_ms"] == {str(k): v for k, v in REPLAY_CURVE.items()}
+    assert [q["question_id"] for q in m["questions"]] == [p.question_id for p in REPLAY_PROMPTS]
+    assert [q.category for q in trace.questions] == [p.category for p in REPLAY_PROMPTS]
     assert 0 < m["bytes_per_token"]["token_ids"] < 8  # gzip'd ids
     again = tmp_path / "again"
     replace_folder(again, lambda tmp: write_trace(trace, tmp))
@@ -353,7 +338,8 @@ def test_a_damaged_trace_is_refused(envs, tmp_path, damage, needle):
 
 def test_a_truncated_features_file_is_refused(medusa_env, tmp_path):
     sf, zero, _ = medusa_env
-    trace = record_trace(sf, PROMPTS[:2], max_new_tokens=8, chat=False, features_for=[{"name": "medusa", "heads": str(zero)}])
+    trace = record_trace(sf, REPLAY_PROMPTS[:2], max_new_tokens=8, chat=False,
+                         features_for=[{"name": "medusa", "heads": str(zero)}])
     folder = _copy(trace, tmp_path)
     f = folder / "features.safetensors"
     f.write_bytes(f.read_bytes()[:-100])
@@ -385,8 +371,6 @@ def test_a_shorter_replay_is_the_recording_cut(envs):
 
 def test_a_draft_model_replays_as_live(envs, tmp_path):
     """A proposer with its own model and KV cache (rolled back to the committed prefix each step) replays exactly too."""
-    from ..combining_helpers import draft_dir
-
     sf, trace, _ = envs["llama"]
     draft = {"name": "draft-model", "model": str(draft_dir(tmp_path, "llama")), "k": 4}
     for name, proposers in (("draft-model", [draft]), ("ngram+draft-model", [{"name": "ngram"}, draft])):

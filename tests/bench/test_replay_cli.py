@@ -11,44 +11,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
-from specframe import cli
-
-from tests.fakes import PROMPT, PROMPT_2, WORDS, build_model, build_tokenizer
-
-runner = CliRunner()
-N_NEW = 24
-QUESTIONS = [(PROMPT, "summarization"), (PROMPT_2, "summarization"), (PROMPT[::-1], "qa"), (PROMPT_2[::-1], "rag"),
-             ([3, 7, 3, 7, 9, 3, 7, 3, 7, 11], "rag")]
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """Model folders (the target and another model), questions, and a trace recorded by the CLI."""
-    root = tmp_path_factory.mktemp("replay-cli")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPECFRAME_CACHE", str(root / "cache"))
-        for name, arch in (("tiny-llama", "llama"), ("tiny-qwen", "qwen2")):
-            build_model(arch).save_pretrained(root / name)
-            build_tokenizer().save_pretrained(root / name)
-        questions = root / "q.jsonl"
-        questions.write_text("".join(json.dumps({"question_id": i + 1, "category": c, "turns": [" ".join(WORDS[t] for t in p)]})
-                                     + "\n" for i, (p, c) in enumerate(QUESTIONS)))
-        result = invoke("trace", "record", "--questions", str(questions), "--output", str(root / "trace"), "--model",
-                        str(root / "tiny-llama"), "--max-new-tokens", str(N_NEW), "--no-profile", "--threads", "1")
-        assert result.exit_code == 0, result.output
-        assert "5 questions of tiny-llama (float32)" in result.stderr
-        yield root
+from tests.fakes import CLI_TRACE_N_NEW as N_NEW
+from tests.fakes import assert_user_error, invoke
 
 
 @pytest.fixture(autouse=True)
-def _cache(files, monkeypatch):
-    monkeypatch.setenv("SPECFRAME_CACHE", str(files / "cache"))
-
-
-def invoke(*args: str):
-    return runner.invoke(cli.app, list(args))
+def _cache(trace_files, monkeypatch):
+    monkeypatch.setenv("SPECFRAME_CACHE", str(trace_files / "cache"))
 
 
 def config(root: Path, name: str = "bench.yaml", at: Path | None = None, **changes) -> Path:
@@ -65,27 +35,17 @@ def config(root: Path, name: str = "bench.yaml", at: Path | None = None, **chang
     return path
 
 
-def assert_user_error(result, *needles: str) -> str:
-    """Exit code 2, one ``error:`` line on stderr with every needle, no traceback."""
-    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
-    lines = result.stderr.strip("\n").splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
-
-
 def assert_nothing_written(parent: Path, name: str) -> None:
     assert not (parent / name).exists()
     assert not [p.name for p in parent.iterdir() if p.name.startswith(f".{name}.")]  # no temporary folder left
 
 
-def test_replay_equals_a_live_bench_and_writes_the_bench_report(files, tmp_path):
-    cfg = config(files)
-    live = invoke("bench", "--config", str(cfg), "--questions", str(files / "q.jsonl"), "--output", str(tmp_path / "live"),
-                  "--no-profile")
+def test_replay_equals_a_live_bench_and_writes_the_bench_report(trace_files, tmp_path):
+    cfg = config(trace_files)
+    live = invoke("bench", "--config", str(cfg), "--questions", str(trace_files / "q.jsonl"), "--output",
+                  str(tmp_path / "live"), "--no-profile")
     assert live.exit_code == 0, live.output
-    result = invoke("replay", "--traces", str(files / "trace"), "--config", str(cfg), "--output",
+    result = invoke("replay", "--traces", str(trace_files / "trace"), "--config", str(cfg), "--output",
                     str(tmp_path / "replay"), "--no-ray", "--compare", str(tmp_path / "live" / "results.json"))
     assert result.exit_code == 0, result.output
     out = tmp_path / "replay"
@@ -111,11 +71,11 @@ def test_replay_equals_a_live_bench_and_writes_the_bench_report(files, tmp_path)
     assert "tiny-llama" in result.stdout  # the rich table
 
 
-def test_a_sweep_ranks_its_grid(files, tmp_path):
-    cfg = config(files, at=tmp_path, strategies=[{"name": "ngram", "proposers": ["ngram"], "grid": {"ngram.k": [1, 2, 4, 8],
-                                                                                      "ngram.max_n": [1, 3]}}])
-    result = invoke("replay", "--traces", str(files / "trace"), "--config", str(cfg), "--output", str(tmp_path / "o"),
-                    "--no-ray")
+def test_a_sweep_ranks_its_grid(trace_files, tmp_path):
+    cfg = config(trace_files, at=tmp_path, strategies=[{"name": "ngram", "proposers": ["ngram"],
+                                                        "grid": {"ngram.k": [1, 2, 4, 8], "ngram.max_n": [1, 3]}}])
+    result = invoke("replay", "--traces", str(trace_files / "trace"), "--config", str(cfg), "--output",
+                    str(tmp_path / "o"), "--no-ray")
     assert result.exit_code == 0, result.output
     doc = json.loads((tmp_path / "o" / "results.json").read_text())
     taus = {s: e["by_column"]["overall"]["tau"] for s, e in doc["summary"]["strategies"].items()}
@@ -129,33 +89,33 @@ def test_a_sweep_ranks_its_grid(files, tmp_path):
 # --- errors: one line, exit 2, nothing written ------------------------------------------------------------------
 
 
-def _trace_copy(files: Path, tmp_path: Path) -> Path:
+def _trace_copy(trace_files: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "trace"
-    shutil.copytree(files / "trace", copy)
+    shutil.copytree(trace_files / "trace", copy)
     return copy
 
 
 @pytest.mark.parametrize("case", ["model", "dtype", "temperature", "truncated", "manifest", "max_new_tokens",
                                   "features", "chat", "strategy dtype", "strategy engine"])
-def test_bad_replay_input_is_one_error_line(files, tmp_path, case):
-    traces = files / "trace"
+def test_bad_replay_input_is_one_error_line(trace_files, tmp_path, case):
+    traces = trace_files / "trace"
     changes: dict = {}
     needles: tuple[str, ...] = ()
     extra: list[str] = []
     if case == "model":
-        changes = {"model": str(files / "tiny-qwen")}
+        changes = {"model": str(trace_files / "tiny-qwen")}
         needles = ("recorded with model 'tiny-llama'", "asks for 'tiny-qwen'")
     elif case == "dtype":
         changes, needles = {"dtype": "bfloat16"}, ("recorded in float32", "asks for bfloat16")
     elif case == "temperature":
         changes, needles = {"temperature": 0.7}, ("replay is greedy only", "set temperature: 0")
     elif case == "truncated":
-        traces = _trace_copy(files, tmp_path)
+        traces = _trace_copy(trace_files, tmp_path)
         f = traces / "tokens.json.gz"
         f.write_bytes(f.read_bytes()[:-5])
         needles = ("tokens.json.gz is truncated", "record the trace again")
     elif case == "manifest":
-        traces = _trace_copy(files, tmp_path)
+        traces = _trace_copy(trace_files, tmp_path)
         (traces / "manifest.json").write_text((traces / "manifest.json").read_text()[:100])
         needles = ("manifest.json is not valid JSON",)
     elif case == "max_new_tokens":
@@ -173,40 +133,40 @@ def test_bad_replay_input_is_one_error_line(files, tmp_path, case):
     elif case == "strategy engine":  # issue 39, 4: llama.cpp's continuation is not a transformers trace's
         changes = {"strategies": [{"name": "ngram", "proposers": ["ngram"], "engine": "llama.cpp"}]}
         needles = ("strategy 'ngram' runs on llama.cpp", "recorded on transformers")
-    cfg = config(files, at=tmp_path, **changes)
+    cfg = config(trace_files, at=tmp_path, **changes)
     result = invoke("replay", "--traces", str(traces), "--config", str(cfg), "--output", str(tmp_path / "out"),
                     "--no-ray", *extra)
     assert_user_error(result, *needles)
     assert_nothing_written(tmp_path, "out")
 
 
-def test_a_strategy_reading_features_the_trace_lacks_is_one_error_line(files, tmp_path):
+def test_a_strategy_reading_features_the_trace_lacks_is_one_error_line(trace_files, tmp_path):
     from specframe.learned.medusa_heads import MedusaHeads
 
     MedusaHeads(32, 2, 1).save(tmp_path / "heads", "tiny-llama")
-    cfg = config(files, at=tmp_path,
+    cfg = config(trace_files, at=tmp_path,
                  strategies=[{"name": "medusa", "proposers": [{"name": "medusa", "heads": str(tmp_path / "heads")}]}])
-    result = invoke("replay", "--traces", str(files / "trace"), "--config", str(cfg), "--output", str(tmp_path / "out"),
-                    "--no-ray")
+    result = invoke("replay", "--traces", str(trace_files / "trace"), "--config", str(cfg), "--output",
+                    str(tmp_path / "out"), "--no-ray")
     assert_user_error(result, "strategy 'medusa' reads the last hidden state", "--features-for medusa")
     assert_nothing_written(tmp_path, "out")
 
 
-def test_features_recorded_for_medusa_replay_it_as_live(files, tmp_path):
+def test_features_recorded_for_medusa_replay_it_as_live(trace_files, tmp_path):
     from specframe.learned.medusa_heads import MedusaHeads
 
     MedusaHeads(32, 2, 1).save(tmp_path / "heads", "tiny-llama")  # zero heads: the LM head's top tokens
     med = {"name": "medusa", "heads": str(tmp_path / "heads")}
     # a name alone would build medusa with the heads shipped for the target (none for this model): a mapping gives options
-    result = invoke("trace", "record", "--questions", str(files / "q.jsonl"), "--output", str(tmp_path / "tr"),
-                    "--model", str(files / "tiny-llama"), "--max-new-tokens", str(N_NEW), "--no-profile", "--threads",
-                    "1", "--features-for", json.dumps(med))
+    result = invoke("trace", "record", "--questions", str(trace_files / "q.jsonl"), "--output", str(tmp_path / "tr"),
+                    "--model", str(trace_files / "tiny-llama"), "--max-new-tokens", str(N_NEW), "--no-profile",
+                    "--threads", "1", "--features-for", json.dumps(med))
     assert result.exit_code == 0, result.output
     assert "for the features" in result.stderr
-    cfg = config(files, at=tmp_path, strategies=[{"name": "medusa", "proposers": [med]},
+    cfg = config(trace_files, at=tmp_path, strategies=[{"name": "medusa", "proposers": [med]},
                                        {"name": "ngram+medusa", "proposers": ["ngram", med], "router": "none"}])
-    live = invoke("bench", "--config", str(cfg), "--questions", str(files / "q.jsonl"), "--output", str(tmp_path / "live"),
-                  "--no-profile")
+    live = invoke("bench", "--config", str(cfg), "--questions", str(trace_files / "q.jsonl"), "--output",
+                  str(tmp_path / "live"), "--no-profile")
     assert live.exit_code == 0, live.output
     result = invoke("replay", "--traces", str(tmp_path / "tr"), "--config", str(cfg), "--output", str(tmp_path / "out"),
                     "--no-ray", "--compare", str(tmp_path / "live" / "results.json"))
@@ -217,19 +177,19 @@ def test_features_recorded_for_medusa_replay_it_as_live(files, tmp_path):
         assert abs(tau_replay - tau_live) <= 0.02 * tau_live and tau_live > 1.0
 
 
-def test_features_for_a_proposer_that_cannot_be_built_is_one_error_line(files, tmp_path):
-    result = invoke("trace", "record", "--questions", str(files / "q.jsonl"), "--output", str(tmp_path / "tr"), "--model",
-                    str(files / "tiny-llama"), "--max-new-tokens", "8", "--no-profile", "--threads", "1",
-                    "--features-for", "medusa")
+def test_features_for_a_proposer_that_cannot_be_built_is_one_error_line(trace_files, tmp_path):
+    result = invoke("trace", "record", "--questions", str(trace_files / "q.jsonl"), "--output", str(tmp_path / "tr"),
+                    "--model", str(trace_files / "tiny-llama"), "--max-new-tokens", "8", "--no-profile", "--threads",
+                    "1", "--features-for", "medusa")
     # the default medusa heads exist only for the shipped target's model
     assert_user_error(result, "medusa", "heads")
     assert_nothing_written(tmp_path, "tr")
 
 
 @pytest.mark.parametrize("case", ["output is a file", "bad features-for", "bad dtype", "no such questions"])
-def test_bad_record_input_is_one_error_line(files, tmp_path, case):
-    args = ["trace", "record", "--questions", str(files / "q.jsonl"), "--output", str(tmp_path / "tr"), "--model",
-            str(files / "tiny-llama"), "--no-profile", "--max-new-tokens", "4"]
+def test_bad_record_input_is_one_error_line(trace_files, tmp_path, case):
+    args = ["trace", "record", "--questions", str(trace_files / "q.jsonl"), "--output", str(tmp_path / "tr"), "--model",
+            str(trace_files / "tiny-llama"), "--no-profile", "--max-new-tokens", "4"]
     if case == "output is a file":
         (tmp_path / "file").write_text("x")
         args[args.index(str(tmp_path / "tr"))] = str(tmp_path / "file")
@@ -241,7 +201,7 @@ def test_bad_record_input_is_one_error_line(files, tmp_path, case):
         args += ["--dtype", "float16"]
         needle = "--dtype must be float32 or bfloat16"
     else:
-        args[args.index(str(files / "q.jsonl"))] = str(tmp_path / "none.jsonl")
+        args[args.index(str(trace_files / "q.jsonl"))] = str(tmp_path / "none.jsonl")
         needle = "none.jsonl"
     assert_user_error(invoke(*args), needle)
     assert_nothing_written(tmp_path, "tr")

@@ -20,7 +20,8 @@ from specframe.io.atomic import replace_folder
 from specframe.testing import Kit, replay_proposer, shipped_traces
 from specframe_plugins.ngram import NgramProposer
 
-from .test_replay import N_NEW, PROMPTS, make_target
+from tests.fakes import REPLAY_N_NEW as N_NEW
+from tests.fakes import REPLAY_PROMPTS, replay_target
 
 
 def test_the_dev_set_trace_ships():
@@ -51,8 +52,8 @@ def test_replay_proposer_on_the_shipped_trace_loads_no_model(no_model_load):
 
 
 def test_the_kit_replay_equals_specframe_replay_on_a_loaded_target(tmp_path):
-    sf = specframe.load(target=make_target("llama", curve=True), registry=build_registry(), chat=False)
-    trace = record_trace(sf, PROMPTS, max_new_tokens=N_NEW, chat=False)
+    sf = specframe.load(target=replay_target("llama", curve=True), registry=build_registry(), chat=False)
+    trace = record_trace(sf, REPLAY_PROMPTS, max_new_tokens=N_NEW, chat=False)
     replace_folder(tmp_path / "t", lambda tmp: write_trace(trace, tmp))
     trace = read_trace(tmp_path / "t")
     kit = replay_proposer(NgramProposer, {"k": 5}, tmp_path / "t")

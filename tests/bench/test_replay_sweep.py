@@ -16,7 +16,7 @@ from specframe.replay.driver import Request, with_trace_cost
 from specframe.replay.sweep import Task, ray_available, run_here, run_on_ray
 from specframe.replay.trace import read_trace
 
-from .test_replay_cli import files, invoke  # noqa: F401 - the module fixture: model folders and a recorded trace
+from tests.fakes import invoke
 
 
 def test_a_grid_expands_into_named_strategies():
@@ -94,12 +94,12 @@ def _figures(results) -> list:
 
 
 @pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'specframe[ray]')")
-def test_a_sweep_on_ray_gives_the_figures_of_a_sequential_one(files, monkeypatch):
+def test_a_sweep_on_ray_gives_the_figures_of_a_sequential_one(trace_files, monkeypatch):
     from specframe.target.loader import load_target
 
-    monkeypatch.setenv("SPECFRAME_CACHE", str(files / "cache"))
-    trace = read_trace(files / "trace")
-    model = str(files / "tiny-llama")
+    monkeypatch.setenv("SPECFRAME_CACHE", str(trace_files / "cache"))
+    trace = read_trace(trace_files / "trace")
+    model = str(trace_files / "tiny-llama")
     cfg = BenchConfig.model_validate({"strategies": [
         {"name": "ngram", "proposers": ["ngram"], "grid": {"ngram.k": [2, 4, 8], "ngram.max_n": [2, 4]}},
         {"name": "combined", "proposers": ["ngram", {"name": "ngram", "min_n": 2, "k": 3}],
@@ -117,15 +117,15 @@ def test_a_sweep_on_ray_gives_the_figures_of_a_sequential_one(files, monkeypatch
 
 
 @pytest.mark.skipif(not ray_available(), reason="ray is not installed (pip install 'specframe[ray]')")
-def test_the_replay_command_sweeps_on_ray_by_default_and_ranks_as_without(files, tmp_path, monkeypatch):
+def test_the_replay_command_sweeps_on_ray_by_default_and_ranks_as_without(trace_files, tmp_path, monkeypatch):
     import yaml
 
-    monkeypatch.setenv("SPECFRAME_CACHE", str(files / "cache"))
+    monkeypatch.setenv("SPECFRAME_CACHE", str(trace_files / "cache"))
     cfg = tmp_path / "sweep.yaml"
-    cfg.write_text(yaml.safe_dump({"model": str(files / "tiny-llama"), "dtype": "float32", "threads": 1,
+    cfg.write_text(yaml.safe_dump({"model": str(trace_files / "tiny-llama"), "dtype": "float32", "threads": 1,
                                    "strategies": [{"name": "ngram", "proposers": ["ngram"],
                                                    "grid": {"ngram.k": [1, 3, 6], "ngram.max_n": [1, 2]}}]}))
-    base = ["replay", "--traces", str(files / "trace"), "--config", str(cfg)]
+    base = ["replay", "--traces", str(trace_files / "trace"), "--config", str(cfg)]
     on_ray = invoke(*base, "--output", str(tmp_path / "ray"))  # a grid and ray installed: Ray by default
     here = invoke(*base, "--output", str(tmp_path / "here"), "--no-ray")
     assert on_ray.exit_code == 0 and here.exit_code == 0, on_ray.output + here.output

@@ -19,13 +19,19 @@ from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter
 
-from ..combining_helpers import N_NEW, ScriptedChain, ScriptedTree, chain, combining_envs, policy_of
-from tests.fakes import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, check_metrics
-
-
-@pytest.fixture(scope="module")
-def envs(tmp_path_factory):
-    return combining_envs(tmp_path_factory)
+from tests.fakes import COMBINING_N_NEW as N_NEW  # the references in envs (conftest) hold N_NEW + 8 tokens
+from tests.fakes import (
+    ARCHS,
+    PROMPT,
+    PROMPT_2,
+    VOCAB,
+    ScriptedChain,
+    ScriptedTree,
+    build_model,
+    chain,
+    check_metrics,
+    policy_of,
+)
 
 
 # --- greedy: combined == plain greedy ---------------------------------------------------------------------------------
@@ -178,7 +184,7 @@ def peaky_target():
 def test_combined_sampling_is_calibrated(peaky_target, routed):
     """One long sampled generation with a stochastic chain, ngram and two deterministic proposers that often
     draft the stochastic chain's token at the same path (see test_engine_sampling_is_calibrated in
-    test_sampling_exactness.py for the statistics)."""
+    tests/kernel/test_sampling_exactness.py for the statistics)."""
     target, vocab, n = peaky_target, 16, 1500
     params = SamplingParams(temperature=1.0, top_k=12)
     prompt = [1, 2, 3, 1, 2, 3, 4]

@@ -14,13 +14,8 @@ from specframe.sampling import SamplingParams
 from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.merge_policies import PriorityConfig, PriorityPolicy
 
-from ..combining_helpers import N_NEW, ScriptedChain, combining_envs, policy_of
-from tests.fakes import PROMPT
-
-
-@pytest.fixture(scope="module")
-def envs(tmp_path_factory):
-    return combining_envs(tmp_path_factory)
+from tests.fakes import COMBINING_N_NEW as N_NEW  # the references in envs (conftest) hold N_NEW + 8 tokens
+from tests.fakes import PROMPT, ScriptedChain, policy_of
 
 
 # --- fault isolation per proposer -------------------------------------------------------------------------------------

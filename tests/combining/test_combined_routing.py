@@ -14,13 +14,8 @@ from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter
 
-from ..combining_helpers import N_NEW, ScriptedChain, combining_envs, policy_of
-from tests.fakes import ARCHS, PROMPT, VOCAB, build_tokenizer, check_metrics
-
-
-@pytest.fixture(scope="module")
-def envs(tmp_path_factory):
-    return combining_envs(tmp_path_factory)
+from tests.fakes import COMBINING_N_NEW as N_NEW  # the references in envs (conftest) hold N_NEW + 8 tokens
+from tests.fakes import ARCHS, PROMPT, VOCAB, ScriptedChain, build_tokenizer, check_metrics, policy_of
 
 
 class Alternate(RouterBase):

@@ -12,13 +12,8 @@ from specframe import hookimpl
 from specframe.errors import ConfigError
 from specframe.registry import build_registry
 
-from ..combining_helpers import N_NEW, combining_envs
+from tests.fakes import COMBINING_N_NEW as N_NEW  # the references in envs (conftest) hold N_NEW + 8 tokens
 from tests.fakes import PROMPT, build_model, build_tokenizer, hf_greedy
-
-
-@pytest.fixture(scope="module")
-def envs(tmp_path_factory):
-    return combining_envs(tmp_path_factory)
 
 
 # --- the public faces ---------------------------------------------------------------------------------------------------

@@ -14,8 +14,7 @@ from specframe.decode.merged_tree import MergedDraft, check_plan, merge_drafts
 from specframe.sampling import SamplingParams
 from specframe.acceptance import SpeculativeSamplingVerifier
 
-from ..combining_helpers import chain, tree
-from tests.fakes import VOCAB
+from tests.fakes import VOCAB, chain, tree
 
 
 def whole(drafts):

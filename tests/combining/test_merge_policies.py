@@ -3,8 +3,6 @@ document writes it, the merge-policy and router plugin contracts, and a single p
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 import specframe
@@ -20,13 +18,8 @@ from specframe_plugins.merge_policies import (
     share_budget,
 )
 
-from ..combining_helpers import N_NEW, chain, combining_envs, step
-from tests.fakes import PROMPT
-
-
-@pytest.fixture(scope="module")
-def envs(tmp_path_factory):
-    return combining_envs(tmp_path_factory)
+from tests.fakes import COMBINING_N_NEW as N_NEW  # the references in envs (conftest) hold N_NEW + 8 tokens
+from tests.fakes import PROMPT, ROOT, chain, step
 
 
 # --- the built-in policies --------------------------------------------------------------------------------------------
@@ -64,7 +57,7 @@ def test_confidence_policy_follows_live_acceptance():
 
 def docs_policy_module():
     """The example of docs/combining.md, executed from the document itself."""
-    text = (Path(__file__).parents[2] / "docs" / "combining.md").read_text()
+    text = (ROOT / "docs" / "combining.md").read_text()
     code = text.split("## Writing a merge policy")[1].split("```python\n")[1].split("```")[0]
     namespace: dict = {"__name__": "docs_policy"}
     exec(compile(code, "docs/combining.md", "exec", dont_inherit=True), namespace)  # (not this module's __future__)

@@ -19,7 +19,7 @@ from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter, ascent, led
 from specframe_plugins.router.config import load_cost_curve
 from specframe_plugins.router.stats import column as col
 
-from ..combining_helpers import chain, step, tree
+from tests.fakes import chain, step, tree
 
 
 def a_target() -> TargetInfo:

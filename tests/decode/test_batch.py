@@ -21,10 +21,19 @@ from specframe_plugins.eagle import EagleConfig, EagleProposer
 from specframe_plugins.medusa import MedusaConfig, MedusaProposer
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
-from ..combining_helpers import draft_dir, policy_of
-from tests.fakes import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, check_metrics
-from ..proposers.test_eagle import random_drafter
-from ..proposers.test_medusa import random_heads
+from tests.fakes import (
+    ARCHS,
+    PROMPT,
+    PROMPT_2,
+    VOCAB,
+    build_model,
+    build_tokenizer,
+    check_metrics,
+    draft_dir,
+    policy_of,
+    random_drafter,
+    random_heads,
+)
 
 SAMPLING = SamplingParams(temperature=0.9, top_p=0.95)
 
@@ -361,8 +370,7 @@ def test_the_router_shrinks_drafts_as_the_batch_grows(env):
     nodes, B = 4: 1) and stops at B = 8 but for probes — and every output stays the reference."""
     from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter
 
-    from ..combining_helpers import ScriptedChain
-    from tests.fakes import hf_greedy
+    from tests.fakes import ScriptedChain, hf_greedy
 
     target = env["llama"][0]
     curve = [max(1.0, n / 8) for n in range(1, 129)]

@@ -549,7 +549,7 @@ def test_generate_rejects_bad_requests(target):
     with pytest.raises(ConfigError, match="at least one proposer"):
         Engine(target, [], GreedyVerifier())
     ngram = NgramProposer(NgramConfig(), target.info)
-    with pytest.raises(ConfigError, match="needs a merge policy"):  # combining: see tests/test_combined_engine.py
+    with pytest.raises(ConfigError, match="needs a merge policy"):  # combining: see tests/combining/test_combined_engine.py
         Engine(target, [ngram, NoProposer(NoneConfig(), target.info)], GreedyVerifier())
     with pytest.raises(ConfigError, match="listed twice"):
         Engine(target, [ngram, ngram], GreedyVerifier(), merge=object())

@@ -21,9 +21,8 @@ from specframe.instance_pool import InstancePool
 from specframe.shared_weights import folder_key, shared
 from specframe.target.hf import Target
 
-from tests.fakes import PROMPT, VOCAB, build_model, build_tokenizer
+from tests.fakes import NAME, PROMPT, VOCAB, build_model, build_tokenizer
 
-NAME = "specframe-test-tiny-no-shipped-weights"
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ stdout, no traceback, and before any model is loaded.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -17,9 +16,7 @@ from specframe.config import SpecframeConfig, load_config
 from specframe.errors import ConfigError, PromptsFileError
 from specframe.io.prompts import Prompt, read_prompts
 
-from tests.fakes import PROMPT, build_model, build_tokenizer, hf_greedy
-
-SPECBENCH = Path(__file__).parents[3] / "shared" / "specbench" / "question.jsonl"
+from tests.fakes import PROMPT, SPECBENCH, assert_user_error, build_model, build_tokenizer, hf_greedy
 
 runner = CliRunner()
 
@@ -46,20 +43,6 @@ def no_model_load(monkeypatch):
 
 def invoke(*args: str):
     return runner.invoke(cli.app, ["generate", *args])
-
-
-def assert_user_error(result, *needles: str) -> str:
-    """Exit code 2, one ``error:`` line on stderr containing every needle, empty stdout, no traceback."""
-    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
-    assert result.stdout == ""
-    lines = result.stderr.strip("\n").splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ")
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    assert "Traceback" not in result.output
-    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)
-    return lines[0]
 
 
 # --- flags ----------------------------------------------------------------------------------------------------------

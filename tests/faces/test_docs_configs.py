@@ -18,7 +18,8 @@ from specframe.bench.config import load_bench_config
 from specframe.config import load_config, resolve_plugins
 from specframe.registry import build_registry
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fakes import ROOT
+
 DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 # the run records' READMEs quote the commands that made them: the configs they name must exist too
 RECORDS = sorted((ROOT / "lab").glob("**/README.md"))

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fakes import ROOT
+
 
 
 def _snippet() -> str:

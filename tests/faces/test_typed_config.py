@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -13,7 +12,9 @@ from specframe import cli
 from specframe.config import SpecframeConfig, config_schema, load_config, resolve_plugins, typed_config_model
 from specframe.registry import build_registry
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+from tests.fakes import ROOT
+
+DOCS = ROOT / "docs"
 
 
 @pytest.fixture(scope="module")

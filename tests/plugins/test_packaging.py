@@ -16,7 +16,8 @@ import pytest
 
 import specframe
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fakes import ROOT
+
 SKIP = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
                               "runs", "out", "bench-*", ".benchmarks")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -15,9 +14,9 @@ import specframe
 from specframe.cli import app
 from specframe.registry import ALLOW_ENV
 
-from ..plugin_fakes import fake_dist  # noqa: F401 - fixture
+from tests.fakes import ROOT
 
-CONTRIB = Path(__file__).resolve().parents[2] / "contrib" / "specframe-recall"
+CONTRIB = ROOT / "contrib" / "specframe-recall"
 PROMPT = [11, 4, 9, 0, 15, 2, 6, 13, 4, 9]
 
 

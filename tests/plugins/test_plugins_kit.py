@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,9 +17,18 @@ from specframe_plugins.autoregressive import NoProposer
 from specframe_plugins.grammar import GrammarProposer
 from specframe_plugins.ngram import NgramProposer
 
-from .. import kit_proposers as kp
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.fakes import (
+    ROOT,
+    BadFeedback,
+    ConstraintCommitter,
+    DropUnlikely,
+    GlobalRng,
+    LeakyDraftModel,
+    Mutator,
+    OtherModelDraft,
+    SelfDraft,
+    UndeclaredProbs,
+)
 
 # The built-in proposers, through the same one-liner a third-party author writes.
 TestNgramConformance = conformance_suite(NgramProposer, config={"k": 4}, samples=400)
@@ -36,7 +44,7 @@ def kit(specframe_tiny_target):
 
 
 def test_an_honest_sampling_proposer_passes_every_check(kit):
-    k = kit(kp.SelfDraft, samples=400)
+    k = kit(SelfDraft, samples=400)
     k.check_all()  # any ConformanceError fails this test
     with pytest.raises(NotApplicable):  # NotApplicable is only for checks that do not apply
         kit(NgramProposer).check_draft_probs_match_samples()
@@ -46,7 +54,7 @@ def test_an_honest_sampling_proposer_passes_every_check(kit):
 
 
 def test_kit_catches_draft_probs_that_are_not_what_was_sampled(kit):
-    k = kit(kp.SelfDraft, {"sharpen": 0.7})
+    k = kit(SelfDraft, {"sharpen": 0.7})
     k.check_greedy_lossless()  # the bug is invisible to greedy decoding...
     k.check_contract()  # ...and breaks no shape or contract rule
     with pytest.raises(ConformanceError) as direct:
@@ -62,19 +70,19 @@ def test_kit_catches_draft_probs_that_are_not_what_was_sampled(kit):
 
 def test_kit_catches_a_separate_draft_model_sampling_at_the_wrong_temperature(kit):
     with pytest.raises(ConformanceError, match=r"draft node \d is not distributed as the draft_probs you report"):
-        kit(kp.OtherModelDraft).check_draft_probs_match_samples()
+        kit(OtherModelDraft).check_draft_probs_match_samples()
 
 
 def test_kit_catches_nodes_dropped_depending_on_the_sampled_token(kit):
     with pytest.raises(ConformanceError, match=r"draft node 1 is not distributed.*do not re-draw or drop nodes"):
-        kit(kp.DropUnlikely).check_draft_probs_match_samples()
+        kit(DropUnlikely).check_draft_probs_match_samples()
 
 
 # --- protocol bugs --------------------------------------------------------------------------------------------
 
 
 def test_kit_catches_state_leaking_from_rejected_drafts(kit):
-    k = kit(kp.LeakyDraftModel)
+    k = kit(LeakyDraftModel)
     k.check_greedy_lossless()  # exactness holds: only the drafts suffer
     with pytest.raises(ConformanceError) as err:
         k.check_rollback_after_partial_acceptance()
@@ -85,14 +93,14 @@ def test_kit_catches_state_leaking_from_rejected_drafts(kit):
 
 def test_kit_catches_use_of_the_global_rng(kit):
     with pytest.raises(ConformanceError, match=r"two runs with the same seeds drafted differently.*state\.generator"):
-        kit(kp.GlobalRng).check_determinism()
+        kit(GlobalRng).check_determinism()
 
 
 @pytest.mark.parametrize(
     "cls, message",
     [
-        (kp.Mutator, r"propose modified state\.tokens in place \(request 0, step 0\)"),
-        (kp.UndeclaredProbs, r"returned draft_probs but the class declares provides_draft_probs = False"),
+        (Mutator, r"propose modified state\.tokens in place \(request 0, step 0\)"),
+        (UndeclaredProbs, r"returned draft_probs but the class declares provides_draft_probs = False"),
     ],
 )
 def test_kit_catches_contract_breaks(kit, cls, message):
@@ -102,10 +110,10 @@ def test_kit_catches_contract_breaks(kit, cls, message):
 
 def test_kit_reports_an_exception_with_its_location(kit):
     with pytest.raises(ConformanceError) as err:
-        kit(kp.BadFeedback).check_feedback()
+        kit(BadFeedback).check_feedback()
     msg = str(err.value)
     assert "on_verified raised AttributeError" in msg and "num_rejected" in msg
-    assert "kit_proposers.py:" in msg and "in on_verified (request 0, step 0)" in msg
+    assert "fakes.py:" in msg and "in on_verified (request 0, step 0)" in msg
 
 
 def test_kit_refuses_a_config_the_proposer_rejects(kit):
@@ -119,12 +127,12 @@ def test_kit_refuses_a_config_the_proposer_rejects(kit):
 def test_kit_runs_as_a_pytest_plugin_with_readable_failures(tmp_path):
     (tmp_path / "test_mine.py").write_text(textwrap.dedent("""
         from specframe.testing import conformance_suite
-        from tests.kit_proposers import SelfDraft
+        from tests.fakes import SelfDraft
 
         TestHonest = conformance_suite(SelfDraft)
         TestSharpened = conformance_suite(SelfDraft, config={"sharpen": 0.6})
     """))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--specframe-samples", "300",
          "-k", "draft_probs or greedy", str(tmp_path / "test_mine.py")],
@@ -160,7 +168,7 @@ def test_the_kit_automaton_forces_and_cuts(specframe_tiny_target):
 
 
 def test_kit_catches_a_proposer_advancing_the_constraint(kit):
-    k = kit(kp.ConstraintCommitter)
+    k = kit(ConstraintCommitter)
     k.check_greedy_lossless()  # invisible without a constraint
     with pytest.raises(ConformanceError) as err:
         k.check_constrained_greedy_lossless()

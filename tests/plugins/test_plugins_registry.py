@@ -26,7 +26,7 @@ from specframe.errors import (
 )
 from specframe.registry import ALLOW_ENV, build_registry
 
-from ..plugin_fakes import fake_dist, proposer_module  # noqa: F401 - fixture
+from tests.fakes import proposer_module
 
 BROKEN_PROPOSE = 'raise RuntimeError("kaput")'
 

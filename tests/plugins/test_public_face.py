@@ -18,7 +18,8 @@ import specframe
 import specframe.errors
 import specframe.services
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fakes import ROOT
+
 PUBLIC = {"specframe", "specframe.services", "specframe.errors"}
 TOP = {
     # running

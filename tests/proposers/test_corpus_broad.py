@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import json
-from pathlib import Path
 
 import pytest
 
@@ -17,9 +16,8 @@ from specframe.training import broad
 from specframe.training import sources as S
 from specframe.training.corpus import CorpusSettings, build_corpus, corpus_batches, corpus_stats, mix_prompts, read_corpus
 
-from tests.fakes import build_model, build_tokenizer
+from tests.fakes import SPECBENCH, build_model, build_tokenizer
 
-SPECBENCH = Path(__file__).resolve().parents[3] / "shared" / "specbench" / "question.jsonl"
 
 
 @pytest.fixture

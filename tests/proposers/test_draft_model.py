@@ -30,10 +30,20 @@ from specframe.testing.tiny import first_two_tokens
 from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer, check_vocabularies
 
-from tests.fakes import ARCHS, PROMPT, PROMPT_2, VOCAB, WORDS, build_model, build_tokenizer, check_metrics, hf_greedy
+from tests.fakes import (
+    ARCHS,
+    NAME,
+    PROMPT,
+    PROMPT_2,
+    VOCAB,
+    WORDS,
+    build_model,
+    build_tokenizer,
+    check_metrics,
+    hf_greedy,
+)
 
 N_NEW = 40
-NAME = "specframe-test-tiny-no-shipped-weights"  # no draft is ever shipped for this name
 
 
 # --- helpers --------------------------------------------------------------------------------------------------------

