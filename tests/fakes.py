@@ -6,6 +6,7 @@
 - for combining: drafts, step reports, scripted proposers, an HF draft folder, merge policies by name;
 - learned proposers' random weights (Medusa heads, an EAGLE drafter); a scripted successor target's helpers;
 - replay: the questions, cost curve and target the replay tests record from, and the CLI's trace;
+- a synthetic machine profile;
 - proposers with one realistic bug each, for testing the conformance kit itself;
 - the source of a trivial plugin module, for the plugin-discovery tests.
 
@@ -36,6 +37,7 @@ from specframe.learned.medusa_heads import MedusaHeads
 from specframe.sampling import SamplingParams, probs_from_logits
 from specframe.target.cost import CostCurve
 from specframe.target.hf import Target
+from specframe.target.profile import Candidate, MachineProfile, Measured
 from specframe.testing.tiny import tiny_target
 from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.autoregressive import NoneConfig, NoProposer
@@ -452,6 +454,26 @@ def write_cli_trace(root: Path) -> Path:
     assert result.exit_code == 0, result.output
     assert "5 questions of tiny-llama (float32)" in result.stderr
     return root
+
+
+# --- the machine: a synthetic profile ---------------------------------------------------------------------------------
+
+# bf16/2t is flat (native bf16): best for speculation; fp32/2t has the lowest T(1): best for plain decoding
+PROFILE_ROWS = {
+    Candidate("float32", 1, False): [18.0, 30.0, 50.0, 90.0, 170.0, 330.0],
+    Candidate("float32", 2, False): [12.0, 20.0, 35.0, 60.0, 110.0, 200.0],
+    Candidate("bfloat16", 1, False): [30.0, 31.0, 32.0, 33.0, 38.0, 45.0],
+    Candidate("bfloat16", 2, False): [20.0, 20.5, 21.0, 22.0, 25.0, 30.0],
+    Candidate("bfloat16", 2, True): [21.0, 21.5, 22.0, 23.0, 27.0, 33.0],
+}
+
+
+def make_profile(rows=None, key: str = "k" * 16, others_load: float = 0.0, contexts=(128, 512)) -> MachineProfile:
+    """A machine profile of ``rows`` (default :data:`PROFILE_ROWS`) at each context, T(n) doubling per context."""
+    rows = PROFILE_ROWS if rows is None else rows
+    measured = [Measured(c, {ctx: [t * (1 + i) for t in row] for i, ctx in enumerate(contexts)})
+                for c, row in rows.items()]
+    return MachineProfile(key, "tiny", "cpu", {"cpu": "test", "cores": 2}, measured, others_load, 12.3)
 
 
 # --- proposers for testing the conformance kit ------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """specframe bench: config validation, question selection, runner + lossless check on a tiny model,
-aggregation and the report, the cost-model formulas, and CLI errors before any model loads."""
+aggregation and the report, the cost-model formulas, and CLI errors before any model loads (an output folder holding
+a report the bench did not write among them)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from specframe.io.prompts import Prompt
 from specframe.registry import build_registry
 from specframe.target.hf import Target
 
-from tests.fakes import build_model, build_tokenizer
+from tests.fakes import ROOT, assert_user_error, build_model, build_tokenizer
 
 QUESTIONS = [
     Prompt("aa ab ac aa ab ad ae aa ab", 1, "summarization"),
@@ -337,3 +338,23 @@ def test_the_lossless_check_rescores_a_bf16_divergence_in_float32(sf):
     else:
         assert loads == [1] and {"fp32_gap", "bf16_error", "explained"} <= set(m)
         assert ("FAILED" in _lossless_verdict([m], "bfloat16")) == (not m["explained"])
+
+
+# --- from issue 39's fourth round of reports (each failed on the code before its fix) ---------------------------------
+
+
+def test_a_bench_output_folder_holding_someone_elses_report_is_refused_before_anything_runs(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.md").write_text("# my own notes\n")
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["hi"]}) + "\n")
+    args = ["bench", "--config", str(ROOT / "docs" / "bench.example.yaml"), "--questions", str(questions), "--output",
+            str(out)]
+    line = assert_user_error(CliRunner().invoke(app, args))
+    assert "already holds a report.md that specframe bench did not write" in line
+    assert (out / "report.md").read_text() == "# my own notes\n"
+    (out / "results.json").write_text(json.dumps({"config": {}, "environment": {}}))  # a bench's own folder: rerun
+    from specframe.bench.command import _check_output_is_ours
+
+    _check_output_is_ours(out)

@@ -1,4 +1,5 @@
-"""Python API and CLI input handling found by a new-user pass: seeds, stop strings, prompt types, verifier."""
+"""Python API and CLI input handling found by a new-user pass: seeds, stop strings, prompt types, verifier,
+chat (a bool, nothing else)."""
 
 from __future__ import annotations
 
@@ -117,3 +118,14 @@ def test_unknown_keyword_names_the_method_called_and_the_closest_one(sf):
     with pytest.raises(TypeError, match=r"^generate_batch_results\(\) got an unexpected keyword argument 'on_text'"):
         sf.generate_batch_results(["a b"], on_text=print)  # one callback per prompt makes no sense: on_result
     assert sf.generate_result([1, 2, 3], max_new_tokens=2, question_id="q").question_id == "q"
+
+
+# --- from issue 39's fourth round of reports (each failed on the code before its fix) ---------------------------------
+
+
+@pytest.mark.parametrize("chat", ["false", "no", 2, 0.0])
+def test_chat_must_be_a_bool(chat):
+    sf = specframe.load(target=Target(build_model("llama"), build_tokenizer(), name="tiny"), max_new_tokens=4)
+    with pytest.raises(ConfigError, match="chat must be True or False"):
+        sf.generate("ba bb", chat=chat)
+    assert len(sf.generate_result("ba bb", chat=False).token_ids) == 4  # a bool still works

@@ -1,6 +1,7 @@
 """Files a user hands specframe, read the same way by every command: JSON Lines split at "\\n" only (a raw U+2028 in a
 string is data, not a line end), config files that are not UTF-8, YAML mappings that give a key twice, and numeric
-settings beyond any sane value. Each bad file is one ``error:`` line naming the file, exit 2, before a model loads."""
+settings beyond any sane value. Each bad file is one ``error:`` line naming the file, exit 2, before a model loads; a
+prompts file with a byte order mark and Windows line ends reads as one without."""
 
 from __future__ import annotations
 
@@ -20,21 +21,13 @@ from specframe.io.jsonl import jsonl_lines
 from specframe.io.prompts import read_prompts
 from specframe.training.common import final_means
 
+from tests.fakes import assert_user_error
+
 TRACE = Path(specframe.__file__).parent / "testing" / "traces" / "smollm2-135m-instruct-fp32-dev"
 # every character str.splitlines() breaks at that JSON allows raw inside a string (it escapes those below U+0020)
 SEPARATORS = ["\u2028", "\u2029", "\u0085"]
 
 runner = CliRunner()
-
-
-def assert_user_error(result, *needles: str) -> str:
-    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
-    lines = result.stderr.strip("\n").splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 # --- 1. JSON Lines ----------------------------------------------------------------------------------------------------
@@ -197,3 +190,14 @@ def test_the_cost_profile_context_has_an_upper_bound(tmp_path):
     cfg.write_text(json.dumps({"profile": {"context": 10**12}, "strategies": [{"name": "n", "proposers": ["ngram"]}]}))
     with pytest.raises(ConfigError, match="profile.context"):
         load_bench_config(cfg)
+
+
+# --- from issue 39's fourth round of reports (each failed on the code before its fix) ---------------------------------
+
+
+def test_a_prompts_file_with_a_byte_order_mark_and_windows_line_ends_reads_as_without(tmp_path):
+    lines = [json.dumps({"question_id": i, "category": "qa", "turns": [t]}) for i, t in enumerate(["Hi there.", "2+2?"])]
+    plain, windows = tmp_path / "p.jsonl", tmp_path / "w.jsonl"
+    plain.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    windows.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode() + b"\r\n")
+    assert read_prompts(windows) == read_prompts(plain) and read_prompts(plain)[0].text == "Hi there."

@@ -1,5 +1,6 @@
 """Output on a stdout that is not UTF-8 (``PYTHONIOENCODING=ascii``, a C locale): ``--json`` stays valid JSON (escapes),
-plain text and streams degrade to backslash escapes instead of a UnicodeEncodeError after the whole generation."""
+plain text and streams degrade to backslash escapes instead of a UnicodeEncodeError after the whole generation; and
+a stdout closed before the first byte (``| head -c 20``) ends the command quietly, with status 0."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from tests.fakes import PROMPT, WORDS, build_model, hf_greedy
+from tests.fakes import PROMPT, WORDS, build_model, build_tokenizer, hf_greedy
 
 # the tiny model's vocabulary with every word accented or in another script: any answer is non-ASCII
 ACCENTED = ["<pad>"] + [("é" if i % 2 else "日") + w for i, w in enumerate(WORDS[1:], 1)]
@@ -69,3 +70,22 @@ def test_json_on_a_utf8_stdout_keeps_the_characters(accented_model, tmp_path):
     line = res.stdout.decode("utf-8")
     assert "é" in line or "日" in line
     json.loads(line)
+
+
+# --- from issue 39's fourth round of reports (each failed on the code before its fix) ---------------------------------
+
+
+@pytest.mark.parametrize("mode", [["--stream"], ["--json"], []])
+def test_generate_into_a_closed_pipe_exits_0(mode, tmp_path):
+    """``specframe generate ... | head -c 20``: the reader leaves early; the command ends quietly with status 0."""
+    model_dir = tmp_path / "tiny"
+    build_model("llama").save_pretrained(model_dir)
+    build_tokenizer().save_pretrained(model_dir)
+    env = {**os.environ, "SPECFRAME_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "specframe", "generate", "ba bb bc", "--model", str(model_dir),
+                             "--max-new-tokens", "64", "--no-chat", "--threads", "1", *mode],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # the reader is gone before the first byte
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

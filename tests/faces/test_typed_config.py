@@ -1,4 +1,5 @@
-"""The config's typed form over the installed plugins (a discriminated union by ``name``) and its JSON Schema."""
+"""The config's typed form over the installed plugins (a discriminated union by ``name``) and its JSON Schema, which
+agrees with the loader on every snippet and on every config the docs ship."""
 
 from __future__ import annotations
 
@@ -150,3 +151,63 @@ def test_a_malformed_request_override_names_the_field(registry):
         resolve_plugins(typed, registry, proposers=[])
     with pytest.raises(UnknownProposerError, match="ngram"):
         resolve_plugins(typed, registry, proposers="nope")
+
+
+# --- the schema and the loader agree on every snippet and shipped config (issue 39, 3) --------------------------------
+
+
+GOOD = ["router: adaptive", "router: none", "router: null", "router: false", "merge: confidence",
+        "proposers: [ngram]", "proposers: ngram", "proposers: [ngram, {name: medusa}]", "threads: 2",
+        "max_new_tokens: 1", "sampling: {temperature: 0.7, top_p: 1.0, top_k: 0, seed: 0}", "stop: ['\\n\\n']",
+        "merge: {name: confidence, max_nodes: 16}", "router: {name: adaptive, explore: 0.0}"]
+BAD = ["max_new_tokens: 0", "threads: 2000", "threads: 0", "sampling: {temperature: -1}", "sampling: {top_p: 1.5}",
+       "sampling: {top_p: 0}", "sampling: {top_k: -3}", "sampling: {seed: -1}", "stop: ['']", "proposers: nosuch",
+       "proposers: []", "router: sometimes", "merge: nosuch", "unknown_key: 1"]
+
+
+@pytest.fixture(scope="module")
+def schema_and_loader():
+    jsonschema = pytest.importorskip("jsonschema")
+    registry = build_registry()
+    validator = jsonschema.Draft202012Validator(config_schema(registry))
+
+    def loader_ok(path) -> bool:
+        try:
+            resolve_plugins(load_config(path), registry)
+        except Exception:  # noqa: BLE001 - the loader's refusal, whatever its kind
+            return False
+        return True
+
+    return validator, loader_ok
+
+
+@pytest.mark.parametrize("snippet", GOOD + BAD)
+def test_the_schema_and_the_loader_agree_on_a_snippet(snippet, schema_and_loader, tmp_path):
+    import yaml
+
+    validator, loader_ok = schema_and_loader
+    path = tmp_path / "c.yaml"
+    path.write_text(snippet + "\n")
+    want = snippet in GOOD
+    assert loader_ok(path) is want
+    assert validator.is_valid(yaml.safe_load(snippet)) is want, list(validator.iter_errors(yaml.safe_load(snippet)))
+
+
+def test_every_shipped_config_passes_the_schema(schema_and_loader):
+    import re
+
+    import yaml
+
+    validator, _ = schema_and_loader
+    configs = [p.read_text() for p in sorted(DOCS.glob("*.yaml"))]
+    for doc in sorted(DOCS.glob("*.md")) + [ROOT / "README.md"]:
+        configs += re.findall(r"```yaml\n(.*?)```", doc.read_text(), re.S)
+    checked = 0
+    for text in configs:
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict) or {"strategies", "servers", "grid"} & set(data) or "train" in data:
+            continue  # bench and training configs have schemas of their own
+        errors = [e.message for e in validator.iter_errors(data)]
+        assert not errors, (text[:200], errors)
+        checked += 1
+    assert checked >= 3

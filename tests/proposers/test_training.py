@@ -813,3 +813,22 @@ def test_the_reproduce_flags_give_back_the_settings(kind, settings, tmp_path, mo
     assert got == [settings], (flags, got)
     res = runner.invoke(cli.app, ["train", kind, "--output", str(tmp_path / "o")])
     assert res.exit_code == 0 and got[-1] == type(settings)(), res.output
+
+
+# --- from issue 39's fourth round of reports (each failed on the code before its fix) ---------------------------------
+
+
+def test_a_train_resume_with_a_changed_setting_is_refused_before_any_stage_and_names_it(tmp_path, monkeypatch):
+    from dataclasses import asdict
+
+    from specframe.training import recipe
+
+    out = tmp_path / "td"
+    out.mkdir()
+    before = DraftSettings()
+    torch.save({"settings": {"draft": asdict(before), "records": 5}, "step": 3}, out / "ckpt.pt")
+    monkeypatch.setattr(recipe, "build_corpus", lambda *a, **k: pytest.fail("the corpus stage ran"))
+    monkeypatch.setattr(recipe, "teacher_pass", lambda *a, **k: pytest.fail("the teacher stage ran"))
+    with pytest.raises(ConfigError, match=rf"other settings: lr {before.lr!r} \(now 0\.123\): run the same command"):
+        recipe.run_recipe("draft", None, "t", out, tmp_path / "corpus", None, replace(before, lr=0.123),
+                          lambda *a: None)
