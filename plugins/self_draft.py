@@ -49,6 +49,7 @@ from specframe.services import (
 
 from .draft_model import ChainDraftConfig, ChainDrafter
 
+
 class LayerSkipConfig(ChainDraftConfig):
     name: Literal["layer-skip"] = "layer-skip"
     skip: Optional[list[int]] = Field(

@@ -107,9 +107,8 @@ def run_vllm(args) -> None:
 
 
 def run_economize(args) -> None:
-    import torch
-
     import economize
+    import torch
 
     out = Path(args.output)
     rows_in = json.loads((out / "specframe.json").read_text())

@@ -48,16 +48,6 @@ from importlib import import_module
 from typing import Any
 
 from . import services  # (and specframe.errors, bound by the import below)
-from .contracts.combining import (
-    MergePolicy,
-    MergePolicyBase,
-    MergePolicyConfig,
-    ProposerStep,
-    Router,
-    RouterBase,
-    RouterConfig,
-    StepReport,
-)
 from .contracts import (
     Capabilities,
     DecodeState,
@@ -70,6 +60,16 @@ from .contracts import (
     Verifier,
     VerifyOutcome,
     VerifyResult,
+)
+from .contracts.combining import (
+    MergePolicy,
+    MergePolicyBase,
+    MergePolicyConfig,
+    ProposerStep,
+    Router,
+    RouterBase,
+    RouterConfig,
+    StepReport,
 )
 from .errors import ConfigError, DraftError, SpecframeError
 from .hookspecs import hookimpl

@@ -30,16 +30,16 @@ from .config import (
     settings_error,
     validation_line,
 )
+from .contracts.constraint import Constraint, ConstraintSpec
+from .contracts.optional import optional
 from .decode.batch import BatchRequest
 from .decode.engine import Engine, GenerationResult
-from .contracts.constraint import Constraint, ConstraintSpec
 from .errors import ConfigError, ConstraintError
-from .registry import Registry, build_registry
-from .sampling import SamplingParams, check_logprobs
 from .instance_pool import Lease, PluginSets
+from .registry import Registry, build_registry
 from .request_job import RequestJob
 from .request_options import BATCH_KEYWORDS, REQUEST_KEYWORDS, BatchKeywords, RequestKeywords, RequestOptions
-from .contracts.optional import optional
+from .sampling import SamplingParams, check_logprobs
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

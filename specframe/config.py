@@ -54,13 +54,12 @@ from pydantic import (
     model_validator,
 )
 
-from .contracts.combining import MergePolicyConfig, RouterConfig, merge_key
 from .contracts import ProposerConfig
+from .contracts.combining import MergePolicyConfig, RouterConfig, merge_key
 from .contracts.constraint import ConstraintSpec
 from .errors import ConfigError, UnknownRouterError
 from .io.yamlfile import read_yaml
 from .sampling import check_max_new_tokens, check_seed, check_temperature, check_top_k, check_top_p
-
 
 # torch threads at most: far above any machine's cores, far below what overflows torch.set_num_threads (int32)
 MAX_THREADS = 1024

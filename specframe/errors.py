@@ -6,7 +6,6 @@ exits with code 2. Messages say what to fix.
 
 from __future__ import annotations
 
-
 __all__ = [  # the error classes (first_line is a helper of the package's own)
     "SpecframeError",
     "ConfigError",

@@ -27,9 +27,9 @@ from typing import Any, Literal, get_args, get_origin
 import pluggy
 
 from . import __version__, acceptance, hookspecs
-from .grammar import llguidance_engine
-from .contracts.combining import MergePolicyConfig, RouterConfig
 from .contracts import ProposerConfig
+from .contracts.combining import MergePolicyConfig, RouterConfig
+from .decode.observe import Observers
 from .errors import (
     DuplicateRegistrationError,
     PluginContractError,
@@ -41,7 +41,7 @@ from .errors import (
     UnknownRouterError,
     UnknownVerifierError,
 )
-from .decode.observe import Observers
+from .grammar import llguidance_engine
 
 log = logging.getLogger("specframe")
 

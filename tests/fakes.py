@@ -29,6 +29,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from specframe import DraftTree, ProposerBase, ProposerConfig
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.contracts.combining import ProposerStep
 from specframe.decode.engine import Engine, GenerationResult
 from specframe.io.prompts import Prompt
@@ -39,7 +40,6 @@ from specframe.target.cost import CostCurve
 from specframe.target.hf import Target
 from specframe.target.profile import Candidate, MachineProfile, Measured
 from specframe.testing.tiny import tiny_target
-from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.autoregressive import NoneConfig, NoProposer
 from specframe_plugins.merge_policies import ConfidenceConfig, ConfidencePolicy, PriorityConfig, PriorityPolicy
 

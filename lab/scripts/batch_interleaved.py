@@ -4,14 +4,16 @@ median over repetitions. Issue 37 b; one Specframe (default model, `auto` dtype)
 
     python lab/scripts/batch_interleaved.py REPS CONCURRENCIES OUT.json     # e.g. 3 4,8 interleaved.json
 """
+import collections
+import json
+import statistics
 import sys
 import time
-import json
-import collections
-import statistics
+
 import specframe
-from specframe.io.prompts import read_prompts
 from specframe.bench.runner import select_questions
+from specframe.io.prompts import read_prompts
+
 sf = specframe.load(model="smollm2-135m-instruct", dtype="auto")
 qs = select_questions(read_prompts("../shared/specbench/question.jsonl"), None, 5)
 enc = [sf.encode(q.text, True) for q in qs]

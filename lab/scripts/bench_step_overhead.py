@@ -20,10 +20,11 @@ import torch
 
 import specframe
 from specframe import DecodeState, DraftTree, ProposerBase, ProposerConfig
+
 try:  # this layout (issue 27's floors) ...
+    from specframe.acceptance import GreedyVerifier
     from specframe.decode.engine import Engine
     from specframe.target.hf import Target
-    from specframe.acceptance import GreedyVerifier
 except ImportError:  # ... or a checkout from before it
     from specframe.engine import Engine
     from specframe.target import Target

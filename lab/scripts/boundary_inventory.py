@@ -146,6 +146,7 @@ def main() -> int:
     a = ap.parse_args()
     import specframe
     from specframe.target.hf import Target
+
     from tests.fakes import build_model, build_tokenizer
 
     tok = build_tokenizer()

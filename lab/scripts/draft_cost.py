@@ -15,9 +15,9 @@ import time
 import torch
 
 from specframe.contracts import DecodeState
+from specframe.sampling import SamplingParams
 from specframe.target.kv_cache import new_cache, rollback
 from specframe.target.loader import load_target
-from specframe.sampling import SamplingParams
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.medusa import MedusaConfig, MedusaProposer
 

@@ -39,9 +39,9 @@ def main() -> None:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     hf_logging.disable_progress_bar()
     from specframe import DecodeState
+    from specframe.sampling import SamplingParams
     from specframe.target.kv_cache import rollback
     from specframe.target.loader import load_target
-    from specframe.sampling import SamplingParams
     from specframe_plugins.eagle import EagleConfig, EagleProposer
 
     target = load_target("smollm2-135m-instruct", args.dtype, "cpu")

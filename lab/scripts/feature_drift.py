@@ -30,9 +30,9 @@ def main() -> None:
 
     import specframe
     from specframe import DecodeState
-    from specframe.target.kv_cache import rollback
     from specframe.replay.trace import read_trace
     from specframe.sampling import SamplingParams
+    from specframe.target.kv_cache import rollback
     from specframe.token_tree import tree_attention_mask, tree_position_ids
     from specframe_plugins.medusa import MedusaConfig, MedusaProposer
 

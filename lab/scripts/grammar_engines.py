@@ -111,8 +111,8 @@ def main() -> int:
     a = ap.parse_args()
     from transformers import AutoTokenizer
 
-    from specframe.target.models import resolve_model, tokenizer_directory
     from specframe.target.machine import fingerprint
+    from specframe.target.models import resolve_model, tokenizer_directory
 
     tok = AutoTokenizer.from_pretrained(tokenizer_directory(resolve_model("smollm2-135m-instruct").gguf))
     vocab = len(tok)

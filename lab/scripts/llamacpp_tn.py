@@ -5,9 +5,11 @@ how a build's kernels batch (docs/llamacpp.md). Compare two builds by putting on
     PYTHONPATH=/tmp/other-build python lab/scripts/llamacpp_tn.py      # e.g. pip install --target /tmp/other-build ...
 """
 import json
+
 from specframe.target.llamacpp.binding import LlamaModel, build_info
 from specframe.target.llamacpp.profile import time_decodes
 from specframe.target.models import resolve_model
+
 
 class T:  # the few members time_decodes reads
     pass
@@ -18,7 +20,9 @@ out = {"build": build_info().to_dict(), "t_ms_2_threads": time_decodes(t, 2)}
 print(json.dumps(out))
 import random
 import time
+
 from specframe.target.llamacpp.binding import LlamaContext
+
 ctx = LlamaContext(t.llama, 4096, 512, 2)
 ids = [random.Random(0).randrange(t.vocab_size) for _ in range(1024)]
 t0 = time.perf_counter()

@@ -63,10 +63,10 @@ def main() -> int:
     import openvino_genai as ovg
     from transformers import AutoTokenizer
 
+    from specframe.target.hf import TextSide
     from specframe.target.llamacpp.peers import run_llamacpp_peer
     from specframe.target.machine import fingerprint
     from specframe.target.models import resolve_model, tokenizer_directory
-    from specframe.target.hf import TextSide
 
     source = resolve_model("smollm2-135m-instruct")
     text = TextSide()

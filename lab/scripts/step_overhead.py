@@ -20,9 +20,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 try:  # this layout (issue 27's floors) ...
+    from specframe.acceptance import GreedyVerifier
     from specframe.decode.engine import Engine
     from specframe.target.hf import Target
-    from specframe.acceptance import GreedyVerifier
 except ImportError:  # ... or a checkout from before it
     from specframe.engine import Engine
     from specframe.target import Target

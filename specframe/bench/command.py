@@ -171,7 +171,7 @@ def _bench_load(cfg, chosen, by_strategy, output, err) -> None:
     from rich.progress import Progress
 
     from .config import BASELINE
-    from .load import lossless_records, load_table, run_load, write_load_plots
+    from .load import load_table, lossless_records, run_load, write_load_plots
     from .runner import lossless_check
 
     runs = (len(cfg.concurrency) + 1) * len(cfg.strategies)
@@ -370,10 +370,17 @@ def _run_strategies(cfg, chosen, by_strategy, assistants, err, journal=None) -> 
     """Measure the cost curve v(n) when the config asks for it, then run every strategy on the chosen questions,
     interleaved, with a progress bar on a terminal and a line per finished question otherwise (piped, nohup, CI);
     each finished run goes to ``journal``: (records, cost profile or None)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
-    from .config import BASELINE
     from ..target.cost import measure as measure_cost
+    from .config import BASELINE
     from .runner import BenchRunner
 
     sf = by_strategy[BASELINE]

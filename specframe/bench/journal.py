@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..decode.metrics import current_names
 from ..errors import ConfigError
 from ..io.jsonl import jsonl_lines
-from ..decode.metrics import current_names
 
 NAME = "records.jsonl"
 VERSION = 1

@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 import torch
 
-from .config import BASELINE, BATCHED_PEERS, BenchConfig
 from ..contracts.optional import optional
+from .config import BASELINE, BATCHED_PEERS, BenchConfig
 
 
 def run_load(cfg: BenchConfig, chosen: list, by_strategy: dict[str, Any],

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from ..sampling import is_greedy_temperature
 from ..decode.metrics import with_legacy_keys
+from ..sampling import is_greedy_temperature
 
 PROMPT_LOOKUP_DEFAULTS = {"prompt_lookup_num_tokens": 10, "max_matching_ngram_size": 2}
 

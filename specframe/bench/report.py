@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import BASELINE
 from ..target.cost import predicted_speedup
+from .config import BASELINE
 from .runner import MULTI_TURN
 
 COLUMN_ORDER = [MULTI_TURN, "translation", "summarization", "qa", "math_reasoning", "rag"]

@@ -11,10 +11,10 @@ from typing import Any, Callable
 import torch
 
 from .. import __version__
+from ..contracts.optional import optional
 from ..io.prompts import Prompt
 from .config import BASELINE, LLAMACPP_PEERS, BenchConfig, Strategy
 from .peers import run_peer
-from ..contracts.optional import optional
 
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 MULTI_TURN = "multi-turn conversation"

@@ -9,15 +9,15 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
 from rich.console import Console
 
-from .console import err, fail, json_line, load_with_progress, machine_flags
 from ..errors import ConfigError, PromptTooLongError, SpecframeError
+from .console import err, fail, json_line, load_with_progress, machine_flags
 
 app = typer.Typer(
     add_completion=False,
@@ -167,8 +167,8 @@ class GenerateFlags:
 
 def _generate(f: GenerateFlags) -> None:
     from ..config import resolve_plugins
-    from ..target.models import check_device, resolve_dtype, resolve_model
     from ..registry import build_registry
+    from ..target.models import check_device, resolve_dtype, resolve_model
 
     # 1. every flag and the config, checked before anything loads
     _check_flags(max_new_tokens=f.max_new_tokens, temperature=f.temperature, top_p=f.top_p, top_k=f.top_k,

@@ -81,8 +81,9 @@ def machine_flags(threads: str | None, prepack: str | None) -> dict:
 
 def load_with_progress(cfg: Any, registry: Any, what: str = "") -> Any:
     """``specframe.load`` with a spinner, and a bar while a first machine profile is measured."""
-    import specframe
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    import specframe
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     from transformers.utils import logging as hf_logging

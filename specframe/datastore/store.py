@@ -30,8 +30,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..io.atomic import replace_folder
 from ..errors import SpecframeError
+from ..io.atomic import replace_folder
 
 FORMAT = "specframe-datastore"
 VERSION = 1

@@ -26,12 +26,12 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
+from ..contracts.optional import optional
 from ..errors import ConfigError
 from ..sampling import SamplingParams, is_greedy_temperature
 from .batch_gate import SpeculationGate
 from .engine import Engine, GenerationResult, Request, default_scorer
 from .observe import Observers
-from ..contracts.optional import optional
 
 __all__ = ["BatchLoop", "BatchRequest", "SequentialBatch", "decode_batch", "new_batch"]
 

@@ -24,14 +24,14 @@ import logging
 import time
 from typing import Any, Sequence
 
-from ..contracts.combining import MergePolicyBase, ProposerStep, StepReport
 from ..contracts import DecodeState, DraftTree, TargetModel, VerifyOutcome
+from ..contracts.combining import MergePolicyBase, ProposerStep, StepReport
 from ..errors import ProposerTimeoutError
+from .draft_checks import check_draft
 from .isolation import FaultGuard, Guard, UnbuiltProposer
 from .lineup import Lineup
 from .merged_tree import MergedDraft, check_plan, merge_drafts
 from .metrics import MetricsWriter
-from .draft_checks import check_draft
 
 log = logging.getLogger("specframe")
 

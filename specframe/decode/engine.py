@@ -29,21 +29,21 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from ..contracts import DecodeState, DraftTree, Proposer, TargetModel, Verifier, VerifyResult
 from ..contracts.combining import MergePolicy, Router
 from ..contracts.constraint import Constraint, ConstraintView
-from ..contracts import DecodeState, DraftTree, Proposer, TargetModel, Verifier, VerifyResult
-from .drafting import Drafting
+from ..contracts.optional import optional
+from ..contracts.scoring import Scored, ScorerFactory
 from ..errors import ConfigError, PromptTooLongError, first_line
+from ..sampling import SamplingParams, check_logprobs
+from .drafting import Drafting
 from .isolation import REFUSED, IsolationPolicy
 from .lineup import Lineup, proposer_labels
 from .merged_tree import MergedDraft
 from .metrics import MetricsWriter, RequestMetrics
 from .observe import Observers
-from ..sampling import SamplingParams, check_logprobs
-from ..contracts.scoring import Scored, ScorerFactory
-from .target_scorer import TargetScorer
 from .stopping import StopChecker, TextStream, special_stop_ids, without_incomplete_character
-from ..contracts.optional import optional
+from .target_scorer import TargetScorer
 
 __all__ = ["Engine", "GenerationResult", "Request", "TokenLogprob", "default_scorer", "proposer_labels"]
 

@@ -31,6 +31,7 @@ from typing import Callable
 from ..errors import ConfigError, DraftError, ProposerTimeoutError
 from .metrics import MetricsWriter
 
+
 def raised_at(exc: BaseException) -> str:
     """`` at file.py:line`` of the innermost frame that raised ``exc`` (the plugin's own line, for its author), or
     ``""`` without a traceback."""

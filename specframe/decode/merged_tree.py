@@ -33,8 +33,7 @@ import torch
 from torch import Tensor
 
 from ..contracts import DraftTree
-from ..token_tree import node_depths
-from ..token_tree import TokenTrie
+from ..token_tree import TokenTrie, node_depths
 
 
 @dataclass(frozen=True, slots=True)

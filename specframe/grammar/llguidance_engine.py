@@ -18,7 +18,6 @@ left unmasked / cut), and llguidance 1.9 does not restore a matcher's state when
 from __future__ import annotations
 
 import contextlib
-
 import threading
 from typing import Any, ClassVar, Iterator, Sequence
 

@@ -8,7 +8,6 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterable
 
-
 MARK = ".specframe-output"  # in every folder written here: what a later run may replace whole
 
 

@@ -48,7 +48,14 @@ def _quiet_transformers() -> None:
 
 
 def _bar(console: Any) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     TimeRemainingColumn(), console=console)
@@ -88,13 +95,13 @@ def record(
 
 def _record(questions, output, model, dtype, max_new_tokens, cats, limit, proposers, features_for, threads, chat,
             profile) -> None:
-    from ..io.atomic import replace_folder
     from ..bench.runner import select_questions
     from ..cli.console import err, load_with_progress, machine_flags
     from ..config import load_config, resolve_plugins
-    from ..target.models import check_device, resolve_model
+    from ..io.atomic import replace_folder
     from ..io.prompts import read_prompts
     from ..registry import build_registry
+    from ..target.models import check_device, resolve_model
     from .record import declared_needs, record_trace
     from .trace import write_trace
 
@@ -350,13 +357,14 @@ def _load(setup: _Setup, err: Any) -> Any:
 def _write(setup: _Setup, results: list[Any], where: str, total: float, traces: Path, output: Path,
            compare: Path | None, err: Any) -> None:
     """results.json, report.md and the plots, swapped in whole; the main table on stdout."""
-    from ..io.atomic import replace_folder
     from ..bench.command import print_table
     from ..bench.plots import write_plots
     from ..bench.report import aggregate, render_markdown, speedup_table
     from ..bench.runner import category_group, environment
+    from ..io.atomic import replace_folder
     from ..target.cost import CostCurve
-    from .report import compare as compare_live, forward_only_speedups, replay_sections
+    from .report import compare as compare_live
+    from .report import forward_only_speedups, replay_sections
 
     cfg, trace = setup.cfg, setup.trace
     order = {s.name: i for i, s in enumerate(setup.strategies)}

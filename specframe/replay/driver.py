@@ -24,13 +24,13 @@ from typing import Any, Callable, ClassVar, ContextManager, Iterator, Sequence
 import torch
 from torch import Tensor
 
+from ..acceptance import greedy_tree
 from ..contracts import DraftTree, TargetInfo, VerifyResult
+from ..contracts.scoring import Scored
 from ..errors import TraceError
 from ..sampling import SamplingParams
 from ..target.cost import CostCurve
-from ..contracts.scoring import Scored
 from ..token_tree import node_depths
-from ..acceptance import greedy_tree
 from .trace import Trace, TraceQuestion
 
 GREEDY = SamplingParams()

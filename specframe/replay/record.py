@@ -19,12 +19,12 @@ from torch import Tensor
 
 from .. import __version__
 from ..contracts import DraftTree
-from ..io.prompts import Prompt
+from ..contracts.optional import optional
 from ..contracts.scoring import Scored
 from ..decode.target_scorer import TargetScorer
+from ..io.prompts import Prompt
 from .driver import GREEDY
 from .trace import FORMAT, VERSION, Trace, TraceQuestion
-from ..contracts.optional import optional
 
 
 class RecordingScorer(TargetScorer):

@@ -10,8 +10,8 @@ from typing import Any
 
 from ..bench.config import BASELINE
 from ..bench.report import OVERALL, fmt, md_table
-from ..errors import ConfigError
 from ..decode.metrics import current_names
+from ..errors import ConfigError
 
 ATTRIBUTION_COUNTS = ("steps", "drafted_nodes", "accepted_nodes", "accepted_alone")
 

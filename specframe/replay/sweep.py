@@ -44,6 +44,7 @@ def specframe_for(target: Any, registry: Any) -> Any:
     """A :class:`~specframe.api.Specframe` over an already loaded (or trace-made) target, with its own instance pool
     (the default isolation policy, as ``specframe bench`` runs)."""
     import specframe
+
     from ..config import SpecframeConfig
 
     cfg = SpecframeConfig(model=target.name, proposers=[{"name": "none"}])
@@ -99,8 +100,8 @@ class _Worker:
 
         import torch
 
-        from ..target.loader import load_target
         from ..registry import build_registry
+        from ..target.loader import load_target
         from .driver import with_trace_cost
 
         logging.getLogger("transformers").setLevel(logging.ERROR)

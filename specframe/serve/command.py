@@ -81,11 +81,12 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def _load_and_run(sock, config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name) -> None:
-    from ..config import load_config, resolve_plugins
+    import uvicorn
+
     from ..cli.console import err, load_with_progress
+    from ..config import load_config, resolve_plugins
     from ..registry import build_registry
     from ..target.models import resolve_model
-    import uvicorn
 
     cfg = load_config(config, model=model, batch_size=batch_size)
     registry = build_registry()

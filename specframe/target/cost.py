@@ -19,6 +19,7 @@ from __future__ import annotations
 import statistics
 import time
 from typing import Any, Callable, Mapping, Sequence
+
 from ..contracts.optional import optional
 
 NS = (1, 2, 4, 8, 16, 32, 64, 128)  # tokens per forward the machine profile measures (batched steps: all rows)

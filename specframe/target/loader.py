@@ -38,8 +38,8 @@ def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
         raise ConfigError(f"engine must be transformers or llama.cpp, got {engine!r}")
     from .models import check_device, convert_gguf, load_model, model_directory, resolve_dtype, resolve_model
     from .packed import pack_linears
-    from .state_target import make_target
     from .profile import Candidate, ThreadGovernor, load_independent, resolve_settings
+    from .state_target import make_target
 
     check_device(device)
     if dtype not in ("auto", "bfloat16", "float32"):

@@ -22,11 +22,11 @@ by the draft's and the target's content (a few seconds), then loaded like any mo
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import json
 import os
-import errno
 import shutil
 import tempfile
 import zlib

@@ -11,8 +11,8 @@ from typing import Any, Iterator
 import torch
 
 from ..contracts import DecodeState, DraftTree, VerifyOutcome
-from ..errors import DraftError
 from ..decode.draft_checks import check_draft
+from ..errors import DraftError
 from .report import describe_exc
 
 

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..contracts import DecodeState
+from .constraint import constrained_first_two, constrained_greedy, kit_constraint
 from .report import ConformanceError, NotApplicable, ids
 from .stats import TVTest, calibration_table, tv_test_fixed, tv_tests_mixture, worst_outcomes
-from .constraint import constrained_first_two, constrained_greedy, kit_constraint
 from .tiny import committed_features, first_two_tokens, last_hidden, single_thread
 
 if TYPE_CHECKING:

@@ -14,14 +14,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ..acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from ..contracts import ProposerConfig
 from ..decode.engine import Engine, GenerationResult
-from ..errors import ConfigError, PluginContractError
 from ..decode.isolation import NEVER_DISABLED, IsolationPolicy
+from ..errors import ConfigError, PluginContractError
 from ..registry import check_proposer_class
 from ..sampling import SamplingParams
 from ..target.hf import Target
-from ..acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from . import exactness, protocol
 from .calls import CallLog
 from .report import ConformanceError, NotApplicable, describe_exc

@@ -13,8 +13,8 @@ from .report import ConformanceError, NotApplicable, ids
 from .tiny import committed_features, last_hidden, single_thread, weights_checksum
 
 if TYPE_CHECKING:
-    from .kit import Kit
     from .calls import CallLog
+    from .kit import Kit
 
 ROLLBACK_BUDGET = 8
 ROLLBACK_ROUNDS = 6  # simulated steps per prompt

@@ -23,9 +23,9 @@ from typing import Any
 
 from ..decode.engine import Engine
 from ..errors import ConfigError
-from ..target.cost import CostCurve
 from ..replay.driver import Request, TraceTarget, TraceVerifier, check_needs, fixed_engine, replay_requests
 from ..replay.trace import read_trace
+from ..target.cost import CostCurve
 
 TRACES = Path(__file__).resolve().parent / "traces"
 DEFAULT_TRACE = "smollm2-135m-instruct-fp32-dev"

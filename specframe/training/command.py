@@ -68,7 +68,14 @@ def _train_threads() -> int:
 def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: int, max_new_tokens: int,
          seed: int, dtype: str, eval_prompts: int, settings, mix: str = "broad", device: str = "cpu",
          max_minutes: float = 0.0, extra: Optional[list[Path]] = None) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from ..target.loader import load_target
     from ..target.models import check_device, resolve_model
@@ -151,7 +158,14 @@ def corpus(
     seed: int = _SEED, dtype: str = _DTYPE, device: str = _DEVICE,
 ) -> None:
     """Build (or finish) a self-distillation corpus: the target's own greedy answers to a broad prompt mix."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from ..target.loader import load_target
     from ..target.models import check_device, resolve_model

@@ -18,7 +18,6 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..learned.small_draft import build_from_target
-from .options import cli
 from .common import (
     TrainingRun,
     cosine_lr,
@@ -29,6 +28,7 @@ from .common import (
     subset_index,
     token_subset,
 )
+from .options import cli
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..learned.eagle3 import Eagle3Drafter, init_eagle3_from_target, load_eagle3, save_eagle3
 from ..learned.eagle_drafter import EagleDrafter, EagleSpec, init_from_target, new_drafter
-from .options import cli
 from .common import (
     PieceDone,  # noqa: F401 - raised by TrainingRun, documented here
     TrainingRun,
@@ -40,6 +39,7 @@ from .common import (
     subset_index,
     token_subset,
 )
+from .options import cli
 
 
 @dataclass(frozen=True)

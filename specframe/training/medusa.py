@@ -22,8 +22,8 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..learned.medusa_heads import MedusaHeads
-from .options import cli
 from .common import TrainingRun, cosine_lr, length_batches, plot_loss, resumed_batches, subset_index, token_subset
+from .options import cli
 
 
 @dataclass(frozen=True)

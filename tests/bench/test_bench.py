@@ -12,15 +12,15 @@ from typer.testing import CliRunner
 
 import specframe
 from specframe.bench.config import BenchConfig, load_bench_config
-from specframe.target.cost import measure as measure_cost_curve, predicted_speedup
 from specframe.bench.plots import write_plots
 from specframe.bench.report import aggregate, render_markdown
 from specframe.bench.runner import MULTI_TURN, BenchRunner, category_group, lossless_check, select_questions
 from specframe.cli import app
-from specframe.target.cost import v_at
 from specframe.errors import ConfigError
 from specframe.io.prompts import Prompt
 from specframe.registry import build_registry
+from specframe.target.cost import measure as measure_cost_curve
+from specframe.target.cost import predicted_speedup, v_at
 from specframe.target.hf import Target
 
 from tests.fakes import ROOT, assert_user_error, build_model, build_tokenizer

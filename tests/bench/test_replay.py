@@ -17,18 +17,17 @@ import torch
 
 import specframe
 from specframe import DraftTree, ProposerBase, hookimpl
-from specframe.io.atomic import replace_folder
 from specframe.datastore import build_datastore
 from specframe.errors import TraceError
+from specframe.io.atomic import replace_folder
 from specframe.registry import build_registry
 from specframe.replay.driver import Request, TraceScorer, TraceVerifier
-from specframe.target.cost import CostCurve
 from specframe.replay.record import record_trace
 from specframe.replay.sweep import Task, run_here
 from specframe.replay.trace import VERSION, check_trace_matches, read_trace, write_trace
+from specframe.target.cost import CostCurve
 from specframe.target.hf import Target
 
-from tests.fakes import REPLAY_N_NEW as N_NEW
 from tests.fakes import (
     NAME,
     REPLAY_CURVE,
@@ -41,6 +40,7 @@ from tests.fakes import (
     random_heads,
     replay_target,
 )
+from tests.fakes import REPLAY_N_NEW as N_NEW
 
 
 def corpus(trace, seed: int = 0) -> list[list[int]]:
@@ -209,9 +209,9 @@ def test_recorded_hidden_states_are_what_the_live_engine_hands_medusa(medusa_env
             seen[self.where].append((state.tokens.shape[1], state.hidden.clone()))
             return super().propose(state, budget)
 
+    from specframe.acceptance import GreedyVerifier
     from specframe.decode.engine import Engine
     from specframe.replay.driver import fixed_engine, replay_requests
-    from specframe.acceptance import GreedyVerifier
 
     target = sf.target
     live = Engine(target, [Spy(MedusaConfig(heads=str(zero)), target.info)], GreedyVerifier())

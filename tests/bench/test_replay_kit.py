@@ -11,12 +11,12 @@ import specframe
 from specframe import DraftTree, ProposerBase
 from specframe.bench.runner import MULTI_TURN
 from specframe.errors import ConfigError, TraceError
+from specframe.io.atomic import replace_folder
 from specframe.registry import build_registry
+from specframe.replay.driver import Request
 from specframe.replay.record import record_trace
 from specframe.replay.sweep import Task, run_here
-from specframe.replay.driver import Request
 from specframe.replay.trace import read_trace, write_trace
-from specframe.io.atomic import replace_folder
 from specframe.testing import Kit, replay_proposer, shipped_traces
 from specframe_plugins.ngram import NgramProposer
 

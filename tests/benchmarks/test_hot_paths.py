@@ -13,8 +13,8 @@ import random
 import torch
 from transformers import LlamaConfig
 
-from specframe.target.kv_cache import new_cache, rollback
 from specframe.acceptance import greedy_chain, sampling_chain
+from specframe.target.kv_cache import new_cache, rollback
 from specframe_plugins.ngram import NgramIndex
 
 V, K = 49152, 8

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specframe.target.hf import Target
+
 from tests.fakes import ARCHS, COMBINING_N_NEW, PROMPT, PROMPT_2, build_model, build_tokenizer, draft_dir, hf_greedy
 
 

@@ -10,16 +10,15 @@ import pytest
 import torch
 
 from specframe import ProposerBase, ProposerConfig
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.decode.engine import Engine
 from specframe.sampling import SamplingParams, probs_from_logits
 from specframe.target.hf import Target
 from specframe.testing.calls import CallLog
-from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter
 
-from tests.fakes import COMBINING_N_NEW as N_NEW  # the references in envs (conftest) hold N_NEW + 8 tokens
 from tests.fakes import (
     ARCHS,
     PROMPT,
@@ -32,7 +31,7 @@ from tests.fakes import (
     check_metrics,
     policy_of,
 )
-
+from tests.fakes import COMBINING_N_NEW as N_NEW  # the references in envs (conftest) hold N_NEW + 8 tokens
 
 # --- greedy: combined == plain greedy ---------------------------------------------------------------------------------
 

@@ -8,15 +8,14 @@ import logging
 import pytest
 
 from specframe import ProposerBase, ProposerConfig
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.contracts.combining import MergePolicyBase, MergePolicyConfig, RouterBase, RouterConfig
 from specframe.decode.engine import Engine
 from specframe.sampling import SamplingParams
-from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.merge_policies import PriorityConfig, PriorityPolicy
 
 from tests.fakes import COMBINING_N_NEW as N_NEW  # the references in envs (conftest) hold N_NEW + 8 tokens
 from tests.fakes import PROMPT, ScriptedChain, policy_of
-
 
 # --- fault isolation per proposer -------------------------------------------------------------------------------------
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 
 from specframe import DraftTree
+from specframe.acceptance import GreedyVerifier
 from specframe.contracts.combining import RouterBase, RouterConfig
 from specframe.decode.engine import Engine
 from specframe.testing.calls import CallLog
-from specframe.acceptance import GreedyVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter
 
-from tests.fakes import COMBINING_N_NEW as N_NEW  # the references in envs (conftest) hold N_NEW + 8 tokens
 from tests.fakes import ARCHS, PROMPT, VOCAB, ScriptedChain, build_tokenizer, check_metrics, policy_of
+from tests.fakes import COMBINING_N_NEW as N_NEW  # the references in envs (conftest) hold N_NEW + 8 tokens
 
 
 class Alternate(RouterBase):

@@ -15,7 +15,6 @@ from specframe.registry import build_registry
 from tests.fakes import COMBINING_N_NEW as N_NEW  # the references in envs (conftest) hold N_NEW + 8 tokens
 from tests.fakes import PROMPT, build_model, build_tokenizer, hf_greedy
 
-
 # --- the public faces ---------------------------------------------------------------------------------------------------
 
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from specframe import DraftTree
+from specframe.acceptance import SpeculativeSamplingVerifier
 from specframe.decode.merged_tree import MergedDraft, check_plan, merge_drafts
 from specframe.sampling import SamplingParams
-from specframe.acceptance import SpeculativeSamplingVerifier
 
 from tests.fakes import VOCAB, chain, tree
 

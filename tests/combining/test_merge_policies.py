@@ -21,7 +21,6 @@ from specframe_plugins.merge_policies import (
 from tests.fakes import COMBINING_N_NEW as N_NEW  # the references in envs (conftest) hold N_NEW + 8 tokens
 from tests.fakes import PROMPT, ROOT, chain, step
 
-
 # --- the built-in policies --------------------------------------------------------------------------------------------
 
 

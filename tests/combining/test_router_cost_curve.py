@@ -12,10 +12,10 @@ import torch
 
 import specframe
 from specframe import DraftTree
-from specframe.contracts.combining import ProposerStep, StepReport
 from specframe.contracts import TargetInfo
-from specframe.target.hf import Target
+from specframe.contracts.combining import ProposerStep, StepReport
 from specframe.target.cost import CostCurve
+from specframe.target.hf import Target
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter
 from specframe_plugins.router.stats import column as col
 

@@ -11,9 +11,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from specframe import DraftTree
+from specframe import DraftTree, TargetInfo
 from specframe.contracts.combining import ProposerStep, StepReport
-from specframe import TargetInfo
 from specframe.services import node_depths
 from specframe_plugins.router import AdaptiveConfig, AdaptiveRouter, ascent, ledger
 from specframe_plugins.router.config import load_cost_curve

@@ -8,13 +8,14 @@ import json
 import random
 
 import pytest
+
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.decode.batch import BatchRequest, SequentialBatch, decode_batch, new_batch
 from specframe.decode.engine import Engine
 from specframe.errors import ConfigError, PromptTooLongError
 from specframe.sampling import SamplingParams
 from specframe.target.batch_kv import TransformersBatch
 from specframe.target.hf import Target
-from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.autoregressive import NoneConfig, NoProposer
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.eagle import EagleConfig, EagleProposer
@@ -632,7 +633,6 @@ def test_faults_in_one_request_of_eight_stay_in_that_request(env, monkeypatch):
     request alone fails (with its own error), every other request finishes token-identical to it decoded alone, and
     the loop serves the next request."""
     from specframe import ProposerBase, ProposerConfig
-
     from specframe.decode.scheduler import BatchScheduler
 
     class Raising(ProposerBase):

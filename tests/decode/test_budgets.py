@@ -9,10 +9,10 @@ import torch
 from typer.testing import CliRunner
 
 from specframe import cli
+from specframe.acceptance import GreedyVerifier
 from specframe.config import RequestSettings
 from specframe.decode.engine import Engine
 from specframe.target.hf import Target
-from specframe.acceptance import GreedyVerifier
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
 from tests.fakes import PROMPT, build_model, build_tokenizer, plain_generate

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import torch
 
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.contracts import DecodeState, DraftTree, ProposerBase, ProposerConfig, VerifyOutcome
 from specframe.decode.engine import Engine
 from specframe.errors import ConfigError, PromptTooLongError
-from specframe.target.kv_cache import cache_length, rollback
 from specframe.sampling import SamplingParams
 from specframe.target.hf import Target
-from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.target.kv_cache import cache_length, rollback
 from specframe_plugins.autoregressive import NoneConfig, NoProposer
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 

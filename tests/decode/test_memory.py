@@ -14,15 +14,14 @@ import pytest
 import torch
 
 import specframe
+from specframe.instance_pool import InstancePool
 from specframe.learned.eagle_drafter import EagleSpec, init_from_target, new_drafter
 from specframe.learned.medusa_heads import MedusaHeads
 from specframe.registry import build_registry
-from specframe.instance_pool import InstancePool
 from specframe.shared_weights import folder_key, shared
 from specframe.target.hf import Target
 
 from tests.fakes import NAME, PROMPT, VOCAB, build_model, build_tokenizer
-
 
 
 @pytest.fixture(scope="module")

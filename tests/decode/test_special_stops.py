@@ -10,11 +10,11 @@ from transformers import PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
 from specframe import cli
-from specframe.decode.engine import Engine
-from specframe.errors import ConfigError
-from specframe.decode.stopping import special_stop_ids
-from specframe.target.hf import Target
 from specframe.acceptance import GreedyVerifier
+from specframe.decode.engine import Engine
+from specframe.decode.stopping import special_stop_ids
+from specframe.errors import ConfigError
+from specframe.target.hf import Target
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
 from tests.fakes import PROMPT, WORDS, build_model, build_tokenizer, plain_generate

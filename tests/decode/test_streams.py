@@ -7,10 +7,10 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from specframe.acceptance import GreedyVerifier
 from specframe.decode.engine import Engine
 from specframe.decode.stopping import TextStream, stop_prefix_length
 from specframe.target.hf import Target
-from specframe.acceptance import GreedyVerifier
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
 from tests.fakes import PROMPT, VOCAB, WORDS, build_model

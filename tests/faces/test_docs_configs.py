@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from specframe.target import models
 from specframe.bench.command import validate_bench_config
 from specframe.bench.config import load_bench_config
 from specframe.config import load_config, resolve_plugins
 from specframe.registry import build_registry
+from specframe.target import models
 
 from tests.fakes import ROOT
 

@@ -11,7 +11,6 @@ import pytest
 from tests.fakes import ROOT
 
 
-
 def _snippet() -> str:
     doc = (ROOT / "docs" / "how-it-works.md").read_text(encoding="utf-8")
     section = doc[doc.index("### Driving requests yourself"):]

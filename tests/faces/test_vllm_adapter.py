@@ -206,9 +206,9 @@ def test_vllm_live_is_skipped_with_its_reason_without_vllm() -> None:
         adapter.vllm_version()
     except VllmIntegrationError as exc:
         pytest.skip(f"vLLM not installed ({exc}); run scripts/vllm_check.py in an environment with vLLM")
-    import vllm  # noqa: F401 - installed: at least importable with the adapter's class path
-
     import importlib
+
+    import vllm  # noqa: F401 - installed: at least importable with the adapter's class path
 
     cls = getattr(importlib.import_module(adapter.CLASS_PATH.rsplit(".", 1)[0]), adapter.CLASS_PATH.rsplit(".", 1)[1])
     assert cls is SpecframeProposer

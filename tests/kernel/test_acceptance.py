@@ -10,10 +10,9 @@ import math
 import pytest
 import torch
 
+from specframe.acceptance import RESIDUAL_EPS, GreedyVerifier, SpeculativeSamplingVerifier, greedy_chain, sampling_chain
 from specframe.contracts import DraftTree
 from specframe.sampling import SamplingParams, probs_from_logits
-from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
-from specframe.acceptance import RESIDUAL_EPS, greedy_chain, sampling_chain
 
 V = 6
 INF = math.inf

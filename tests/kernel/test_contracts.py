@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from specframe.contracts import DraftTree
-from specframe.errors import ConfigError, DraftError
-from specframe.decode.metrics import RequestMetrics
-from specframe.sampling import SamplingParams
-from specframe.decode.stopping import StopChecker, TextStream
 from specframe.decode.draft_checks import check_draft
+from specframe.decode.metrics import RequestMetrics
+from specframe.decode.stopping import StopChecker, TextStream
+from specframe.errors import ConfigError, DraftError
+from specframe.sampling import SamplingParams
 
 # --- DraftTree ----------------------------------------------------------------------------------------------------
 

@@ -15,12 +15,11 @@ import pytest
 import torch
 from torch import Tensor
 
+from specframe.acceptance import SpeculativeSamplingVerifier, sampling_chain
 from specframe.contracts import DraftTree, ProposerBase, ProposerConfig
 from specframe.decode.engine import Engine
 from specframe.sampling import SamplingParams, probs_from_logits
 from specframe.target.hf import Target
-from specframe.acceptance import SpeculativeSamplingVerifier
-from specframe.acceptance import sampling_chain
 from specframe_plugins.ngram import NgramConfig, NgramProposer
 
 from tests.fakes import build_model

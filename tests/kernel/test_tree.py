@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from specframe import DraftTree, ProposerBase, ProposerConfig
-from specframe.decode.engine import Engine
-from specframe.target.kv_cache import cache_length, compact, new_cache
-from specframe.sampling import SamplingParams
-from specframe.token_tree import children_of, node_depths, tree_attention_mask, tree_position_ids
 from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier, greedy_tree, sampling_tree
+from specframe.decode.engine import Engine
+from specframe.sampling import SamplingParams
+from specframe.target.hf import Target
+from specframe.target.kv_cache import cache_length, compact, new_cache
+from specframe.token_tree import children_of, node_depths, tree_attention_mask, tree_position_ids
 
 from tests.fakes import PROMPT, build_model, build_tokenizer, check_metrics, hf_greedy
-from specframe.target.hf import Target
 
 #          root
 #         /    \

@@ -12,12 +12,12 @@ import torch
 
 import specframe
 from specframe import DraftTree, ProposerBase, ProposerConfig, hookimpl
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.decode.engine import Engine
-from specframe.errors import ConfigError
 from specframe.decode.isolation import IsolationPolicy
+from specframe.errors import ConfigError
 from specframe.registry import build_registry
 from specframe.sampling import SamplingParams
-from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 N_NEW = 20
@@ -335,7 +335,8 @@ def test_cli_with_a_proposer_that_raises_while_built(tmp_path, monkeypatch, capl
     from specframe import registry as registry_module
     from specframe.cli import app
 
-    from tests.fakes import PROMPT as WORD_PROMPT, build_model, build_tokenizer, hf_greedy
+    from tests.fakes import PROMPT as WORD_PROMPT
+    from tests.fakes import build_model, build_tokenizer, hf_greedy
 
     model = build_model("llama")
     model.save_pretrained(tmp_path)

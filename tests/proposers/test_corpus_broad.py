@@ -14,10 +14,16 @@ from specframe.errors import ConfigError
 from specframe.target.hf import Target
 from specframe.training import broad
 from specframe.training import sources as S
-from specframe.training.corpus import CorpusSettings, build_corpus, corpus_batches, corpus_stats, mix_prompts, read_corpus
+from specframe.training.corpus import (
+    CorpusSettings,
+    build_corpus,
+    corpus_batches,
+    corpus_stats,
+    mix_prompts,
+    read_corpus,
+)
 
 from tests.fakes import SPECBENCH, build_model, build_tokenizer
-
 
 
 @pytest.fixture

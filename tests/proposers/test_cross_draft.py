@@ -11,21 +11,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from specframe_plugins.cross_draft import CrossDraftConfig, CrossDraftProposer
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
 from specframe import DecodeState
-from specframe.learned.crossvocab import TextBridge, check_lossless, piece_texts, shared_tokens
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
+from specframe.learned.crossvocab import TextBridge, check_lossless, piece_texts, shared_tokens
 from specframe.sampling import SamplingParams, probs_from_logits
 from specframe.target.hf import Target
 from specframe.testing import Kit
 from specframe.testing.calls import CallLog
 from specframe.testing.stats import tv_test_fixed
 from specframe.testing.tiny import first_two_tokens
-from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe_plugins.cross_draft import CrossDraftConfig, CrossDraftProposer
 
 from tests.fakes import (
     PROMPT,

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from specframe.io import atomic as atomic_module
 from specframe import cli
 from specframe.datastore import SEPARATOR, Datastore, DatastoreError, build_datastore, is_datastore
 from specframe.datastore import store as store_module
 from specframe.datastore.default import default_datastore
 from specframe.datastore.sources import PRESETS, fingerprint, read_preset
 from specframe.datastore.store import suffix_array
+from specframe.io import atomic as atomic_module
 
 from tests.fakes import WORDS, build_tokenizer, tiny_config
 

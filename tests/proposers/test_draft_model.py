@@ -17,17 +17,17 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from specframe import DecodeState, DraftTree, VerifyOutcome
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
-from specframe.target.kv_cache import cache_length, new_cache
 from specframe.learned.small_draft import build_from_target, is_small_draft, load_small_draft
 from specframe.sampling import SamplingParams, probs_from_logits
 from specframe.target.hf import Target
+from specframe.target.kv_cache import cache_length, new_cache
 from specframe.testing import Kit
 from specframe.testing.calls import CallLog
 from specframe.testing.stats import tv_test_fixed
 from specframe.testing.tiny import first_two_tokens
-from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer, check_vocabularies
 
 from tests.fakes import (

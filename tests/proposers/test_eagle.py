@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from specframe import DecodeState
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
 from specframe.learned.eagle_drafter import EagleDrafter, EagleSpec, init_from_target, new_drafter
@@ -20,7 +21,6 @@ from specframe.sampling import SamplingParams
 from specframe.target.hf import Target
 from specframe.testing import Kit
 from specframe.training.eagle import EagleSettings, finish_eagle, train_eagle
-from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.eagle import EagleConfig, EagleProposer
 from specframe_plugins.merge_policies import PriorityConfig, PriorityPolicy
 from specframe_plugins.ngram import NgramConfig, NgramProposer

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from specframe import DecodeState
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
 from specframe.learned.medusa_heads import MedusaHeads
@@ -25,7 +26,6 @@ from specframe.testing import Kit, NotApplicable
 from specframe.testing.calls import CallLog
 from specframe.testing.tiny import last_hidden
 from specframe.token_tree import node_depths
-from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.medusa import MedusaConfig, MedusaProposer, grow_tree
 
 from tests.fakes import (

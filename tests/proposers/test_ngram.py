@@ -172,8 +172,8 @@ def test_lookup_many_starts_with_lookup_and_has_distinct_continuations(match):
 
 
 def test_branching_ngram_is_exact_and_drafts_trees(llama_target):
-    from specframe.decode.engine import Engine
     from specframe.acceptance import GreedyVerifier
+    from specframe.decode.engine import Engine
 
     from tests.fakes import hf_greedy
 

@@ -15,6 +15,7 @@ import torch
 from pydantic import ValidationError
 
 from specframe import DecodeState
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.config import load_config, resolve_plugins
 from specframe.datastore import build_datastore
 from specframe.decode.engine import Engine
@@ -26,7 +27,6 @@ from specframe.testing import Kit, NotApplicable
 from specframe.testing.kit import PROMPTS as KIT_PROMPTS
 from specframe.testing.tiny import reference_greedy
 from specframe.token_tree import node_depths
-from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe_plugins.retrieval import (
     RetrievalConfig,
     RetrievalProposer,

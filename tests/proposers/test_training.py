@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
 from specframe import cli
+from specframe.acceptance import GreedyVerifier
 from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
 from specframe.learned.medusa_heads import MedusaHeads
@@ -27,11 +28,10 @@ from specframe.target.hf import Target
 from specframe.training.common import Checkpoint, cosine_lr, length_batches, token_subset
 from specframe.training.corpus import CorpusSettings, build_corpus, read_corpus
 from specframe.training.draft import DraftSettings, finish_draft, train_draft
+from specframe.training.eagle import EagleSettings
 from specframe.training.medusa import MedusaSettings, collect, finish_medusa, train_medusa
 from specframe.training.prompts import build_prompts, passages
-from specframe.training.eagle import EagleSettings
 from specframe.training.recipe import EVAL_SEED, RECIPES, run_recipe
-from specframe.acceptance import GreedyVerifier
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 from specframe_plugins.medusa import MedusaConfig, MedusaProposer
 
@@ -572,7 +572,6 @@ def test_run_recipe_into_a_shipped_weights_folder_keeps_its_log_in_lab_data(tiny
     weights, configs, recipe.json and model card only: the loss log and plot go to ``lab/data/<target>/training/
     <proposer>/``, and the card links the plot there."""
     import specframe_plugins.weights
-
     from specframe.training.data import log_folder
 
     monkeypatch.setattr(specframe_plugins.weights, "ROOT", tmp_path / "plugins" / "weights")

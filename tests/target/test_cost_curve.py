@@ -4,12 +4,9 @@ measured n and averaged over contexts."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from specframe.target.cost import CostCurve, expected_tokens, token_cost_ms
-
-
 
 # --- expected tokens, cost per token, cost curve ----------------------------------------------------------------------
 

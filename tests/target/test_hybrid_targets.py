@@ -14,9 +14,8 @@ from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.decode.batch import BatchRequest, decode_batch
 from specframe.decode.engine import Engine
 from specframe.sampling import SamplingParams
-from specframe.target.state_target import make_target
 from specframe.target.kv_cache import new_cache, recurrent_layers, rollback
-from specframe.target.state_target import ModelState, StateTarget
+from specframe.target.state_target import ModelState, StateTarget, make_target
 from specframe.testing.decoder_sweep import PROMPT, _proposer
 from specframe.testing.decoder_types import build_tiny, reference_greedy
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer

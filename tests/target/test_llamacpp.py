@@ -273,9 +273,8 @@ def _constrained_llamacpp_alone(sf, ids: list[int], spec, n: int) -> list[int]:
     import numpy as np
     from llama_cpp import LogitsProcessorList
 
-    from specframe.target.llamacpp.peers import _llama
-
     from specframe.grammar.llguidance_engine import LLGuidanceEngine
+    from specframe.target.llamacpp.peers import _llama
 
     llg = LLGuidanceEngine(sf.target.tokenizer, sf.target.vocab_size, sf.target.eos_token_ids)  # the grammar text
     matcher = llguidance.LLMatcher(llg.tokenizer, llg.grammar(spec), log_level=0)

@@ -15,7 +15,6 @@ import pytest
 import specframe.target.machine as machine
 from specframe.target.machine import LoadMonitor, cgroup_cpu_quota, choose_threads, usable_cores
 
-
 CLK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 

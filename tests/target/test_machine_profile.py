@@ -18,14 +18,23 @@ import torch
 
 import specframe.target.machine as machine
 import specframe.target.profile as tune
+from specframe.target.cost import NS, token_cost_ms
 from specframe.target.machine import LoadMonitor, LoadSample
 from specframe.target.packed import packing_available
-from specframe.target.cost import NS, token_cost_ms
-from specframe.target.profile import (Candidate, MachineProfile, Settings, fingerprint_key, get_profile, load_profile,
-                                      measured_threads, profile_path, resolve_settings, time_forwards)
+from specframe.target.profile import (
+    Candidate,
+    MachineProfile,
+    Settings,
+    fingerprint_key,
+    get_profile,
+    load_profile,
+    measured_threads,
+    profile_path,
+    resolve_settings,
+    time_forwards,
+)
 
 from tests.fakes import build_model, make_profile
-
 
 # --- the profile and the choice ---------------------------------------------------------------------------------------
 

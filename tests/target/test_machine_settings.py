@@ -4,13 +4,11 @@ loads."""
 
 from __future__ import annotations
 
-
 import pytest
 from typer.testing import CliRunner
 
 from specframe.config import load_config
 from specframe.errors import ConfigError
-
 
 
 @pytest.mark.parametrize("bad", [0, -1])

@@ -3,17 +3,15 @@ bfloat16), float16 refused, and speculative decoding on a packed model equal to 
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from torch import nn
 
 import specframe
-from specframe.target.packed import PackedLinear, is_packed, pack_linears, packing_available
 from specframe.target.hf import Target
+from specframe.target.packed import PackedLinear, is_packed, pack_linears, packing_available
 
 from tests.fakes import PROMPT, build_model, build_tokenizer
-
 
 needs_packing = pytest.mark.skipif(not packing_available(torch.float32, "cpu"),
                                    reason="oneDNN pre-packing is not available in this torch build")

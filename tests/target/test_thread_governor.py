@@ -9,8 +9,8 @@ import logging
 import pytest
 import torch
 
-from specframe.target.machine import LoadSample
 from specframe.target.cost import CostCurve
+from specframe.target.machine import LoadSample
 from specframe.target.profile import Candidate, Settings, ThreadGovernor
 
 from tests.fakes import make_profile

@@ -1,7 +1,6 @@
 """specframe-recall's tests: the pure cache, and the specframe conformance kit (one line)."""
 
 from specframe.testing import conformance_suite
-
 from specframe_recall import OutputCache, RecallProposer
 
 # The conformance kit: contract, greedy + sampling exactness, rollback, determinism, feedback.

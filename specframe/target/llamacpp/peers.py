@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
+
 from ...decode.metrics import with_legacy_keys
 
 PEERS = ("llamacpp-greedy", "llamacpp-prompt-lookup")

@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 
 from ...contracts import DraftTree, TargetInfo
-from ...errors import ConfigError
 from ...contracts.scoring import Scored
+from ...errors import ConfigError
 from ..hf import TextSide
 from .binding import N_BATCH, BuildInfo, LlamaContext, LlamaModel, build_info
 

@@ -34,7 +34,7 @@ def requantized(source: Path, kind: str, log: Callable[[str], None] = lambda s: 
         ConfigError: an unknown ``kind``, or llama.cpp cannot requantize the file.
         CacheError: the cache cannot be written.
     """
-    from ..models import build_entry, entry_ok, cache_root, file_sha256, writing_cache
+    from ..models import build_entry, cache_root, entry_ok, file_sha256, writing_cache
     from .binding import holding_errors, import_llama_cpp
 
     if kind not in TYPES:
