@@ -25,7 +25,6 @@ from .config import (
     SamplingConfig,
     SpecframeConfig,
     load_config,
-    resolve_plugins,
     runtime_config,
     settings_error,
     validation_line,
@@ -106,8 +105,8 @@ class Specframe:
     ``on_text`` callbacks and observer hooks then run on that thread. :meth:`close` stops it.
     """
 
-    def __init__(self, config: SpecframeConfig, target: Any, registry: Registry) -> None:
-        # the typed config: proposers, merge policy and router as their plugins' own config objects
+    def __init__(self, config: BaseModel, target: Any, registry: Registry) -> None:
+        # the typed config (load_config): proposers, merge policy and router as their plugins' own config objects
         self.config = runtime_config(config, registry) if isinstance(config, SpecframeConfig) else config
         self.target = target
         self.registry = registry
@@ -418,7 +417,7 @@ class Specframe:
 
 
 def load(
-    config: SpecframeConfig | str | Path | None = None,
+    config: BaseModel | str | Path | None = None,
     *,
     target: Any = None,
     registry: Registry | None = None,
@@ -429,7 +428,8 @@ def load(
     """Load plugins and the target model.
 
     Args:
-        config: a :class:`SpecframeConfig`, a YAML path, or None for defaults.
+        config: a typed config (:func:`~specframe.config.load_config`, or a loaded one's ``sf.config``), a
+            :class:`~specframe.config.SpecframeConfig`, a YAML path, or None for defaults.
         target: an already-built :class:`specframe.target.hf.Target` (skips model loading; tests use this).
         registry: a prebuilt plugin registry (default: entry points).
         progress: a ``rich.progress.Progress`` for the bar of a first machine profile (None: no bar).
@@ -439,12 +439,12 @@ def load(
         SpecframeError subclasses for bad config, unknown model/proposer, missing model package.
     """
     _check_keywords("load", overrides, _LOAD_KEYWORDS)
-    if isinstance(config, BaseModel):  # a SpecframeConfig, or a loaded Specframe's typed config (sf.config)
-        cfg = load_config(None, base=config.model_dump(exclude_unset=True), **overrides)
-    else:
-        cfg = load_config(config, **overrides)
     reg = registry or build_registry()
-    resolve_plugins(cfg, reg)  # an unknown plugin or bad option fails before a model loads
+    # an unknown plugin or bad option fails here, before a model loads
+    if isinstance(config, BaseModel):  # a typed config (load_config, sf.config) or a SpecframeConfig
+        cfg = load_config(None, base=config.model_dump(exclude_unset=True), registry=reg, **overrides)
+    else:
+        cfg = load_config(config, registry=reg, **overrides)
     if cfg.verifier != "auto":
         reg.verifier(cfg.verifier)
     reg.constraint_engine(cfg.constraint_engine)
@@ -452,7 +452,7 @@ def load(
         from .target.loader import load_target
 
         target = load_target(cfg.model, cfg.dtype, cfg.device, log=log, threads=cfg.threads, prepack=cfg.prepack,
-                             speculative=any(p["name"] != "none" for p in cfg.proposers), progress=progress,
+                             speculative=any(p.name != "none" for p in cfg.proposers), progress=progress,
                              engine=cfg.engine, engine_options=cfg.llamacpp.model_dump())
     sf = Specframe(cfg, target, reg)
     sf.validate_proposers()

@@ -25,19 +25,23 @@ Several proposers are combined into one verification tree per step (see docs/com
 matter with two or more proposers (a router may also trim a lone proposer's drafts to what pays on this
 machine). An option no plugin declares is refused there (every plugin config forbids extra keys).
 
-Configs are frozen: a change is a new config (``load_config(None, base=cfg.model_dump(exclude_unset=True), ...)``:
-the fields set so far stay set, the rest stay defaults, which :func:`resolve_plugins` tells apart). A file (or the
-API's keywords) is read into :class:`SpecframeConfig`, whose plugin entries are mappings until plugins are loaded;
-:func:`typed_config_model` is the same config as one frozen model over the installed plugins (``proposers`` a
-discriminated union by ``name``), and it is what a loaded :class:`~specframe.api.Specframe` runs with
-(:func:`runtime_config`: ``sf.config.proposers`` are the proposers' own config objects). Its JSON Schema,
-:func:`config_schema`, gives an editor (``specframe plugins --schema``). The shorthands are read once, by
-:func:`read_shorthands`, for both.
+One form: :func:`load_config` returns the typed config, one frozen model over the installed plugins
+(:func:`typed_config_model`: ``proposers`` a discriminated union by ``name``, so ``cfg.proposers`` are the
+proposers' own config objects, ``cfg.merge`` / ``cfg.router`` the policy's and the router's). Every host holds
+that form: the Python API (``sf.config``), the CLI, serve, bench, replay and the vLLM bridge. Reading a file takes
+two checks inside :func:`load_config`: its own fields first (:class:`SpecframeConfig`: shorthands, ranges; no
+plugin needed), then each plugin entry by its plugin's config (:func:`resolve_plugins`, so an unknown name lists
+the installed ones). A request's overrides are applied to the typed config directly (:func:`resolve_plugins`'s
+keywords). Configs are frozen: a change is a new config (``load_config(None, base=cfg.model_dump(exclude_unset=True),
+...)``: the fields set so far stay set, the rest stay defaults, which :func:`resolve_plugins` tells apart). Its JSON
+Schema, :func:`config_schema`, gives an editor (``specframe plugins --schema``). The shorthands are read once, by
+:func:`read_shorthands`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -225,7 +229,8 @@ class LlamaCppSettings(BaseModel):
 
 
 class SpecframeConfig(BaseModel):
-    """Top-level configuration (file or Python API)."""
+    """A config file's own fields, checked before plugins are loaded (plugin entries are mappings here): the first
+    check of :func:`load_config` and the fields :func:`typed_config_model` is built from."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -309,12 +314,35 @@ def validation_line(exc: ValidationError, where: str | None = None) -> str:
     return ("" if where is None else f"{where}: ") + "; ".join(parts)
 
 
-def load_config(path: str | Path | None = None, base: dict[str, Any] | None = None, **overrides: Any) -> SpecframeConfig:
-    """Read a YAML config (optional) and apply overrides (None values are ignored; ``sampling`` merges).
+def load_config(path: str | Path | None = None, base: dict[str, Any] | None = None, *, registry: Any = None,
+                **overrides: Any) -> BaseModel:
+    """The config a run uses: a YAML file (optional) or ``base`` (a mapping of fields), ``overrides`` applied over it
+    (None values are ignored; ``sampling`` merges), checked against the installed plugins.
+
+    Returns an instance of :func:`typed_config_model` for ``registry`` (default: a fresh
+    :func:`~specframe.registry.build_registry`): ``proposers`` is a tuple of the proposers' own config objects (e.g.
+    ``NgramConfig``), ``merge`` the merge policy's and ``router`` the router's (None: no router). The file's own
+    fields are read first by :class:`SpecframeConfig` (shorthands, ranges: no plugin needed), each plugin entry then
+    by its plugin's config (:func:`runtime_config`); no caller holds the file form. A typed config's
+    ``model_dump(exclude_unset=True)`` is a valid ``base`` (how a loaded config takes more overrides).
 
     Raises:
-        ConfigError: unreadable file, not UTF-8, bad YAML, a key given twice, or a value out of range (message names
-            the file and the field).
+        ConfigError: unreadable file, not UTF-8, bad YAML, a key given twice, a value out of range or a bad plugin
+            option (message names the file and the field).
+        UnknownProposerError / UnknownMergePolicyError / UnknownRouterError: a name no installed plugin provides.
+    """
+    if registry is None:
+        from .registry import build_registry
+
+        registry = build_registry()
+    return runtime_config(_file_fields(path, base, overrides), registry)
+
+
+def _file_fields(path: str | Path | None, base: dict[str, Any] | None, overrides: dict[str, Any]) -> SpecframeConfig:
+    """The first check of :func:`load_config`: the file's own fields (plugin entries still mappings).
+
+    Raises:
+        ConfigError: as :func:`load_config`, less the plugins' names and options.
     """
     data: dict[str, Any] = dict(base or {})
     where = "config"
@@ -359,9 +387,9 @@ def resolve_plugins(config: Any, registry: Any, *, proposers: Any = None, merge:
     """The one path from a config to plugin classes, used by the Python API, the CLI, bench, replay, training, the
     vLLM bridge and each request alike.
 
-    ``config`` is either form: a :class:`SpecframeConfig` as read from a file (plugin entries are mappings, checked
-    here) or a loaded model's typed config (``sf.config``, :func:`runtime_config`: entries are the plugins' own
-    config objects, used as they are). ``proposers`` / ``merge`` / ``router`` are one request's overrides, read as
+    ``config`` is the typed config (:func:`load_config`, ``sf.config``: entries are the plugins' own config
+    objects, used as they are) or, inside :func:`load_config`, a :class:`SpecframeConfig` (entries are mappings,
+    checked here). ``proposers`` / ``merge`` / ``router`` are one request's overrides, read as
     a config file's values are (shorthands included); None keeps the config's. Nothing else of ``config`` is
     copied or re-validated.
 
@@ -420,8 +448,10 @@ def _plugin_config(cls: type, entry: Any, where: str) -> Any:
     Raises:
         ConfigError: an option unknown or out of range for that plugin (the message names ``where``).
     """
-    if isinstance(entry, cls.Config):
+    if type(entry) is cls.Config:
         return entry
+    if isinstance(entry, cls.Config):  # a typed config's member (the plugin's Config with `name` fixed): as its own
+        return cls.Config.model_construct(entry.model_fields_set, **{k: getattr(entry, k) for k in cls.Config.model_fields})
     data = entry.model_dump() if isinstance(entry, BaseModel) else entry
     try:
         return cls.Config.model_validate(data)
@@ -491,8 +521,9 @@ def _resolve_router(settings: RouterSettings | dict[str, Any] | str | None, regi
 
 
 def runtime_config(config: SpecframeConfig, registry: Any) -> BaseModel:
-    """The config a loaded :class:`~specframe.api.Specframe` runs with (``sf.config``): an instance of
-    :func:`typed_config_model` for ``registry``, whose ``proposers`` are the proposers' own config objects (e.g.
+    """The typed config of ``config`` (the second check of :func:`load_config`; what a loaded
+    :class:`~specframe.api.Specframe` runs with, ``sf.config``): an instance of :func:`typed_config_model` for
+    ``registry``, whose ``proposers`` are the proposers' own config objects (e.g.
     ``NgramConfig``), ``merge`` the merge policy's and ``router`` the router's (None: ``router: none``, or the
     default router is not installed).
 
@@ -523,14 +554,20 @@ def runtime_config(config: SpecframeConfig, registry: Any) -> BaseModel:
 
 def _tagged(classes: dict[str, type]) -> Any:
     """A discriminated union (by ``name``) of each class's ``Config``, with ``name`` fixed to its registered name
-    (a plugin whose config types ``name`` as a plain ``str`` gets the literal here)."""
+    (a plugin whose config types ``name`` as a plain ``str`` gets a subclass with the literal here; one that types
+    it ``Literal[name]`` is used as it is, so a typed config holds its own objects)."""
     titles = [cls.Config.__name__ for cls in classes.values()]
 
     def title(name: str, cls: type) -> str:  # the config class's own name, unless two plugins share it
         return cls.Config.__name__ if titles.count(cls.Config.__name__) == 1 else f"{cls.Config.__name__}_{name}"
 
-    members = [create_model(title(name, cls), __base__=cls.Config, name=(Literal[name], name))
-               for name, cls in sorted(classes.items())]
+    def member(name: str, cls: type) -> type:  # the plugin's own Config where it already types `name` so
+        field = cls.Config.model_fields.get("name")
+        if field is not None and field.annotation == Literal[name] and field.default == name:
+            return cls.Config
+        return create_model(title(name, cls), __base__=cls.Config, name=(Literal[name], name))
+
+    members = [member(name, cls) for name, cls in sorted(classes.items())]
     if not members:
         return dict[str, Any]
     if len(members) == 1:
@@ -539,16 +576,25 @@ def _tagged(classes: dict[str, type]) -> Any:
 
 
 def typed_config_model(registry: Any) -> type[BaseModel]:
-    """The frozen config model of ``registry``'s plugins (a :class:`~specframe.registry.Registry`).
+    """The frozen config model of ``registry``'s plugins (a :class:`~specframe.registry.Registry`); one class per set
+    of plugin classes (registries with the same plugins give the same model, so their configs compare equal).
 
     Its instances have ``proposers`` as a tuple of the proposers' own config objects (e.g. ``NgramConfig``),
     ``merge`` as the merge policy's and ``router`` as the router's config object (None for ``router: none``); the
     shorthands of a config file (``proposers: ngram``, ``router: none``, ``merge: confidence``, ``policy:``) are read
     as :class:`~specframe.config.SpecframeConfig` reads them.
     """
-    proposer = _tagged(registry.proposers)
-    merge = _tagged(registry.merge_policies)
-    router = _tagged(registry.routers)
+    return _typed_model(*(tuple(sorted(classes.items())) for classes in (
+        registry.proposers, registry.merge_policies, registry.routers)))
+
+
+@lru_cache(maxsize=16)
+def _typed_model(proposers: tuple, merge_policies: tuple, routers: tuple) -> type[BaseModel]:
+    """:func:`typed_config_model` of these ``(name, plugin class)`` pairs."""
+    proposer = _tagged(dict(proposers))
+    merge = _tagged(dict(merge_policies))
+    router = _tagged(dict(routers))
+    names = {"merge": dict(merge_policies), "router": dict(routers)}
     base = SpecframeConfig.model_fields
     fields: dict[str, Any] = {name: (f.annotation, f) for name, f in base.items()
                               if name not in ("proposers", "merge", "router")}
@@ -557,11 +603,11 @@ def typed_config_model(registry: Any) -> type[BaseModel]:
     # the defaults are the runtime config's where installed; else none (SPECFRAME_PLUGINS may leave them out)
     default_merge = base["merge"].default_factory().name
     default_router = base["router"].default_factory().name
-    if default_merge in registry.merge_policies:
+    if default_merge in names["merge"]:
         fields["merge"] = (merge, Field(default={"name": default_merge}, description=base["merge"].description))
     else:
         fields["merge"] = (Optional[merge], Field(default=None, description=base["merge"].description))
-    fields["router"] = (Optional[router], Field(default={"name": default_router} if default_router in registry.routers
+    fields["router"] = (Optional[router], Field(default={"name": default_router} if default_router in names["router"]
                                                 else None, description=base["router"].description))
     return create_model("TypedSpecframeConfig", __base__=_Shorthands, **fields)
 

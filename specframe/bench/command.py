@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
-from pydantic import ValidationError
 
 from ..errors import ConfigError, SpecframeError
 from ..sampling import is_greedy_temperature
@@ -73,17 +72,16 @@ def validate_bench_config(cfg: Any, registry: Any) -> None:
             a name no installed plugin provides; UnknownModelError / ModelNotInstalledError: a model or assistant
             that cannot be found.
     """
-    from ..config import SpecframeConfig, resolve_plugins
+    from ..config import load_config
     from ..target.models import check_device, resolve_model
 
     for s in cfg.strategies:
         if s.proposers is not None:
             combo = {k: v for k, v in (("merge", s.merge), ("router", s.router)) if v is not None}
             try:
-                scfg = SpecframeConfig.model_validate({"proposers": s.proposers, **combo})
-            except ValidationError as exc:
-                raise ConfigError(f"strategy {s.name!r}: {exc.errors()[0]['msg']}") from None
-            resolve_plugins(scfg, registry)
+                load_config(None, base={"proposers": s.proposers, **combo}, registry=registry)
+            except ConfigError as exc:
+                raise ConfigError(f"strategy {s.name!r}: {str(exc).removeprefix('config: ')}") from None
     check_device(cfg.device)
     resolve_model(cfg.model)
     from .config import machine_request
@@ -333,7 +331,7 @@ def _load_strategies(cfg, registry, err) -> tuple[dict[str, Any], dict[str, Any]
     name -> (assistant model, its tokenizer))."""
     import logging
 
-    from ..config import SpecframeConfig
+    from ..config import load_config
     from ..target.loader import load_target
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -351,9 +349,9 @@ def _load_strategies(cfg, registry, err) -> tuple[dict[str, Any], dict[str, Any]
         key = (engine, dtype, threads, prepack, speculative if "auto" in (dtype, threads, prepack) else None,
                llama_opts.model_dump_json() if engine == "llama.cpp" else None)
         if key not in loaded:
-            scfg = SpecframeConfig(model=cfg.model, dtype=dtype, device=cfg.device, chat=cfg.chat, threads=threads,
-                                   prepack=prepack, engine=engine, llamacpp=llama_opts,
-                                   proposers=[{"name": "ngram" if speculative else "none"}])
+            scfg = load_config(None, registry=registry, model=cfg.model, dtype=dtype, device=cfg.device,
+                               chat=cfg.chat, threads=threads, prepack=prepack, engine=engine,
+                               llamacpp=llama_opts.model_dump(), proposers=[{"name": "ngram" if speculative else "none"}])
             loaded[key] = load_with_progress(
                 scfg, registry, f"{cfg.model} ({engine}, {dtype}, threads {threads}, prepack {prepack})")
         by_strategy[s.name] = loaded[key]

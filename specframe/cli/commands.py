@@ -11,7 +11,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 import typer
 from rich.console import Console
@@ -62,9 +62,10 @@ def _check_flags(**given) -> None:
         raise ConfigError(settings_error(exc, _FLAGS)) from None
 
 
-def _proposer_entries(names: list[str], configured: list[dict]) -> list[dict]:
-    """CLI proposer names; a name also configured in the file keeps the file's options."""
-    by_name = {p["name"]: p for p in configured}
+def _proposer_entries(names: list[str], configured: Sequence[Any]) -> list[dict]:
+    """CLI proposer names; a name also configured in the file keeps the file's options (``configured``: the typed
+    config's proposer config objects)."""
+    by_name = {p.name: p.model_dump() for p in configured}
     return [dict(by_name.get(n, {"name": n})) for n in names]
 
 
@@ -166,7 +167,6 @@ class GenerateFlags:
 
 
 def _generate(f: GenerateFlags) -> None:
-    from ..config import resolve_plugins
     from ..registry import build_registry
     from ..target.models import check_device, resolve_dtype, resolve_model
 
@@ -182,11 +182,10 @@ def _generate(f: GenerateFlags) -> None:
     if f.batch_size is not None and f.batch_size > 1 and f.stream:
         raise ConfigError("--stream prints one answer as it is generated; with --batch-size > 1 several answers are "
                           "generated at once: drop --stream, or use --batch-size 1")
-    cfg = _flags_config(f)
+    registry = build_registry()
+    cfg = _flags_config(f, registry)  # an unknown plugin or bad option fails here, before the model loads
     _check_flags_apply(cfg, f)
     prompts = _select_prompts(f.prompt, f.prompts_file, f.limit, f.category)
-    registry = build_registry()
-    resolve_plugins(cfg, registry)  # an unknown plugin or bad option fails before the model loads
     check_device(cfg.device)
     resolve_dtype(cfg.dtype, cfg.device)
     resolve_model(cfg.model)  # unknown name / missing package fails here, before loading
@@ -212,12 +211,12 @@ def _generate(f: GenerateFlags) -> None:
         _run(sf, prompts, encoded, f.stream, f.as_json)
 
 
-def _flags_config(f: GenerateFlags):
-    """The config file (if any) with the flags applied over it."""
+def _flags_config(f: GenerateFlags, registry: Any):
+    """The config file (if any) with the flags applied over it: the typed config (:func:`~specframe.config.load_config`)."""
     from ..config import load_config
 
     cfg = load_config(
-        f.config, model=f.model, max_new_tokens=f.max_new_tokens, temperature=f.temperature, top_p=f.top_p,
+        f.config, registry=registry, model=f.model, max_new_tokens=f.max_new_tokens, temperature=f.temperature, top_p=f.top_p,
         top_k=f.top_k, seed=f.seed, dtype=f.dtype, device=f.device, chat=False if f.no_chat else None,
         stop=list(f.stop) or None, engine=f.engine, constraint=_constraint_flags(f),
         **machine_flags(f.threads, f.prepack),
@@ -226,17 +225,19 @@ def _flags_config(f: GenerateFlags):
     # each change is a new config from the fields set so far (exclude_unset): a merge or router the file and the
     # flags leave alone stays unset, as it is for a file saying the same (resolve_plugins reads what is set)
     if f.proposer:
-        cfg = load_config(None, base=cfg.model_dump(exclude_unset=True),
+        cfg = load_config(None, base=cfg.model_dump(exclude_unset=True), registry=registry,
                           proposers=_proposer_entries(list(f.proposer), cfg.proposers))
     if merge is not None or max_nodes is not None:
-        settings = {**cfg.merge.model_dump(), **({"name": merge} if merge else {}),
+        configured = cfg.merge.model_dump() if cfg.merge is not None else {}
+        settings = {**configured, **({"name": merge} if merge else {}),
                     **({"max_nodes": max_nodes} if max_nodes is not None else {})}
-        if merge and merge != cfg.merge.name:  # another policy: the file's options were for the old one
+        if merge and merge != configured.get("name"):  # another policy: the file's options were for the old one
             settings = {k: v for k, v in settings.items() if k in ("name", "max_nodes")}
-        cfg = load_config(None, base=cfg.model_dump(exclude_unset=True), merge=settings)
+        cfg = load_config(None, base=cfg.model_dump(exclude_unset=True), registry=registry, merge=settings)
     if router is not None:  # the router the file names keeps its options; another starts from its defaults
-        cfg = load_config(None, base=cfg.model_dump(exclude_unset=True),
-                          router=cfg.router.model_dump() if router == cfg.router.name else router)
+        keep = cfg.router is not None and router == cfg.router.name
+        cfg = load_config(None, base=cfg.model_dump(exclude_unset=True), registry=registry,
+                          router=cfg.router.model_dump() if keep else router)
     return cfg
 
 
@@ -276,7 +277,7 @@ def _check_flags_apply(cfg, f: GenerateFlags) -> None:
         given = " and ".join(f for f, v in (("--merge", merge), ("--max-nodes", max_nodes)) if v is not None)
         raise ConfigError(
             f"{given} set how two or more combined proposers share the tree; with one proposer "
-            f"({cfg.proposers[0]['name']}) there is nothing to merge: add another --proposer, or drop {given}"
+            f"({cfg.proposers[0].name}) there is nothing to merge: add another --proposer, or drop {given}"
         )
     if cfg.sampling.temperature == 0:
         for flag, value in (("--top-p", top_p), ("--top-k", top_k)):

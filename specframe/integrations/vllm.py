@@ -93,8 +93,9 @@ def vllm_version() -> str:
     return version
 
 
-def _specframe_config(source: Any) -> Any:
-    """A :class:`~specframe.config.SpecframeConfig` from a mapping of fields, ``{"config": path}`` or a path."""
+def _specframe_config(source: Any, registry: Any = None) -> Any:
+    """The typed config (:func:`~specframe.config.load_config`) from a mapping of fields, ``{"config": path}`` or a
+    path (None: the path in ``SPECFRAME_CONFIG``)."""
     from ..config import load_config
 
     if source is None:
@@ -103,13 +104,13 @@ def _specframe_config(source: Any) -> Any:
             raise VllmIntegrationError(
                 f"no specframe config for the vLLM adapter: set {ENV_CONFIG}=path.yaml or pass "
                 "additional_config={'specframe': {...}} to vLLM")
-        return load_config(path)
+        return load_config(path, registry=registry)
     if isinstance(source, (str, Path)):
-        return load_config(source)
+        return load_config(source, registry=registry)
     if isinstance(source, Mapping):
         if set(source) == {"config"}:
-            return load_config(source["config"])
-        return load_config(None, base=dict(source))
+            return load_config(source["config"], registry=registry)
+        return load_config(None, base=dict(source), registry=registry)
     raise VllmIntegrationError("additional_config['specframe'] must be a mapping of specframe config fields or "
                                "{'config': 'path.yaml'}")
 
@@ -282,8 +283,8 @@ class SpecframeProposer:
         spec = vllm_config.speculative_config
         self.k = int(spec.num_speculative_tokens)
         extra = getattr(vllm_config, "additional_config", None) or {}
-        config = _specframe_config(extra.get("specframe") if isinstance(extra, Mapping) else None)
         registry = build_registry()
+        config = _specframe_config(extra.get("specframe") if isinstance(extra, Mapping) else None, registry)
         self.names = check_proposers(config, registry)
         info = _target_info(vllm_config)
         self.sf = Specframe(config, _Target(info), registry)

@@ -97,7 +97,7 @@ def _record(questions, output, model, dtype, max_new_tokens, cats, limit, propos
             profile) -> None:
     from ..bench.runner import select_questions
     from ..cli.console import err, load_with_progress, machine_flags
-    from ..config import load_config, resolve_plugins
+    from ..config import load_config
     from ..io.atomic import replace_folder
     from ..io.prompts import read_prompts
     from ..registry import build_registry
@@ -117,12 +117,12 @@ def _record(questions, output, model, dtype, max_new_tokens, cats, limit, propos
     if not chosen:
         found = sorted({str(p.category) for p in prompts if p.category is not None})
         raise ConfigError(f"--categories {cats} match no question; the file has: {', '.join(found) or '(no categories)'}")
-    cfg = load_config(None, model=model, dtype=dtype, chat=chat, proposers=[{"name": p} for p in proposers],
-                      merge=None, **machine_flags(threads, None))
     registry = build_registry()
-    resolve_plugins(cfg, registry)
+    entries = [{"name": p} for p in proposers]
+    cfg = load_config(None, registry=registry, model=model, dtype=dtype, chat=chat, proposers=entries, merge=None,
+                      **machine_flags(threads, None))
     if features_for:  # an unknown name or option fails now, before the model loads
-        resolve_plugins(load_config(None, proposers=features_for), registry)
+        load_config(None, registry=registry, proposers=features_for)
     check_device(cfg.device)
     resolve_model(cfg.model)
 
@@ -140,7 +140,7 @@ def _record(questions, output, model, dtype, max_new_tokens, cats, limit, propos
     declared_needs(sf, features_for)  # builds those proposers: one that cannot be built fails before the bar starts
     with _bar(err) as progress:
         task = progress.add_task("record", total=len(chosen))
-        trace = record_trace(sf, chosen, max_new_tokens=max_new_tokens, chat=chat, proposers=cfg.proposers,
+        trace = record_trace(sf, chosen, max_new_tokens=max_new_tokens, chat=chat, proposers=entries,
                              features_for=features_for, advance=lambda: progress.advance(task))
     replace_folder(output, lambda tmp: write_trace(trace, tmp))
     bpt = trace.manifest["bytes_per_token"]

@@ -45,10 +45,7 @@ def specframe_for(target: Any, registry: Any) -> Any:
     (the default isolation policy, as ``specframe bench`` runs)."""
     import specframe
 
-    from ..config import SpecframeConfig
-
-    cfg = SpecframeConfig(model=target.name, proposers=[{"name": "none"}])
-    return specframe.load(cfg, target=target, registry=registry)
+    return specframe.load(model=target.name, proposers=[{"name": "none"}], target=target, registry=registry)
 
 
 def check_task(sf: Any, trace: Trace, task: Task) -> None:

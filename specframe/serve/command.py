@@ -84,13 +84,12 @@ def _load_and_run(sock, config, model, host, port, batch_size, max_pending, max_
     import uvicorn
 
     from ..cli.console import err, load_with_progress
-    from ..config import load_config, resolve_plugins
+    from ..config import load_config
     from ..registry import build_registry
     from ..target.models import resolve_model
 
-    cfg = load_config(config, model=model, batch_size=batch_size)
     registry = build_registry()
-    resolve_plugins(cfg, registry)
+    cfg = load_config(config, registry=registry, model=model, batch_size=batch_size)
     for name in allow or ():
         registry.proposer(name)  # an unknown name: one error line listing what is installed
     resolve_model(cfg.model)

@@ -15,6 +15,9 @@ from specframe import cli
 from specframe.config import SpecframeConfig, load_config
 from specframe.errors import ConfigError, PromptsFileError
 from specframe.io.prompts import Prompt, read_prompts
+from specframe_plugins.merge_policies import PriorityConfig
+from specframe_plugins.ngram import NgramConfig
+from specframe_plugins.router.config import AdaptiveConfig
 
 from tests.fakes import PROMPT, SPECBENCH, assert_user_error, build_model, build_tokenizer, hf_greedy
 
@@ -134,7 +137,7 @@ def test_defaults():
     cfg = load_config()
     assert cfg.model == "smollm2-135m-instruct"
     assert cfg.max_new_tokens == 128 and cfg.sampling.temperature == 0.0 and cfg.sampling.top_p == 1.0
-    assert cfg.proposers == [{"name": "ngram"}]
+    assert cfg.proposers == (NgramConfig(),)  # the typed config: each plugin's own config object
 
 
 def test_yaml_values_and_override_precedence(tmp_path):
@@ -150,7 +153,7 @@ def test_yaml_values_and_override_precedence(tmp_path):
     cfg = load_config(path)
     assert (cfg.model, cfg.dtype, cfg.max_new_tokens, cfg.stop) == ("my-model", "float32", 64, ["END"])
     assert (cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.seed, cfg.sampling.top_p) == (0.7, 5, 3, 1.0)
-    assert cfg.proposers == [{"name": "ngram", "k": 4, "max_n": 3}]
+    assert cfg.proposers == (NgramConfig(k=4, max_n=3),)
 
     # flags override the file; a None flag (not given) keeps the file's value; sampling fields merge
     cfg = load_config(path, model="other", temperature=0.2, top_p=0.9, top_k=None, max_new_tokens=None, seed=None)
@@ -162,7 +165,10 @@ def test_yaml_values_and_override_precedence(tmp_path):
 def test_base_config_with_overrides():
     base = load_config(None, model="a", temperature=0.5).model_dump()
     cfg = load_config(None, base=base, proposers=[{"name": "none"}])
-    assert cfg.model == "a" and cfg.sampling.temperature == 0.5 and cfg.proposers == [{"name": "none"}]
+    assert cfg.model == "a" and cfg.sampling.temperature == 0.5 and [p.name for p in cfg.proposers] == ["none"]
+    # a loaded config takes more overrides through its fields as set (how the CLI applies flags one by one)
+    again = load_config(None, base=cfg.model_dump(exclude_unset=True), max_new_tokens=9)
+    assert again.model_dump() == {**cfg.model_dump(), "max_new_tokens": 9}
 
 
 @pytest.mark.parametrize(
@@ -196,7 +202,10 @@ def test_bad_override_names_the_field():
 def test_empty_config_file_is_the_defaults(tmp_path):
     path = tmp_path / "empty.yaml"
     path.write_text("")
-    assert load_config(path) == SpecframeConfig()
+    assert load_config(path) == load_config(None)
+    assert load_config(path).model_dump() == {**SpecframeConfig().model_dump(), "proposers": (NgramConfig().model_dump(),),
+                                              "merge": PriorityConfig().model_dump(),
+                                              "router": AdaptiveConfig().model_dump()}
 
 
 # --- prompts files --------------------------------------------------------------------------------------------------
@@ -365,7 +374,7 @@ def test_a_router_flag_naming_the_files_router_keeps_its_options_and_counts_as_s
     cfg = _loaded_config(monkeypatch, "--proposer", "ngram", "--router", "adaptive")
     assert "router" in cfg.model_fields_set and cfg.router.name == "adaptive"
     cfg = _loaded_config(monkeypatch, "--config", str(path), "--router", "none")
-    assert cfg.router.name == "none"
+    assert cfg.router is None and "router" in cfg.model_fields_set  # the typed config's `router: none`
 
 
 def test_category_filter_on_a_file_without_categories(tmp_path, no_model_load):

@@ -103,12 +103,30 @@ def test_a_loaded_specframe_runs_with_the_typed_config(specframe_tiny_target):
     with pytest.raises(ValidationError):
         cfg.max_new_tokens = 5  # frozen
     again = specframe.load(cfg, target=specframe_tiny_target)
-    assert again.config.model_dump() == cfg.model_dump()  # (each registry builds its own typed class)
+    assert again.config == cfg  # (registries with the same plugins give the same typed class)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
     assert again.generate_result(prompt).token_ids == sf.generate_result(prompt).token_ids
     lone = specframe.load(target=specframe_tiny_target)  # nothing set: the default router is the config's router
     assert lone.config.router is not None and lone.config.router.name == "adaptive"
     assert "router" not in lone.config.model_fields_set
+
+
+def test_a_file_loads_into_the_form_a_loaded_instance_runs_with(registry, specframe_tiny_target, tmp_path):
+    """One config form: ``load_config`` gives the typed config, each plugin entry its plugin's own ``Config`` class,
+    and it is what ``specframe.load`` of the same file runs with."""
+    import specframe
+    from specframe.config import runtime_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("proposers: [ngram, {name: ngram, k: 3}]\nmerge: {name: confidence, max_nodes: 9}\n"
+                    "router: none\nmax_new_tokens: 12\n")
+    cfg = load_config(path, registry=registry)
+    assert type(cfg) is typed_config_model(registry) is typed_config_model(build_registry())
+    assert [type(p) for p in cfg.proposers] == [registry.proposer("ngram").Config] * 2
+    assert type(cfg.merge) is registry.merge_policy("confidence").Config and cfg.merge.max_nodes == 9
+    assert cfg.router is None and cfg.model_fields_set == {"proposers", "merge", "router", "max_new_tokens"}
+    assert runtime_config(cfg, registry) == cfg  # already typed: nothing left to convert
+    assert specframe.load(path, target=specframe_tiny_target).config == cfg
 
 
 @pytest.mark.parametrize("overrides", [
@@ -120,13 +138,11 @@ def test_a_loaded_specframe_runs_with_the_typed_config(specframe_tiny_target):
     {"merge": {"policy": "priority", "max_nodes": 5}},
 ])
 def test_request_overrides_apply_to_the_typed_config_as_to_the_file(registry, overrides):
-    """A request's overrides resolve on the typed config (``sf.config``) exactly as on the file's form with the same
+    """A request's overrides resolve on the typed config (``sf.config``) exactly as on a config loaded with the same
     values written in; the typed config's own objects are used as they are (no round trip)."""
-    from specframe.config import runtime_config
-
     base = {"proposers": [{"name": "ngram", "k": 3}, {"name": "ngram", "k": 5}], "merge": {"name": "priority",
                                                                                        "max_nodes": 7}}
-    typed = runtime_config(load_config(None, **base), registry)
+    typed = load_config(None, registry=registry, **base)
     request = resolve_plugins(typed, registry, **overrides)
     file_form = resolve_plugins(load_config(None, **{**base, **overrides}), registry)
     dump = [(c, cfg.model_dump()) for c, cfg in request.proposers]
@@ -141,10 +157,9 @@ def test_request_overrides_apply_to_the_typed_config_as_to_the_file(registry, ov
 
 
 def test_a_malformed_request_override_names_the_field(registry):
-    from specframe.config import runtime_config
     from specframe.errors import ConfigError, UnknownProposerError
 
-    typed = runtime_config(load_config(None), registry)
+    typed = load_config(None, registry=registry)
     with pytest.raises(ConfigError, match=r"merge.max_nodes"):
         resolve_plugins(typed, registry, merge={"name": "priority", "max_nodes": 0})
     with pytest.raises(ConfigError, match=r"proposers"):

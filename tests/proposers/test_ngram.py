@@ -94,9 +94,11 @@ def test_config_bounds(field, value):
 
 
 def test_bad_options_through_the_registry_name_the_proposer():
-    cfg = load_config(None, proposers=[{"name": "ngram", "min_n": 4, "max_n": 2}])
+    bad = [{"name": "ngram", "min_n": 4, "max_n": 2}]
     with pytest.raises(ConfigError, match=r"proposer 'ngram'.*min_n \(4\) must be <= max_n \(2\)"):
-        resolve_plugins(cfg, build_registry())
+        load_config(None, proposers=bad)
+    with pytest.raises(ConfigError, match=r"proposer 'ngram'.*min_n \(4\) must be <= max_n \(2\)"):
+        resolve_plugins(load_config(None), build_registry(), proposers=bad)  # a request's override
     ((cls, pcfg),) = resolve_plugins(load_config(None, proposers=[{"name": "ngram", "k": 3}]), build_registry()).proposers
     assert cls is NgramProposer and pcfg == NgramConfig(k=3)
 
