@@ -368,15 +368,7 @@ def _run_strategies(cfg, chosen, by_strategy, assistants, err, journal=None) -> 
     """Measure the cost curve v(n) when the config asks for it, then run every strategy on the chosen questions,
     interleaved, with a progress bar on a terminal and a line per finished question otherwise (piped, nohup, CI);
     each finished run goes to ``journal``: (records, cost profile or None)."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
+    from ..cli.console import progress_bar
     from ..target.cost import measure as measure_cost
     from .config import BASELINE
     from .runner import BenchRunner
@@ -385,9 +377,7 @@ def _run_strategies(cfg, chosen, by_strategy, assistants, err, journal=None) -> 
     runs = len(chosen) * len(cfg.seeds) * cfg.repeats * len(cfg.strategies)
     warm = min(cfg.warmup, len(chosen)) * len(cfg.strategies)
     prof_steps = cfg.profile.max_tokens if cfg.profile else 0
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TimeRemainingColumn()]
-    with Progress(*columns, console=err) as progress:
+    with progress_bar() as progress:
         prof = None
         if cfg.profile:
             t = progress.add_task("profile v(n)", total=prof_steps)

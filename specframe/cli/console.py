@@ -95,6 +95,23 @@ def load_with_progress(cfg: Any, registry: Any, what: str = "") -> Any:
         return specframe.load(cfg, registry=registry, log=lambda s: err.print(s, markup=False), progress=progress)
 
 
+def progress_bar(label: str = "{task.description}", info: bool = False) -> Any:
+    """A ``rich.progress.Progress`` on stderr for long work: ``label``, the bar, done/total, elapsed, remaining
+    (``info``: a column for each task's ``info`` field, e.g. a loss)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = [TextColumn(label), BarColumn(), MofNCompleteColumn(), *([TextColumn("{task.fields[info]}")] * info),
+               TimeElapsedColumn(), TimeRemainingColumn()]
+    return Progress(*columns, console=err)
+
+
 class ProgressLines:
     """Long work's progress as plain lines on a stderr that is not a terminal (a log file, CI), where a rich bar is
     drawn only once, at the end: one line per phase each time it has advanced by ``step`` of its total or

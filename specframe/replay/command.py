@@ -47,20 +47,6 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def _bar(console: Any) -> Any:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=console)
-
-
 @trace_app.command("record")
 def record(
     questions: Path = typer.Option(..., "--questions", help="Spec-Bench-format JSONL (first turn used)."),
@@ -96,7 +82,7 @@ def record(
 def _record(questions, output, model, dtype, max_new_tokens, cats, limit, proposers, features_for, threads, chat,
             profile) -> None:
     from ..bench.runner import select_questions
-    from ..cli.console import err, load_with_progress, machine_flags
+    from ..cli.console import err, load_with_progress, machine_flags, progress_bar
     from ..config import load_config
     from ..io.atomic import replace_folder
     from ..io.prompts import read_prompts
@@ -138,7 +124,7 @@ def _record(questions, output, model, dtype, max_new_tokens, cats, limit, propos
     else:
         sf = load_with_progress(cfg, registry)
     declared_needs(sf, features_for)  # builds those proposers: one that cannot be built fails before the bar starts
-    with _bar(err) as progress:
+    with progress_bar() as progress:
         task = progress.add_task("record", total=len(chosen))
         trace = record_trace(sf, chosen, max_new_tokens=max_new_tokens, chat=chat, proposers=entries,
                              features_for=features_for, advance=lambda: progress.advance(task))
@@ -191,12 +177,12 @@ class _Setup:
 
 
 def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare) -> None:
-    from ..cli.console import err
+    from ..cli.console import err, progress_bar
 
     setup = _setup(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare, err)  # 1. validate
     target = _load(setup, err)  # 2. the target's weights (proposers may read them; no forward runs)
     t0 = time.perf_counter()  # 3. replay
-    with _bar(err) as progress:
+    with progress_bar() as progress:
         if setup.use_ray:
             from .sweep import run_on_ray
 

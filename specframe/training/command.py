@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from ..cli.console import ProgressLines, err, one_error_line
+from ..cli.console import ProgressLines, err, one_error_line, progress_bar
 from ..errors import ConfigError
 
 train_app = typer.Typer(
@@ -68,14 +68,6 @@ def _train_threads() -> int:
 def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: int, max_new_tokens: int,
          seed: int, dtype: str, eval_prompts: int, settings, mix: str = "broad", device: str = "cpu",
          max_minutes: float = 0.0, extra: Optional[list[Path]] = None) -> None:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
 
     from ..target.loader import load_target
     from ..target.models import check_device, resolve_model
@@ -97,9 +89,7 @@ def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: i
 
         corpus = shipped_corpus(source.name) or output / "corpus"
     cs = _corpus_settings(corpus, source.name, prompts, max_new_tokens, seed, dtype, mix)
-    cols = (TextColumn("{task.description:>7}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*cols, console=err) as progress:
+    with progress_bar("{task.description:>7}", info=True) as progress:
         tasks: dict[str, int] = {}
         lines = ProgressLines()  # (a line per step of progress where stderr is not a terminal)
 
@@ -158,14 +148,6 @@ def corpus(
     seed: int = _SEED, dtype: str = _DTYPE, device: str = _DEVICE,
 ) -> None:
     """Build (or finish) a self-distillation corpus: the target's own greedy answers to a broad prompt mix."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
 
     from ..target.loader import load_target
     from ..target.models import check_device, resolve_model
@@ -188,12 +170,11 @@ def corpus(
         with err.status(f"loading {model} ...", spinner="dots"):
             target = load_target(model, dtype=dtype, device=device, log=lambda s: err.print(s, markup=False),
                                  threads=_train_threads())
-        cols = (TextColumn("corpus"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
         import time
 
         t0 = time.perf_counter()
         lines = ProgressLines()
-        with Progress(*cols, console=err) as progress:
+        with progress_bar("corpus") as progress:
             task = progress.add_task("corpus", total=None)
 
             def bar(done: int, total: int) -> None:
