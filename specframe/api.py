@@ -112,7 +112,7 @@ class Specframe:
         self.registry = registry
         self._plugins = PluginSets(self, max_idle=POOL_IDLE)  # each request's plugin instances, on loan
         self._lock = threading.Lock()
-        self._scheduler: Any = None  # the batch loop thread, made on the first request when batch_size > 1
+        self._scheduler: Any = None  # the batch loop thread, made on the first submit (generate_result: batch_size > 1)
         self._constraint_engine: Any = None  # compiles constraints for this target's tokenizer (made when first used)
 
     def validate_proposers(self, proposers: Any = None) -> None:
@@ -252,7 +252,8 @@ class Specframe:
         return self._scheduler.pending if self._scheduler is not None else 0
 
     def _batch_scheduler(self) -> Any:
-        """The loop thread that decodes concurrent :meth:`generate_result` calls together (``batch_size`` > 1)."""
+        """The loop thread that decodes submitted requests together: every :meth:`submit` (``specframe serve``), and
+        :meth:`generate_result` calls when ``batch_size`` > 1."""
         from .decode.scheduler import BatchScheduler
 
         with self._lock:
