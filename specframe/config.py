@@ -451,7 +451,8 @@ def _plugin_config(cls: type, entry: Any, where: str) -> Any:
     if type(entry) is cls.Config:
         return entry
     if isinstance(entry, cls.Config):  # a typed config's member (the plugin's Config with `name` fixed): as its own
-        return cls.Config.model_construct(entry.model_fields_set, **{k: getattr(entry, k) for k in cls.Config.model_fields})
+        values = {k: getattr(entry, k) for k in cls.Config.model_fields}
+        return cls.Config.model_construct(entry.model_fields_set, **values)
     data = entry.model_dump() if isinstance(entry, BaseModel) else entry
     try:
         return cls.Config.model_validate(data)

@@ -143,16 +143,18 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 # --- references and shared checks -------------------------------------------------------------------------------------
 
 
-def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
-    """Plain greedy decoding by transformers ``generate`` (stops after ``eos`` when given)."""
-    ids = torch.tensor([prompt], dtype=torch.int64)
+def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | list[int] | None = None,
+              pad: int = 0) -> list[int]:
+    """Plain greedy decoding by transformers ``generate`` on the model's device (stops after ``eos``, one id or
+    several, when given)."""
+    ids = torch.tensor([prompt], dtype=torch.int64, device=model.device)
     out = model.generate(
         ids,
         attention_mask=torch.ones_like(ids),
         do_sample=False,
         max_new_tokens=max_new_tokens,
         eos_token_id=eos,
-        pad_token_id=0,
+        pad_token_id=pad,
     )
     return out[0, len(prompt) :].tolist()
 

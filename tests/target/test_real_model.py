@@ -13,7 +13,7 @@ import torch
 
 from specframe.io.prompts import read_prompts
 
-from tests.fakes import SPECBENCH
+from tests.fakes import SPECBENCH, hf_greedy
 
 MAX_NEW = 32
 
@@ -40,16 +40,7 @@ def transformers_greedy(sf, ids: list[int]) -> list[int]:
     model = sf.target.model
     eos = sorted(sf.target.eos_token_ids)
     pad = model.generation_config.pad_token_id
-    inp = torch.tensor([ids], device=sf.target.device)
-    out = model.generate(
-        inp,
-        attention_mask=torch.ones_like(inp),
-        do_sample=False,
-        max_new_tokens=MAX_NEW,
-        eos_token_id=eos,
-        pad_token_id=eos[0] if pad is None else pad,
-    )
-    return out[0, len(ids) :].tolist()
+    return hf_greedy(model, ids, MAX_NEW, eos=eos, pad=eos[0] if pad is None else pad)
 
 
 @pytest.mark.parametrize("proposer", ["ngram", "none"])
