@@ -30,7 +30,8 @@ since they pull in transformers, safetensors, ctypes or the engine):
 - learned drafters' networks: ``EagleDrafter``, ``KVBuffer``, ``MedusaHeads``, ``is_small_draft``,
   ``load_small_draft``;
 - drafters in published formats: EAGLE-3 (``Eagle3Drafter``, ``load_eagle3``), Medusa (``PublishedMedusa``,
-  ``load_medusa``), a target's MTP layers (``load_mtp``, ``mtp_layer_count``);
+  ``load_medusa``), a target's MTP layers (``load_mtp``, ``mtp_layer_count``), DFlash / DFlash2 block drafters
+  (``DFlashDrafter``, ``load_dflash``);
 - model lookup: ``resolve_model``, ``load_model``, ``model_directory``, ``tokenizer_directory``, ``file_sha256``,
   ``DRAFT_SUFFIX``;
 - retrieval datastores: ``Datastore``, ``DatastoreError``, ``Retrieval``, ``default_datastore``, ``tokenizer_info``;
@@ -64,6 +65,7 @@ _LAZY = {
     "Eagle3Drafter": ".learned.eagle3", "load_eagle3": ".learned.eagle3",
     "PublishedMedusa": ".learned.medusa_published", "load_medusa": ".learned.medusa_published",
     "load_mtp": ".learned.mtp", "mtp_layer_count": ".learned.mtp",
+    "DFlashDrafter": ".learned.dflash", "load_dflash": ".learned.dflash",
     "resolve_model": ".target.models", "load_model": ".target.models", "model_directory": ".target.models",
     "tokenizer_directory": ".target.models", "file_sha256": ".target.models", "DRAFT_SUFFIX": ".target.models",
     "Datastore": ".datastore", "DatastoreError": ".datastore", "Retrieval": ".datastore",
