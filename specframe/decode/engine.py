@@ -42,7 +42,7 @@ from .lineup import Lineup, proposer_labels
 from .merged_tree import MergedDraft
 from .metrics import MetricsWriter, RequestMetrics
 from .observe import Observers
-from .stopping import StopChecker, TextStream, special_stop_ids, without_incomplete_character
+from .stopping import StopChecker, TextStream, emitted_text, special_stop_ids
 from .target_scorer import TargetScorer
 
 __all__ = ["Engine", "GenerationResult", "Request", "TokenLogprob", "default_scorer", "proposer_labels"]
@@ -302,7 +302,7 @@ class Request:
         generated = self.stops.generated
         # a character the last tokens began but did not finish is left out (its bytes stay in token_ids)
         target = self.e.target
-        text = without_incomplete_character(target.decode(generated)) if target.tokenizer is not None else ""
+        text = emitted_text(target.decode, generated) if target.tokenizer is not None else ""
         if self.stops.stop_text_at is not None:
             text = text[: self.stops.stop_text_at]
         if self.stream:

@@ -1,8 +1,9 @@
 """Stop conditions applied to each committed token in order: EOS, stop strings, max_new_tokens.
 
-Nothing after the first stop is committed, streamed or counted. Stop strings are matched on the decoded text;
-the token that completes a stop string is committed (as in HF transformers) and the text is cut before the
-stop string (as in vLLM).
+Nothing after the first stop is committed, streamed or counted. Stop strings are matched on the decoded text as it
+will be emitted (a character split over tokens counts once whole, never as the U+FFFD a half of it decodes to:
+:func:`emitted_text`); the token that completes a stop string is committed (as in HF transformers)
+and the text is cut before the stop string (as in vLLM).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 
 @dataclass
@@ -53,18 +54,22 @@ class StopChecker:
         return committed
 
     def _first_stop_string(self, tokens: list[int]) -> int | None:
-        """How many of ``tokens`` to keep so that the first stop string is just completed, or None."""
-        assert self.decode is not None, "stop strings need a tokenizer"
-        text = self.decode(self.generated + tokens)
+        """How many of ``tokens`` to keep so that the first stop string is just completed, or None. Matched on the
+        text as it will be emitted: a character the tokens so far only began is held back until whole."""
+        text = self._emitted(self.generated + tokens)
         if self._find(text) is None:
             self._scan_from = max(0, len(text) - max(map(len, self.stop_strings)))
             return None
         for m in range(1, len(tokens) + 1):  # rare: find the token that completed it
-            at = self._find(self.decode(self.generated + tokens[:m]))
+            at = self._find(self._emitted(self.generated + tokens[:m]))
             if at is not None:
                 self.stop_text_at = at
                 return m
         return None  # pragma: no cover - the full text matched, so some prefix does
+
+    def _emitted(self, ids: list[int]) -> str:
+        assert self.decode is not None, "stop strings need a tokenizer"
+        return emitted_text(self.decode, ids)
 
     def _find(self, text: str) -> int | None:
         hits = [i for s in self.stop_strings if (i := text.find(s, self._scan_from)) >= 0]
@@ -123,6 +128,84 @@ def without_incomplete_character(text: str) -> str:
     return text.rstrip(REPLACEMENT)
 
 
+def emitted_text(decode: Callable[[list[int]], str], ids: Sequence[int], text: str | None = None) -> str:
+    """The decode of ``ids`` (``text``, when the caller has it) as it will be emitted: without a character the last
+    tokens began and did not finish (:func:`without_incomplete_character`).
+
+    SentencePiece's byte fallback decodes a run of ``<0xNN>`` tokens that ends inside a character as one U+FFFD per
+    byte, the whole characters before it in the run included (``日本`` and the first byte of ``語``: four U+FFFD): the
+    text then is the decode of the ids before the incomplete character's tokens (at most three: a character has at
+    most four bytes), so the whole characters are not taken back.
+    """
+    ids = list(ids)
+    text = decode(ids) if text is None else text
+    if not text.endswith(REPLACEMENT):
+        return text
+    held = without_incomplete_character(text)
+    for back in range(1, min(3, len(ids)) + 1):
+        before = decode(ids[:-back])
+        if not before.endswith(REPLACEMENT):  # (a token that holds whole characters and the first bytes: kept)
+            return held if held.startswith(before) else before
+    return held
+
+
+@dataclass(frozen=True)
+class TokenPiece:
+    """What one generated token adds to the returned text (:func:`token_pieces`).
+
+    ``offset``: where its text begins in the returned text (a token that only begins a character: where that
+    character will start); ``text``: the characters it completes ("" for a token holding the first part of a
+    character split over tokens: the character goes with the token that completes it, as a stream shows it);
+    ``context`` and ``shown``: the ids decoded before it in its window and how many characters of their decode
+    are already in the text, so that ``decode([*context, other])[shown:]`` is what another token in its place would
+    add (for alternatives' spellings).
+    """
+
+    offset: int
+    text: str
+    context: tuple[int, ...] = ()
+    shown: int = 0
+
+
+def token_pieces(decode: Callable[[list[int]], str], ids: Sequence[int], text: str | None = None) -> list[TokenPiece]:
+    """Each of ``ids``' piece of ``text`` (the returned text: the decode of ``ids`` without an incomplete character
+    at its end, cut before a stop string; None: the whole decode): the pieces join to ``text`` and each offset
+    indexes it, also where tokens split a character (emoji, CJK in byte-level BPE or byte fallback).
+
+    Decoded incrementally over a short window of recent tokens (as vLLM's and TGI's detokenizers: two short decodes
+    per token); a tokenizer whose decode rewrites earlier text (``clean_up_tokenization_spaces``) falls back to
+    decoding every prefix, so the pieces still join to the text.
+    """
+    ids = list(ids)
+    full = emitted_text(decode, ids) if ids else ""
+    target = full if text is None else text
+    pieces: list[TokenPiece] = []
+    start = shown = boundary = 0  # window start; its characters already shown; the last whole-character boundary
+    for k in range(len(ids)):
+        window = decode(ids[start : k + 1])
+        grown = emitted_text(decode, ids[start : k + 1], window)
+        pieces.append(TokenPiece(0, grown[shown:], tuple(ids[start:k]), shown))
+        shown = max(shown, len(grown))
+        if not window.endswith(REPLACEMENT):  # nothing held back: the next window starts at the last whole chunk
+            if boundary > start:
+                start = boundary
+                shown = len(decode(ids[start : k + 1]))
+            boundary = k + 1
+    if "".join(p.text for p in pieces) != full:  # a decode that rewrites earlier text: every prefix, exactly
+        pieces, at = [], 0
+        for k in range(len(ids)):
+            grown = emitted_text(decode, ids[: k + 1])
+            upto = max(at, len(os.path.commonprefix([grown, full])))
+            pieces.append(TokenPiece(0, full[at:upto]))
+            at = upto
+    out, at = [], 0
+    for p in pieces:
+        begin = min(at, len(target))
+        at += len(p.text)
+        out.append(TokenPiece(begin, target[begin : min(at, len(target))], p.context, p.shown))
+    return out
+
+
 def stop_prefix_length(text: str, stop_strings: tuple[str, ...]) -> int:
     """Length of the longest end of ``text`` that is the beginning of a stop string (and not a whole one): the text
     a stream must hold back because the next tokens may complete it into a stop string, which is then cut.
@@ -156,7 +239,7 @@ class TextStream:
     and, for a tokenizer whose decode rewrites earlier text (``clean_up_tokenization_spaces``: ``"it '"`` becomes
     ``"it's"`` once ``s`` arrives, ``"a ,"`` becomes ``"a,"``), the last word with the space before it
     (``hold_last_word``; switched on by itself the first time a decode does not extend the previous one). The final
-    piece comes from the request's ``text`` (see :func:`without_incomplete_character`).
+    piece comes from the request's ``text`` (see :func:`emitted_text`).
     """
 
     decode: Callable[[list[int]], str]
@@ -170,7 +253,7 @@ class TextStream:
         if final:
             text = final_text if final_text is not None else self.decode(generated)
         else:
-            text = without_incomplete_character(self.decode(generated))
+            text = emitted_text(self.decode, generated)
             if not text.startswith(self._last):  # this decode rewrote earlier text: hold words back from now on
                 self.hold_last_word = True
             self._last = text

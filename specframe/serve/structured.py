@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..decode.stopping import TokenPiece, token_pieces
 from .schemas import NamedToolChoice
 
 
@@ -149,15 +150,58 @@ def chat_logprobs(result: Any, tokenizer: Any) -> Optional[dict[str, Any]]:
 
 def completion_logprobs(result: Any, tokenizer: Any) -> Optional[dict[str, Any]]:
     """``choice.logprobs`` of a completion (the legacy shape; None when the request did not ask), one entry per
-    token of the text."""
+    token of the text.
+
+    ``tokens`` join to the returned text and ``text_offset`` indexes it, also where tokens split a character
+    (:func:`~specframe.decode.stopping.token_pieces`: a token holding the first part of a character adds "" at the
+    offset where the character starts; the token that completes it, the character). ``top_logprobs`` (a dict per
+    token) has a distinct key for each distinct token, the chosen token's being its ``tokens`` entry, and the
+    chosen token also when it is not among the most likely (OpenAI: up to ``logprobs + 1`` entries): see
+    :func:`_top_logprobs`.
+    """
     if result.logprobs is None:
         return None
     entries = _emitted(result, tokenizer)
-    tokens = [_piece(tokenizer, t.token_id) for t in entries]
-    offsets, at = [], 0
-    for text in tokens:
-        offsets.append(at)
-        at += len(text)
-    return {"tokens": tokens, "token_logprobs": [t.logprob for t in entries],
-            "top_logprobs": [{_piece(tokenizer, i): v for i, v in t.top} for t in entries],
-            "text_offset": offsets}
+    if tokenizer is None:
+        tokens = [str(t.token_id) for t in entries]
+        return {"tokens": tokens, "token_logprobs": [t.logprob for t in entries],
+                "top_logprobs": [{str(i): v for i, v in t.top} for t in entries],
+                "text_offset": [sum(map(len, tokens[:k])) for k in range(len(tokens))]}
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)  # (as the target's decode: the returned text)
+
+    pieces = token_pieces(decode, [t.token_id for t in entries], getattr(result, "text", None))
+    return {"tokens": [p.text for p in pieces], "token_logprobs": [t.logprob for t in entries],
+            "top_logprobs": [_top_logprobs(tokenizer, decode, t, p) for t, p in zip(entries, pieces)],
+            "text_offset": [p.offset for p in pieces]}
+
+
+def _top_logprobs(tokenizer: Any, decode: Any, entry: Any, piece: TokenPiece) -> dict[str, float]:
+    """One position's alternatives keyed by their text, a distinct key for each token: the chosen token's key is its
+    ``tokens`` entry; another token's is the text it would add in the chosen one's place, else its own text, else
+    (a token holding part of a character, whose text is U+FFFD) its bytes as OpenAI's API spells them
+    (``bytes:\\xf0\\x9f``), else ``token_id:N`` (vLLM's spelling)."""
+    out: dict[str, float] = {}
+    taken = {piece.text}
+    for token, value in entry.top:
+        if token == entry.token_id:
+            out[piece.text] = value
+            continue
+        key = next(k for k in _spellings(tokenizer, decode, token, piece) if k not in taken)
+        taken.add(key)
+        out[key] = value
+    out.setdefault(piece.text, entry.logprob)
+    return out
+
+
+def _spellings(tokenizer: Any, decode: Any, token: int, piece: TokenPiece) -> Any:
+    """The keys ``token`` may take in a ``top_logprobs`` dict, the most readable first (see :func:`_top_logprobs`)."""
+    window = decode([*piece.context, token])
+    if "\ufffd" not in window[piece.shown:] and len(window) > piece.shown:
+        yield window[piece.shown:]
+    own = _piece(tokenizer, token)
+    if own and "\ufffd" not in own:
+        yield own
+    yield "bytes:" + "".join(f"\\x{b:02x}" for b in _token_bytes(tokenizer, token, own))
+    yield f"token_id:{token}"
