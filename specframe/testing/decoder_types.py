@@ -7,10 +7,10 @@ from it (float32, CPU, eval); ``family(t, config)`` sorts it into dense / moe / 
 itself cannot build or generate with a type (encoder-only types, types needing pixel or audio inputs, ...).
 
 Shrinking rules: hidden 64, 4 heads (2 KV heads) of dim 16, intermediate 128 (MoE: 4 experts, 2 per token, expert
-intermediate 32), vocabulary 64, positions 512, windows / chunks / sparse top-k 8, SSM state 8. Layers: the fewest
-layers of the default config that include one layer of each kind (attention / sliding / linear / conv / dense / sparse
-...), at least 2, with every per-layer list, index list, period/offset pair and pattern string of the config cut to
-those layers, so that the config stays consistent.
+intermediate 32), vocabulary ``vocab_size`` (default 64; other vocabularies at most that), positions 512, windows /
+chunks / sparse top-k 8, SSM state 8. Layers: the fewest layers of the default config that include one layer of each
+kind (attention / sliding / linear / conv / dense / sparse ...), at least 2, with every per-layer list, index list,
+period/offset pair and pattern string of the config cut to those layers, so that the config stays consistent.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ MAX_PARAMETERS = 20_000_000
 _small = lambda target: (lambda v: target if v > target else None)  # noqa: E731
 _RULES: list[tuple[str, Any]] = [
     (r"(.*_)?(type_vocab_size|vocab_size_divisible_by|vocab_size_base|num_codebooks|vocab_offset)", lambda v: None),
-    (r".*vocab.*", _small(VOCAB)),
+    (r"vocab_size", "vocab"),  # the vocabulary: exactly tiny_config's vocab_size (resolved per call, see _rule)
+    (r".*vocab.*", "at most vocab"),  # other vocabularies (per-layer inputs, ...): shrunk to it
     (r"(first_k_dense_replace|num_dense_layers|num_dense_blocks|moe_layer_start_index|num_nextn_predict_layers)",
      lambda v: min(v, 1) if v > 1 else None),
     (r"num_kv_shared_layers", lambda v: 0),
@@ -68,6 +69,18 @@ _RULES: list[tuple[str, Any]] = [
     (r"(.*_)?(num_hidden_layers|n_layers?|num_layers|decoder_layers|encoder_layers|num_decoder_layers|"
      r"num_encoder_layers|depth)", _small(2)),
 ]
+
+
+def _rule(f: Any, vocab: int) -> Any:
+    """A rule of ``_RULES`` with the call's vocabulary size filled in (rules are built once, at import; the vocabulary
+    is an argument of :func:`tiny_config`)."""
+    if f == "vocab":
+        return lambda v: vocab
+    if f == "at most vocab":
+        return _small(vocab)
+    return f
+
+
 # The only per-type entries: default configs with no layer kinds although the model needs them.
 _DEFAULT_KINDS = {"lfm2_moe": {"layer_types": ["conv", "full_attention"]}}
 _LAYER_COUNT_NAMES = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers")
@@ -190,8 +203,8 @@ def _layer_count(d: dict[str, Any]) -> tuple[str | None, int | None]:
     return None, max(lists, default=None)
 
 
-def _shrink(config: Any) -> dict[str, Any]:
-    """Override kwargs for one (sub-)config: name rules, special ids, layers."""
+def _shrink(config: Any, vocab: int) -> dict[str, Any]:
+    """Override kwargs for one (sub-)config: name rules, special ids (inside ``[0, vocab)``), layers."""
     d = config.to_dict()
     fields = {f.name: str(f.type) for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) else {}
 
@@ -208,23 +221,23 @@ def _shrink(config: Any) -> dict[str, Any]:
         if isinstance(v, bool):
             continue
         if name in _NO_ID or name == "pad_token_id" or (name.endswith("token_id") and isinstance(v, list)):
-            inside = isinstance(v, int) and 0 <= v < VOCAB
+            inside = isinstance(v, int) and 0 <= v < vocab
             over[name] = v if name == "pad_token_id" and inside else None if nullable(name) else v if inside else 0
             continue
         if isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-            rule = next((f for pat, f in _RULES if re.fullmatch(pat, name)), None)
+            rule = next((_rule(f, vocab) for pat, f in _RULES if re.fullmatch(pat, name)), None)
             if rule is not None and name.endswith(("size", "sizes")):  # per-layer sizes (gemma3n's intermediate)
                 over[name] = [rule(x) or x for x in v]
             continue
         if not isinstance(v, int):
             continue
         if _ID_NAME.fullmatch(name) and "layer" not in name and name not in ("lang_id", "unk_index", "mask_index"):
-            if not 0 <= v < VOCAB:
-                over[name] = VOCAB - 1 - sum(1 for k in over if _ID_NAME.fullmatch(k))
+            if not 0 <= v < vocab:
+                over[name] = vocab - 1 - sum(1 for k in over if _ID_NAME.fullmatch(k))
             continue
         for pat, f in _RULES:
             if re.fullmatch(pat, name):
-                new = f(v)
+                new = _rule(f, vocab)(v)
                 if new is not None and new != v:
                     over[name] = new
                 break
@@ -244,7 +257,7 @@ def _shrink(config: Any) -> dict[str, Any]:
     return over
 
 
-def _rebuild(config: Any) -> Any:
+def _rebuild(config: Any, vocab: int) -> Any:
     """A new config of the same class, shrunk; sub-configs shrunk recursively.
 
     A field the config derives from others in ``__post_init__`` (zamba2's ``attention_hidden_size``, mamba's
@@ -252,7 +265,7 @@ def _rebuild(config: Any) -> Any:
     """
     cls = type(config)
     config = _hybrid_default(config, _layer_count(config.to_dict())[1] or 0)
-    over = _shrink(config)
+    over = _shrink(config, vocab)
     try:
         default = cls().to_dict()
     except Exception:  # noqa: BLE001 - no default: keep every override
@@ -268,7 +281,7 @@ def _rebuild(config: Any) -> Any:
                 over = rest
     for name, sub in vars(config).items():
         if name.endswith("config") and hasattr(sub, "to_dict") and hasattr(sub, "model_type"):
-            over[name] = _rebuild(sub)
+            over[name] = _rebuild(sub, vocab)
     return cls(**over, dtype="float32")
 
 
@@ -285,7 +298,6 @@ def tiny_config(model_type: str, vocab_size: int = VOCAB) -> Any:
     Raises:
         KeyError: unknown model type; whatever the config class raises on the shrunk values.
     """
-    global VOCAB
     from transformers import CONFIG_MAPPING
 
     wanted = getattr(_model_class(model_type), "config_class", None)
@@ -293,28 +305,24 @@ def tiny_config(model_type: str, vocab_size: int = VOCAB) -> Any:
     if wanted is not None and not isinstance(default, wanted):
         subs = [s for s in vars(default).values() if isinstance(s, wanted)]
         default = subs[0] if subs else wanted()
-    vocab, VOCAB = VOCAB, vocab_size
-    try:
-        return _rebuild(default)
-    finally:
-        VOCAB = vocab
+    return _rebuild(default, vocab_size)
 
 
-def _sharpen(model: Any) -> None:
+def _sharpen(model: Any, vocab: int = VOCAB) -> None:
     """Scale the output embedding so that logits on a fixed prompt have a standard deviation of about 2."""
     out = model.get_output_embeddings()
     weight = getattr(out, "weight", None)
     if weight is None:
         return
-    ids = torch.tensor([_prompt(12)])
+    ids = torch.tensor([_prompt(12, vocab)])
     with torch.no_grad():
         std = float(model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float().std(-1).mean())
         if 0 < std < 1.0:
             weight.mul_(min(2.0 / std, 1000.0))
 
 
-def build_tiny(model_type: str, seed: int = 0) -> Any:
-    """The tiny random model of ``model_type``: the mapping's class built from ``tiny_config``.
+def build_tiny(model_type: str, seed: int = 0, vocab_size: int = VOCAB) -> Any:
+    """The tiny random model of ``model_type``: the mapping's class built from ``tiny_config(model_type, vocab_size)``.
 
     Weights from ``torch.manual_seed(seed)`` (the global RNG is restored); float32, CPU, eval mode; the output
     embedding is scaled when the logits are nearly flat; ``generation_config`` has no EOS/BOS and pad 0.
@@ -323,7 +331,7 @@ def build_tiny(model_type: str, seed: int = 0) -> Any:
         ValueError: the tiny config still has more than ``MAX_PARAMETERS`` parameters.
         whatever transformers raises building the model or running one forward.
     """
-    config = tiny_config(model_type)
+    config = tiny_config(model_type, vocab_size)
     with torch.device("meta"):  # a config the rules did not shrink must not take the machine's memory
         size = sum(p.numel() for p in _model_class(model_type)(config).parameters())
     if size > MAX_PARAMETERS:
@@ -334,7 +342,7 @@ def build_tiny(model_type: str, seed: int = 0) -> Any:
     gc = model.generation_config
     gc.eos_token_id = gc.bos_token_id = None
     gc.pad_token_id = 0
-    _sharpen(model)
+    _sharpen(model, vocab_size)
     return model
 
 
@@ -396,9 +404,9 @@ def reference_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list
     return out[0, len(prompt):].tolist()
 
 
-def _prompt(length: int) -> list[int]:
-    """A fixed prompt of ids in [1, 63]."""
-    return [1 + (7 * i * i + 13 * i + 5) % 63 for i in range(length)]
+def _prompt(length: int, vocab: int = VOCAB) -> list[int]:
+    """A fixed prompt of ids in [1, vocab - 1] ([1, 63] at the default vocabulary)."""
+    return [1 + (7 * i * i + 13 * i + 5) % (vocab - 1) for i in range(length)]
 
 
 def buildable(model_type: str) -> tuple[Any | None, str]:

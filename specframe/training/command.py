@@ -152,6 +152,7 @@ def corpus(
     from ..target.loader import load_target
     from ..target.models import check_device, resolve_model
     from .corpus import MIXES, CorpusSettings, build_corpus, corpus_stats, mix_prompts
+    from .sources import require
 
     with one_error_line():
         if prompts < 16 or max_new_tokens < 8 or batch_size < 1:
@@ -165,7 +166,8 @@ def corpus(
         check_device(device)
         source = resolve_model(model)
         cs = CorpusSettings(source.name, prompts, max_new_tokens, batch_size, seed, dtype, mix)
-        mix_prompts(cs)  # a missing source package fails here, before the model loads
+        require(mix)  # every missing source package, named at once with its install command, before the model loads
+        mix_prompts(cs)
         logging.getLogger("transformers").setLevel(logging.ERROR)
         with err.status(f"loading {model} ...", spinner="dots"):
             target = load_target(model, dtype=dtype, device=device, log=lambda s: err.print(s, markup=False),

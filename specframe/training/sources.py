@@ -94,6 +94,37 @@ SOURCES = {
     ]
 }
 OWN = {"package": "specframe (templates, word lists, synthetic problems)", "licence": "Apache-2.0"}
+MIX_SOURCES = {"broad": tuple(SOURCES), "long": ("python-docs",), "pydoc": ()}  # the packaged sources each mix reads
+
+
+def require(mix: str) -> None:
+    """Check that every packaged source of ``mix`` is installed, before anything is built or loaded.
+
+    Raises:
+        ConfigError: one line naming every missing source and the commands that install them all (one ``apt-get
+            install`` and one ``pip install`` line, not one source at a time).
+    """
+    missing = []
+    for name in MIX_SOURCES.get(mix, ()):
+        try:
+            SOURCES[name].licence_file()
+        except ConfigError:
+            missing.append(SOURCES[name])
+    if not missing:
+        return
+    commands: dict[str, list[str]] = {}
+    notes = []
+    for src in missing:
+        command, _, note = src.install.partition(" (")
+        tool, package = command.rsplit(" ", 1)  # "apt-get install", "wordnet-base"
+        commands.setdefault(tool, []).append(package)
+        if note:
+            notes.append(f"{package}: {note.rstrip(')')}")
+    install = "; ".join(f"{tool} {' '.join(packages)}" for tool, packages in commands.items())
+    raise ConfigError(f"--mix {mix} needs training sources that are not installed "
+                      f"({', '.join(s.name for s in missing)}): {install}"
+                      + (f" ({'; '.join(notes)})" if notes else "")
+                      + "; see docs/training.md, or use --mix pydoc (no extra packages)")
 
 
 # --- chitchat-dataset ------------------------------------------------------------------------------------------
