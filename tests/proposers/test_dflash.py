@@ -4,6 +4,14 @@ z-lab's layout (tiny configs, random or constructed weights).
 - the drafter module against the reference implementation (the ``dflash`` package, when importable: these tests
   skip without it): the same random weights give the same block logits (fp32), DFlash2's selector the same chain;
 - errors: a checkpoint for another target's hidden size, layers or vocabulary is one line naming the field;
+- the ``dflash`` proposer: fp32 greedy output token-identical to transformers on Llama and Qwen2 targets with random
+  drafters (whole blocks, clipped blocks, no first-step draft), the conformance kit (sampling included);
+- **known blocks**: on a scripted target whose greedy successor is a fixed permutation ``succ`` (layers that add
+  nothing; every hidden state is its token's one-hot plus a constant channel), a DFlash drafter built so that block
+  row ``i`` attends (through RoPE alone) to the context row 65 positions back, whose successor is the token ``i``
+  places ahead on the 64-cycle; and a DFlash2 drafter whose selector chains ``succ`` from the newest token. Each
+  drafts exactly its scripted block at every step; the engine accepts all of it, none of it (a drafter scripted
+  one position off) or the prefix before a token the selector was built to miss.
 """
 
 from __future__ import annotations
@@ -15,8 +23,31 @@ import pytest
 import torch
 from transformers import Qwen3Config
 
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
+from specframe.decode.batch import BatchRequest, decode_batch
+from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
 from specframe.learned import dflash as df
+from specframe.sampling import SamplingParams
+from specframe.target.hf import Target
+from specframe.testing import Kit
+from specframe_plugins.dflash import DFlashConfig, DFlashProposer
+from specframe_plugins.ngram import NgramConfig, NgramProposer
+
+from tests.fakes import (
+    NAME,
+    PROMPT,
+    PROMPT_2,
+    SV,
+    build_model,
+    build_tokenizer,
+    check_metrics,
+    hf_greedy,
+    policy_of,
+    run,
+    successor,
+    successor_chain,
+)
 
 H, V, L = 32, 64, 6  # the module tests' target: hidden size, vocabulary, decoder layers
 
@@ -164,3 +195,245 @@ def test_weights_that_do_not_match_the_config_are_one_error(tmp_path):
 def test_a_speculators_checkpoint_is_refused_with_one_line(tmp_path):
     with pytest.raises(ConfigError, match="speculators 'dflash' checkpoint"):
         df.read_spec(tmp_path, {"speculators_model_type": "dflash", "block_size": 8})
+
+
+# --- the proposer: greedy exactness and the conformance kit ---------------------------------------------------------
+N_NEW = 24
+
+
+def dflash(target: Target, folder: Path, **kw) -> DFlashProposer:
+    return DFlashProposer(DFlashConfig(checkpoint=str(folder), **kw), target.info)
+
+
+@pytest.fixture(scope="module")
+def targets() -> dict[str, Target]:
+    return {a: Target(build_model(a, num_hidden_layers=L), build_tokenizer(), name=NAME) for a in ("llama", "qwen2")}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_greedy_output_equals_transformers(targets, tmp_path, arch, variant):
+    t = targets[arch]
+    kind, fields = VARIANTS[variant]
+    folder = write_dflash(tmp_path / "d", t.model.config, kind, mask_token_id=3, **fields)
+    for opts, prompt in (({}, PROMPT), ({}, PROMPT_2), ({"k": 3}, PROMPT_2), ({"first_step": False}, PROMPT)):
+        r = run(t, [dflash(t, folder, **opts)], prompt=prompt, n=N_NEW)
+        assert r.token_ids == hf_greedy(t.model, prompt, N_NEW)
+        check_metrics(r)
+        assert r.metrics.drafted_nodes > 0
+
+
+@pytest.mark.parametrize("strategy", ["dflash", "dflash+ngram"])
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_p=0.95)],
+                         ids=["greedy", "sampled"])
+def test_batched_at_4_and_with_ngram_every_request_equals_it_decoded_alone(targets, tmp_path, strategy, sampling):
+    """Combined with ngram (one merged tree per step) and batched four at a time, each request decodes what it
+    decodes alone (same seed, same tokens), and alone greedy is transformers' greedy."""
+    t = targets["llama"]
+    folder = write_dflash(tmp_path / "d", t.model.config, df.DFLASH2)
+
+    def engine() -> Engine:
+        proposers = [dflash(t, folder)] + ([NgramProposer(NgramConfig(k=4), t.info)] if "ngram" in strategy else [])
+        verifier = GreedyVerifier() if sampling.is_greedy else SpeculativeSamplingVerifier()
+        return Engine(t, proposers, verifier, merge=policy_of("priority") if len(proposers) > 1 else None)
+
+    prompts, budgets = [PROMPT, PROMPT_2, [7], PROMPT_2 * 3, PROMPT[::-1], PROMPT[:3]], [12, 19, 26, 33, 12, 19]
+    alone = [engine().generate(p, max_new_tokens=b, sampling=sampling, seed=i)
+             for i, (p, b) in enumerate(zip(prompts, budgets))]
+    items = [BatchRequest(engine(), p, b, sampling, seed=i) for i, (p, b) in enumerate(zip(prompts, budgets))]
+    got = dict(decode_batch(t, items, batch_size=4, gate=False))
+    for i, (p, b) in enumerate(zip(prompts, budgets)):
+        assert got[i].token_ids == alone[i].token_ids, f"request {i}"
+        if sampling.is_greedy:
+            assert alone[i].token_ids == hf_greedy(t.model, p, b)
+        check_metrics(got[i])
+    assert sum(r.metrics.drafted_nodes for r in alone) > 0
+
+
+@pytest.mark.parametrize("kind", [df.DFLASH, df.DFLASH2])
+def test_conformance_kit(tmp_path, specframe_tiny_target, kind):
+    m = specframe_tiny_target.model
+    folder = write_dflash(tmp_path / "kit", m.config, kind, seed=4, num_layers=2, block_size=6, mask_token_id=15,
+                          target_layer_ids=[0, 1])
+    kit = Kit(DFlashProposer, {"checkpoint": str(folder)}, samples=300, target=specframe_tiny_target)
+    kit.check_all()  # raises ConformanceError on failure
+    _, results = kit.greedy_battery
+    assert sum(r.metrics.drafted_nodes for r in results) > 0
+
+
+def test_the_block_is_clipped_by_k_and_by_the_steps_budget(targets, tmp_path):
+    t = targets["llama"]
+    folder = write_dflash(tmp_path / "d", t.model.config, block_size=8)
+    for opts, most in (({}, 7), ({"k": 3}, 3), ({"k": 40}, 7)):
+        steps = record_steps(dflash(t, folder, **opts))
+        r = run(t, [steps.proposer], prompt=PROMPT, n=11)
+        assert r.token_ids == hf_greedy(t.model, PROMPT, 11)
+        for (tokens, ids, _), left in zip(steps.seen, steps.left):
+            assert len(ids) == min(most, left - 1), (opts, len(tokens))  # each step commits a target token too
+
+
+class record_steps:
+    """Wraps a proposer: what each step saw and drafted, and what the engine accepted of it."""
+
+    def __init__(self, proposer, new_tokens: int | None = None) -> None:
+        self.proposer, self.seen, self.accepted, self.left = proposer, [], [], []
+        propose, verified = proposer.propose, proposer.on_verified
+        self.prompt_len = None
+
+        def spy(state, budget):
+            tree = propose(state, budget)
+            self.seen.append((state.tokens[0].tolist(), tree.token_ids[0].tolist(), tree.parent[0].tolist()))
+            self.left.append(budget + 1)
+            return tree
+
+        def seen_verified(outcome):
+            self.accepted.append(len(outcome.accepted_nodes[0]))
+            return verified(outcome)
+
+        proposer.propose, proposer.on_verified = spy, seen_verified
+
+
+# --- known blocks on a scripted successor target ---------------------------------------------------------------------
+SH = 128  # the scripted target's hidden size: channels 0..63 the token's one-hot, channel 64 a constant
+CONST = 64
+OFFSET = 65  # the context row a DFlash row reads back: succ of it is the token one 64-cycle ahead of it, plus one
+
+
+@pytest.fixture(scope="module")
+def scripted() -> Target:
+    """A Llama whose layers add nothing (o_proj, down_proj zero), with embedding rows ``e_x + e_64`` and an LM head
+    that maps channel ``x`` to ``succ(x)``: its greedy continuation of ``x`` is ``succ(x), succ(succ(x)), ...``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=SV, hidden_size=SH, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(cfg).float().eval()
+    succ = successor()
+    with torch.no_grad():
+        emb = torch.zeros(SV, SH)
+        emb[range(SV), range(SV)] = 1.0
+        emb[:, CONST] = 1.0
+        m.model.embed_tokens.weight.copy_(emb)
+        for layer in m.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        head = torch.zeros(SV, SH)
+        head[succ, range(SV)] = 1.0
+        m.lm_head.weight.copy_(head)
+    m.generation_config.eos_token_id = None
+    m.generation_config.pad_token_id = 0
+    return Target(m, build_tokenizer(), name=NAME)
+
+
+def scripted_prompt() -> list[int]:
+    """70 tokens the scripted target would write itself (each the successor of the one before)."""
+    return [PROMPT[-1], *successor_chain(PROMPT[-1], 69)]
+
+
+def _scripted_drafter(target: Target, kind: str, **fields) -> df.DFlashDrafter:
+    return df.DFlashDrafter.new(target.model.config, kind, num_layers=1, target_layer_ids=[0], block_size=8,
+                                mask_token_id=0, num_attention_heads=1, num_key_value_heads=1, head_dim=SH,
+                                intermediate_size=32, **fields)
+
+
+def write_reading_back(folder: Path, target: Target, offset: int = OFFSET) -> Path:
+    """A DFlash drafter whose block row at position ``p`` attends to the context row at ``p - offset`` and drafts the
+    successor of its token. Keys: a constant pattern from channel 64 (the same for every row); queries: that pattern
+    rotated back by ``offset`` positions at every RoPE frequency, so the score ``sum_f cos(theta_f (delta - offset))``
+    peaks at ``delta = offset`` (by 1.9 over any other delta; times the norms' scale, a 30-logit margin). Values: the
+    token's one-hot; ``o_proj`` writes it back, 4x the row's own embedding; the target's LM head does the rest."""
+    d = _scripted_drafter(target, df.DFLASH)
+    head_dim = SH
+    theta = d.rotary.inv_freq.double()  # [head_dim / 2], the drafter's RoPE frequencies
+    kpat = torch.cat([torch.ones(head_dim // 2), torch.zeros(head_dim // 2)])
+    qpat = torch.cat([torch.cos(theta * offset), -torch.sin(theta * offset)]).float()
+    eye = torch.zeros(SH, SH)
+    eye[range(SV), range(SV)] = 1.0
+    st = d.state_dict()
+    for k in st:
+        if k.endswith("norm.weight"):
+            st[k] = torch.ones_like(st[k])
+    q, k_ = torch.zeros(SH, SH), torch.zeros(SH, SH)
+    q[:, CONST], k_[:, CONST] = qpat, kpat
+    st.update({"fc.weight": torch.eye(SH), "layers.0.self_attn.q_proj.weight": q, "layers.0.self_attn.k_proj.weight": k_,
+               "layers.0.self_attn.v_proj.weight": eye, "layers.0.self_attn.o_proj.weight": 4 * eye,
+               "layers.0.self_attn.q_norm.weight": torch.full((head_dim,), 10.0),
+               "layers.0.self_attn.k_norm.weight": torch.full((head_dim,), 10.0),
+               "layers.0.mlp.down_proj.weight": torch.zeros(SH, 32)})
+    d.load_state_dict(st)
+    df.save_dflash(d, folder)
+    return folder
+
+
+def write_chaining_selector(folder: Path, target: Target, miss: int | None = None) -> Path:
+    """A DFlash2 drafter whose layers add nothing (``o_proj``, ``down_proj`` zero, identity convolutions) and whose
+    selector scores candidate ``c`` by 32 when ``prev = succ^-1(c)`` (codebooks: P the identity, S[c] the one-hot of
+    ``succ^-1(c)``, ``hidden_projection`` reading the constant channel) against LM-head logits of at most 8: it
+    drafts ``succ`` of the newest token, then of each token it drafted. ``miss``: a token whose S row is zero, so the
+    selector never picks it."""
+    d = _scripted_drafter(target, df.DFLASH2, selector_rank=SV, selector_top_k=SV, conv_kernel_size=2,
+                          conv_group_size=8)
+    succ = successor()
+    st = d.state_dict()
+    for k in st:
+        if k.endswith("norm.weight"):
+            st[k] = torch.ones_like(st[k])
+        if k.endswith("base_kernel"):
+            st[k] = torch.zeros_like(st[k])
+            st[k][:, 0] = 1.0
+        if k.endswith("kernel_projection.weight") or k.endswith("o_proj.weight") or k.endswith("down_proj.weight"):
+            st[k] = torch.zeros_like(st[k])
+    s_rows = torch.zeros(SV, SV)
+    s_rows[succ, range(SV)] = 1.0  # row succ(x) is the one-hot of x
+    if miss is not None:
+        s_rows[miss] = 0.0
+    proj = torch.zeros(SV, SH)
+    proj[:, CONST] = 4.0
+    st.update({"candidate_selector.predecessor_codebook.weight": torch.eye(SV),
+               "candidate_selector.successor_codebook.weight": s_rows,
+               "candidate_selector.hidden_projection.weight": proj})
+    d.load_state_dict(st)
+    df.save_dflash(d, folder)
+    return folder
+
+
+@pytest.mark.parametrize("write", [write_reading_back, write_chaining_selector])
+def test_a_scripted_drafter_drafts_its_block_and_all_of_it_is_accepted(scripted, tmp_path, write):
+    folder = write(tmp_path / "d", scripted)
+    steps = record_steps(dflash(scripted, folder))
+    prompt = scripted_prompt()
+    r = run(scripted, [steps.proposer], prompt=prompt, n=N_NEW)
+    assert r.token_ids == successor_chain(prompt[-1], N_NEW)  # the scripted target's own continuation
+    for tokens, ids, parents in steps.seen:
+        assert ids == successor_chain(tokens[-1], len(ids)) and parents == list(range(-1, len(ids) - 1))
+    assert [len(ids) for _, ids, _ in steps.seen] == [7, 7, 7]  # 3 steps: 8 + 8 + 8 tokens
+    assert steps.accepted == [7, 7, 7] and r.metrics.accepted_nodes == r.metrics.drafted_nodes == 21
+
+
+def test_a_drafter_scripted_one_position_off_has_every_draft_rejected(scripted, tmp_path):
+    """The known-block test is sensitive to the block's positions: reading 64 rows back instead of 65 drafts, at each
+    row, the token one place further on, so every block is rejected from its first row; the output stays the
+    target's."""
+    folder = write_reading_back(tmp_path / "d", scripted, offset=OFFSET - 1)
+    steps = record_steps(dflash(scripted, folder))
+    prompt = scripted_prompt()
+    r = run(scripted, [steps.proposer], prompt=prompt, n=8)
+    assert r.token_ids == successor_chain(prompt[-1], 8)
+    for tokens, ids, _ in steps.seen:
+        assert ids == successor_chain(tokens[-1], len(ids) + 1)[1:]
+    assert set(steps.accepted) == {0} and r.metrics.drafted_nodes > 0
+
+
+def test_the_engine_accepts_the_block_up_to_the_token_the_selector_misses(scripted, tmp_path):
+    prompt = scripted_prompt()
+    miss = successor_chain(prompt[-1], 11)[-1]  # the 11th token to come: inside the second block
+    folder = write_chaining_selector(tmp_path / "d", scripted, miss=miss)
+    steps = record_steps(dflash(scripted, folder))
+    r = run(scripted, [steps.proposer], prompt=prompt, n=N_NEW)
+    assert r.token_ids == successor_chain(prompt[-1], N_NEW)
+    for (tokens, ids, _), accepted in zip(steps.seen, steps.accepted):
+        want = successor_chain(tokens[-1], len(ids))
+        right = want.index(miss) if miss in want else len(want)
+        assert ids[:right] == want[:right] and accepted == right
+    assert steps.accepted[:2] == [7, 2]  # tokens 1-7 from the first block; 9, 10 from the second, then 11 missed
