@@ -61,7 +61,7 @@ from pydantic import (
 from .contracts import ProposerConfig
 from .contracts.combining import MergePolicyConfig, RouterConfig, merge_key
 from .contracts.constraint import ConstraintSpec
-from .errors import ConfigError, UnknownRouterError
+from .errors import ConfigError, ConstraintError, UnknownRouterError, first_line
 from .io.yamlfile import read_yaml
 from .sampling import check_max_new_tokens, check_seed, check_temperature, check_top_k, check_top_p
 
@@ -329,13 +329,36 @@ def load_config(path: str | Path | None = None, base: dict[str, Any] | None = No
     Raises:
         ConfigError: unreadable file, not UTF-8, bad YAML, a key given twice, a value out of range or a bad plugin
             option (message names the file and the field).
+        ConstraintError: the constraint engine refuses ``constraint`` with no model at hand (invalid, unsupported,
+            or admitting no output: the engine's ``check``, where it has one); a schema nested deeper than
+            ``MAX_SCHEMA_DEPTH`` is a ConfigError with the other fields.
         UnknownProposerError / UnknownMergePolicyError / UnknownRouterError: a name no installed plugin provides.
     """
     if registry is None:
         from .registry import build_registry
 
         registry = build_registry()
-    return runtime_config(_file_fields(path, base, overrides), registry)
+    fields = _file_fields(path, base, overrides)
+    if fields.constraint is not None:
+        _check_constraint(fields, registry, "config" if path is None else str(path))
+    return runtime_config(fields, registry)
+
+
+def _check_constraint(config: SpecframeConfig, registry: Any, where: str) -> None:
+    """The config's ``constraint`` through its engine's ``check`` (when it has one): a constraint no model could
+    decode under fails as the config loads, not at the first request.
+
+    Raises:
+        ConstraintError: its message, after ``where: constraint:``.
+        UnknownConstraintEngineError: ``constraint_engine`` names no installed engine.
+    """
+    check = getattr(registry.constraint_engine(config.constraint_engine), "check", None)
+    if check is None:
+        return
+    try:
+        check(config.constraint)
+    except ConstraintError as exc:
+        raise ConstraintError(f"{where}: constraint: {first_line(exc)}") from None
 
 
 def _file_fields(path: str | Path | None, base: dict[str, Any] | None, overrides: dict[str, Any]) -> SpecframeConfig:

@@ -268,6 +268,11 @@ def _constraint_flags(f: GenerateFlags) -> dict[str, Any] | None:
         return {"json_schema": json.loads(text)}
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{flag} {value}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:  # (Python's JSON reader stops near 1000 levels)
+        from ..contracts.constraint import MAX_SCHEMA_DEPTH
+
+        raise ConfigError(f"{flag} {value}: nests deeper than Python's JSON reader goes; a schema may nest at most "
+                          f"{MAX_SCHEMA_DEPTH} levels (specframe.contracts.constraint.MAX_SCHEMA_DEPTH)") from None
 
 
 def _check_flags_apply(cfg, f: GenerateFlags) -> None:

@@ -32,11 +32,55 @@ from torch import Tensor
 
 from .proposer import DraftTree
 
+#: The deepest a JSON schema may nest, in levels of JSON objects and arrays (the schema itself is level 1; an object
+#: property's schema is two levels under its object's, ``properties`` then the property; an array's ``items`` one).
+#: Deeper schemas are refused with one ConstraintError / HTTP 400 before anything reads them. The engines' own limits
+#: are above it: llguidance 1.9 reads a schema up to 124 levels (its grammar's JSON parser stops at 128, three of them
+#: its own wrapper), pydantic's JSON serializer up to 255; a tool call's schema in ``specframe serve`` wraps the tool's
+#: ``parameters`` up to 4 levels deeper (:data:`TOOL_WRAP_DEPTH`).
+MAX_SCHEMA_DEPTH = 100
+#: The levels a tool call's answer schema (``tool_choice: required`` over several tools) adds above a tool's
+#: ``parameters``: ``{"anyOf": [{"properties": {"arguments": <parameters>}}]}``. A tool's ``parameters`` may nest
+#: ``MAX_SCHEMA_DEPTH - TOOL_WRAP_DEPTH`` levels.
+TOOL_WRAP_DEPTH = 4
+
+
+def schema_depth(value: Any) -> int:
+    """How many levels of JSON objects and arrays ``value`` nests (0 for a scalar). Iterative: any depth is measured
+    without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, (list, tuple)):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def check_schema_depth(schema: Any, what: str = "the schema", limit: int = MAX_SCHEMA_DEPTH,
+                       why: str = "specframe.contracts.constraint.MAX_SCHEMA_DEPTH") -> None:
+    """Refuse a schema that nests more than ``limit`` levels of objects and arrays (``why``: where the limit comes
+    from, for the message).
+
+    Raises:
+        ValueError: one line naming the depth and the limit.
+    """
+    depth = schema_depth(schema)
+    if depth > limit:
+        raise ValueError(f"{what} nests {depth} levels of JSON objects and arrays; the limit is {limit} ({why}): "
+                         "flatten it, or use $defs and $ref")
+
 
 class ConstraintSpec(BaseModel):
     """What the output must match: exactly one of ``json_schema``, ``json_object``, ``regex``, ``grammar``.
 
-    ``json_schema``: a JSON Schema (a mapping, or its JSON text); ``json_object``: any JSON object (OpenAI's JSON
+    ``json_schema``: a JSON Schema (a mapping, or its JSON text; at most :data:`MAX_SCHEMA_DEPTH` levels deep);
+    ``json_object``: any JSON object (OpenAI's JSON
     mode); ``regex``: a regular expression the whole output matches; ``grammar``: a Lark grammar (llguidance's
     dialect, start rule ``start``).
     """
@@ -56,8 +100,13 @@ class ConstraintSpec(BaseModel):
                 v = json.loads(v)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"json_schema is not valid JSON: {exc}") from None
+            except RecursionError:  # (Python's JSON reader stops near 1000 levels)
+                raise ValueError(f"the schema nests deeper than Python's JSON reader goes; the limit is "
+                                 f"{MAX_SCHEMA_DEPTH} levels (specframe.contracts.constraint.MAX_SCHEMA_DEPTH)") from None
         if v is not None and not isinstance(v, dict):
             raise ValueError(f"json_schema must be a JSON object (a mapping), got {type(v).__name__}")
+        if v is not None:
+            check_schema_depth(v, "the schema")  # before anything serialises or compiles it
         return v
 
     @model_validator(mode="after")
@@ -148,6 +197,10 @@ class ConstraintEngine(Protocol):
         """A fresh :class:`Constraint` for one request.
 
         Raises:
-            ConstraintError: the schema, regex or grammar is invalid or uses what the engine does not support
-                (the message names it).
+            ConstraintError: the schema, regex or grammar is invalid, uses what the engine does not support, or admits
+                no output the engine can produce (the message names it): refused here, before any decoding.
         """
+
+    # Optional: a classmethod ``check(spec)`` that refuses (ConstraintError), with no model's tokenizer, a spec no
+    # tokenizer could satisfy. :func:`specframe.config.load_config` calls it on a config file's ``constraint:``, so
+    # such a constraint fails when the config loads rather than at the first request.

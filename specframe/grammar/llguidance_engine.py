@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Iterator, Sequence
 import torch
 from torch import Tensor
 
-from ..contracts.constraint import ConstraintSpec
+from ..contracts.constraint import ConstraintSpec, check_schema_depth
 from ..contracts.proposer import DraftTree
 from ..errors import ConstraintError
 from ..hookspecs import hookimpl
@@ -36,6 +36,12 @@ _SHIFTS = torch.arange(32, dtype=torch.int32)
 # --disable-any-whitespace exists to stop), and the layout is forced, so the grammar proposer can draft it. A schema's
 # own "x-guidance" options (llguidance's JsonCompileOptions) override this.
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+# A grammar that admits no finite output (a schema whose required part holds itself: {"type": "array", "items":
+# {"$ref": "#"}, "minItems": 1}) compiles, and llguidance finds out only when it masks or consumes: its first mask is
+# an error, or its first token sends the matcher into an endless forced expansion (an error). Compiling tries the
+# first mask and, when it allows this many tokens or fewer, each of them (on copies of the matcher).
+PROBE_FIRST_TOKENS = 4
 
 
 def unpack_bitmask(bitmask: Tensor, vocab: int) -> Tensor:
@@ -82,11 +88,17 @@ class LLGuidanceConstraint:
                 if self._allows(tok):
                     m.consume_token(tok)
                     path.append(i)
+                    self._raise_if_error()
                     ok[i] = True
                 yield i, ok[i]
         finally:
             if path:
                 m.rollback(len(path))
+
+    def _raise_if_error(self) -> None:
+        """Raises ConstraintError (one line) when the matcher is in its error state: the grammar cannot go on."""
+        if self.matcher.is_error():
+            raise ConstraintError(f"the {self.kind} constraint cannot go on: {_first(self.matcher.get_error())}")
 
     def _allows(self, token: int) -> bool:
         """The matcher may consume ``token`` now. (llguidance 1.9's ``validate_tokens`` refuses EOS once a Lark
@@ -110,10 +122,10 @@ class LLGuidanceConstraint:
 
     def mask(self, draft: DraftTree, logits: Tensor) -> Tensor:
         n = draft.num_nodes
-        if self.matcher.is_error():
-            raise ConstraintError(f"the {self.kind} constraint is in an error state: {self.matcher.get_error()}")
+        self._raise_if_error()
         bitmask = torch.zeros((n + 1, self._words), dtype=torch.int32)
         self._fill(bitmask, 0)
+        self._raise_if_error()
         reached = [True] + [False] * n  # rows whose path the grammar allows (and that are not after an EOS)
         tokens = draft.token_ids[0].tolist()
         for i, allowed in self._walk(draft):
@@ -134,6 +146,7 @@ class LLGuidanceConstraint:
             if not self._allows(token):
                 raise ConstraintError(f"token {token} was committed but the {self.kind} constraint forbids it")
             self.matcher.consume_token(token)
+            self._raise_if_error()
 
     @contextlib.contextmanager
     def _after(self, path: Sequence[int]) -> Iterator[bool]:
@@ -181,6 +194,23 @@ class LLGuidanceEngine:
     """
 
     name: ClassVar[str] = "llguidance"
+    _bytes_engine: ClassVar[Any] = None  # the engine over a byte-level vocabulary that :meth:`check` compiles with
+    _bytes_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    @classmethod
+    def check(cls, spec: ConstraintSpec) -> None:
+        """Refuse ``spec`` if no model could decode under it: invalid or unsupported, nested too deep, or admitting
+        no output (compiled over a vocabulary of the 256 bytes, which spells any text a tokenizer can). Called on a
+        config file's ``constraint:`` when it loads (:func:`specframe.config.load_config`).
+
+        Raises:
+            ConstraintError: as :meth:`compile`.
+        """
+        with cls._bytes_lock:
+            if cls._bytes_engine is None:
+                cls._bytes_engine = cls(_ByteTokenizer(), 257, [256])
+            engine = cls._bytes_engine
+        engine.compile(spec)
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: frozenset[int] | Sequence[int]) -> None:
         try:
@@ -192,7 +222,11 @@ class LLGuidanceEngine:
         if not eos:
             raise ConstraintError("the model has no EOS token: a constraint needs one to end the output")
         try:
-            self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=int(vocab_size), eos_token=eos)
+            if isinstance(tokenizer, _ByteTokenizer):
+                self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(tokenizer), n_vocab=int(vocab_size),
+                                                        eos_token=eos)
+            else:
+                self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=int(vocab_size), eos_token=eos)
         except Exception as exc:  # noqa: BLE001 - llguidance's own error, made one line
             raise ConstraintError(f"llguidance cannot read this model's tokenizer ({type(exc).__name__}: "
                                   f"{str(exc).splitlines()[0] if str(exc) else ''}); constraints need a fast "
@@ -200,16 +234,35 @@ class LLGuidanceEngine:
         self.vocab, self.eos = int(vocab_size), frozenset(eos)
         self._lock = threading.Lock()  # (grammar compilation is cached per spec text; requests come from threads)
         self._grammars: dict[str, str] = {}
+        self._admits: set[str] = set()  # the specs whose first tokens were tried and admit an output (:meth:`compile`)
+
+    @staticmethod
+    def _key(spec: ConstraintSpec) -> str:
+        """The cache key of ``spec`` (its JSON), after the depth check: pydantic's serializer stops at 255 levels,
+        with an error that is not specframe's (a spec is checked when made; this catches one whose schema was
+        changed in place since).
+
+        Raises:
+            ConstraintError: the schema nests more than MAX_SCHEMA_DEPTH levels.
+        """
+        if spec.json_schema is not None:
+            try:
+                check_schema_depth(spec.json_schema, "json_schema")
+            except ValueError as exc:
+                raise ConstraintError(str(exc)) from None
+        return spec.model_dump_json()
 
     def grammar(self, spec: ConstraintSpec) -> str:
         """llguidance's grammar text for ``spec``, checked (cached by spec).
 
         Raises:
-            ConstraintError: invalid or unsupported (llguidance's message, first line).
+            ConstraintError: invalid or unsupported (llguidance's message, first line), or nested too deep.
         """
+        return self._grammar(spec, self._key(spec))
+
+    def _grammar(self, spec: ConstraintSpec, key: str) -> str:
         from llguidance import LLMatcher
 
-        key = spec.model_dump_json()
         with self._lock:
             if key in self._grammars:
                 return self._grammars[key]
@@ -234,10 +287,65 @@ class LLGuidanceEngine:
     def compile(self, spec: ConstraintSpec) -> LLGuidanceConstraint:
         from llguidance import LLMatcher
 
-        matcher = LLMatcher(self.tokenizer, self.grammar(spec), log_level=0)
+        key = self._key(spec)
+        matcher = LLMatcher(self.tokenizer, self._grammar(spec, key), log_level=0)
         if matcher.is_error():
             raise ConstraintError(f"invalid {spec.kind}: {_first(matcher.get_error())}")
+        if key not in self._admits:  # (once per spec: the answer depends on the grammar and the tokenizer only)
+            self._refuse_if_empty(matcher, spec)
+            with self._lock:
+                self._admits.add(key)
         return LLGuidanceConstraint(matcher, self.vocab, spec.kind, self.eos)
+
+    def _refuse_if_empty(self, matcher: Any, spec: ConstraintSpec) -> None:
+        """Refuse a grammar that admits no output, before any decoding (see :data:`PROBE_FIRST_TOKENS`): its first
+        mask is an error, or allows only EOS where the empty output is not accepted, or each of its first tokens
+        (when there are few) sends the matcher into its error state. Tried on copies: ``matcher`` is left as it was.
+
+        Raises:
+            ConstraintError: one line, llguidance's reason in it.
+        """
+        probe = matcher.deep_copy()
+        bitmask = torch.zeros((1, (self.vocab + 31) // 32), dtype=torch.int32)
+        probe.unsafe_compute_mask_ptr(bitmask.data_ptr(), bitmask.numel() * bitmask.element_size())
+        if probe.is_error():
+            raise _admits_nothing(spec, _first(probe.get_error()))
+        first = [t for t in unpack_bitmask(bitmask, self.vocab)[0].nonzero().flatten().tolist() if t not in self.eos]
+        if not first:
+            if probe.is_accepting():  # (only the empty output)
+                return
+            raise _admits_nothing(spec, "no token can start it")
+        if len(first) > PROBE_FIRST_TOKENS:
+            return
+        reason = ""
+        for token in first:
+            trial = probe.deep_copy()  # (after the mask, as in decoding: only then does consuming a token expand
+            trial.consume_token(token)  # what it forces, and fail where that has no end)
+            if not trial.is_error():
+                return
+            reason = _first(trial.get_error())
+        raise _admits_nothing(spec, f"after its first token, {reason}")
+
+
+def _admits_nothing(spec: ConstraintSpec, reason: str) -> ConstraintError:
+    if spec.kind == "json_schema":
+        return ConstraintError(f"invalid json_schema: it admits no JSON value the grammar engine can write "
+                               f"(llguidance: {reason}); a schema whose required part holds itself has no finite "
+                               "value, as items {\"$ref\": \"#\"} with minItems 1")
+    return ConstraintError(f"invalid {spec.kind}: it admits no output (llguidance: {reason})")
+
+
+class _ByteTokenizer:
+    """A vocabulary of the 256 bytes and EOS (256), in the shape ``llguidance.TokenizerWrapper`` reads: what
+    :meth:`LLGuidanceEngine.check` compiles over when no model's tokenizer is at hand."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = [bytes([b]) for b in range(256)] + [b"<eos>"]
+    special_token_ids = [256]
+
+    def __call__(self, text: Any) -> list[int]:
+        return list(text if isinstance(text, bytes) else str(text).encode("utf-8"))
 
 
 def _ancestors(parents: list[int], node: int) -> list[int]:

@@ -59,6 +59,9 @@ def parse_yaml(text: str, where: str) -> Any:
         line = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None)
         raise ConfigError(f"{where}{line}: invalid YAML" + (f" ({problem})" if problem else "")) from None
+    except RecursionError:  # (PyYAML builds nested values recursively: a few hundred levels stop it)
+        raise ConfigError(f"{where}: nests deeper than the YAML reader goes (a few hundred levels of mappings and "
+                          "lists): flatten it") from None
 
 
 def read_yaml(path: str | Path, what: str = "config file") -> Any:

@@ -24,7 +24,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import SpecframeError
+from ..errors import ConstraintError, SpecframeError, first_line
 from .metrics import ServerMetrics
 from .schemas import ChatRequest, CompletionRequest
 from .structured import StructuredRequestError, chat_logprobs, completion_logprobs, request_constraint, tool_calls
@@ -255,7 +255,10 @@ class _Server:
             self.metrics.requests.labels(endpoint, "cancelled").inc()
             return Response(status_code=499)
         watcher.cancel()
-        result = waiter.result()
+        try:
+            result = waiter.result()
+        except ConstraintError as exc:  # the request's own schema, found while decoding to admit no way on
+            raise _Refused(400, first_line(exc) or type(exc).__name__) from None
         self.metrics.finished(result)
         self.metrics.requests.labels(endpoint, "200").inc()
         return self._response(rid, chat, result, calls)
@@ -282,6 +285,13 @@ class _Server:
                 break
             try:
                 result = done.result()
+            except ConstraintError as exc:  # the request's own schema, found while decoding to admit no way on: a
+                # client error, and the end of the stream
+                yield json.dumps(error_body(first_line(exc) or type(exc).__name__))
+                yield "[DONE]"
+                self.metrics.requests.labels(endpoint, "400").inc()
+                finished = True
+                return
             except Exception as exc:  # noqa: BLE001 - the stream has started: the error goes in it
                 yield json.dumps(error_body(str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__,
                                             "server_error"))

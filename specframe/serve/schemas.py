@@ -13,6 +13,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..contracts.constraint import MAX_SCHEMA_DEPTH, TOOL_WRAP_DEPTH, check_schema_depth
+
 
 def _unicode_text(v: Any) -> Any:
     """``v`` (a string, or strings in a list) unchanged, if it is text: a lone UTF-16 surrogate (``"\\ud800"`` in
@@ -56,6 +58,12 @@ class JsonSchemaFormat(BaseModel):
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: Optional[bool] = None
 
+    @field_validator("schema_", mode="before")
+    @classmethod
+    def _not_too_deep(cls, v: Any) -> Any:  # (before anything serialises it: a 400 naming the limit)
+        check_schema_depth(v, "the schema", MAX_SCHEMA_DEPTH)
+        return v
+
 
 class ResponseFormat(BaseModel):
     """``response_format``: ``{"type": "text"}``, ``{"type": "json_object"}`` (JSON mode) or ``{"type":
@@ -80,6 +88,14 @@ class FunctionDef(BaseModel):
     description: Optional[str] = None
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     strict: Optional[bool] = None
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _not_too_deep(cls, v: Any) -> Any:  # (before the chat template renders it; a tool call's schema wraps it)
+        check_schema_depth(v, "the parameters schema", MAX_SCHEMA_DEPTH - TOOL_WRAP_DEPTH,
+                           f"MAX_SCHEMA_DEPTH {MAX_SCHEMA_DEPTH}, less the {TOOL_WRAP_DEPTH} levels a tool call's "
+                           "schema wraps it in")
+        return v
 
 
 class Tool(BaseModel):
