@@ -6,6 +6,9 @@ z-lab's layout (tiny configs, random or constructed weights).
 - errors: a checkpoint for another target's hidden size, layers or vocabulary is one line naming the field;
 - the ``dflash`` proposer: fp32 greedy output token-identical to transformers on Llama and Qwen2 targets with random
   drafters (whole blocks, clipped blocks, no first-step draft), the conformance kit (sampling included);
+- against the reference decoding loop (``dflash_generate``, when the ``dflash`` package is importable): fp32 greedy,
+  the same output and the same acceptance length at every step, with random drafters on a tiny Qwen3 target and
+  the scripted drafters below (with tokens they miss, so acceptance lengths vary) on the scripted target;
 - **known blocks**: on a scripted target whose greedy successor is a fixed permutation ``succ`` (layers that add
   nothing; every hidden state is its token's one-hot plus a constant channel), a DFlash drafter built so that block
   row ``i`` attends (through RoPE alone) to the context row 65 positions back, whose successor is the token ``i``
@@ -275,10 +278,9 @@ def test_the_block_is_clipped_by_k_and_by_the_steps_budget(targets, tmp_path):
 class record_steps:
     """Wraps a proposer: what each step saw and drafted, and what the engine accepted of it."""
 
-    def __init__(self, proposer, new_tokens: int | None = None) -> None:
-        self.proposer, self.seen, self.accepted, self.left = proposer, [], [], []
+    def __init__(self, proposer) -> None:
+        self.proposer, self.seen, self.accepted, self.left, self.committed = proposer, [], [], [], []
         propose, verified = proposer.propose, proposer.on_verified
-        self.prompt_len = None
 
         def spy(state, budget):
             tree = propose(state, budget)
@@ -288,6 +290,7 @@ class record_steps:
 
         def seen_verified(outcome):
             self.accepted.append(len(outcome.accepted_nodes[0]))
+            self.committed.append(len(outcome.committed[0]))
             return verified(outcome)
 
         proposer.propose, proposer.on_verified = spy, seen_verified
@@ -337,12 +340,13 @@ def _scripted_drafter(target: Target, kind: str, **fields) -> df.DFlashDrafter:
                                 intermediate_size=32, **fields)
 
 
-def write_reading_back(folder: Path, target: Target, offset: int = OFFSET) -> Path:
+def write_reading_back(folder: Path, target: Target, offset: int = OFFSET, miss: tuple[int, ...] = ()) -> Path:
     """A DFlash drafter whose block row at position ``p`` attends to the context row at ``p - offset`` and drafts the
     successor of its token. Keys: a constant pattern from channel 64 (the same for every row); queries: that pattern
     rotated back by ``offset`` positions at every RoPE frequency, so the score ``sum_f cos(theta_f (delta - offset))``
     peaks at ``delta = offset`` (by 1.9 over any other delta; times the norms' scale, a 30-logit margin). Values: the
-    token's one-hot; ``o_proj`` writes it back, 4x the row's own embedding; the target's LM head does the rest."""
+    token's one-hot; ``o_proj`` writes it back, 4x the row's own embedding; the target's LM head does the rest.
+    ``miss``: tokens it never drafts right (the value of their predecessor is zero: that row drafts ``succ(mask)``)."""
     d = _scripted_drafter(target, df.DFLASH)
     head_dim = SH
     theta = d.rotary.inv_freq.double()  # [head_dim / 2], the drafter's RoPE frequencies
@@ -350,6 +354,10 @@ def write_reading_back(folder: Path, target: Target, offset: int = OFFSET) -> Pa
     qpat = torch.cat([torch.cos(theta * offset), -torch.sin(theta * offset)]).float()
     eye = torch.zeros(SH, SH)
     eye[range(SV), range(SV)] = 1.0
+    values = eye.clone()
+    pred = {c: x for x, c in enumerate(successor())}
+    for c in miss:
+        values[pred[c], pred[c]] = 0.0
     st = d.state_dict()
     for k in st:
         if k.endswith("norm.weight"):
@@ -357,7 +365,7 @@ def write_reading_back(folder: Path, target: Target, offset: int = OFFSET) -> Pa
     q, k_ = torch.zeros(SH, SH), torch.zeros(SH, SH)
     q[:, CONST], k_[:, CONST] = qpat, kpat
     st.update({"fc.weight": torch.eye(SH), "layers.0.self_attn.q_proj.weight": q, "layers.0.self_attn.k_proj.weight": k_,
-               "layers.0.self_attn.v_proj.weight": eye, "layers.0.self_attn.o_proj.weight": 4 * eye,
+               "layers.0.self_attn.v_proj.weight": values, "layers.0.self_attn.o_proj.weight": 4 * eye,
                "layers.0.self_attn.q_norm.weight": torch.full((head_dim,), 10.0),
                "layers.0.self_attn.k_norm.weight": torch.full((head_dim,), 10.0),
                "layers.0.mlp.down_proj.weight": torch.zeros(SH, 32)})
@@ -366,12 +374,12 @@ def write_reading_back(folder: Path, target: Target, offset: int = OFFSET) -> Pa
     return folder
 
 
-def write_chaining_selector(folder: Path, target: Target, miss: int | None = None) -> Path:
+def write_chaining_selector(folder: Path, target: Target, miss: tuple[int, ...] = ()) -> Path:
     """A DFlash2 drafter whose layers add nothing (``o_proj``, ``down_proj`` zero, identity convolutions) and whose
     selector scores candidate ``c`` by 32 when ``prev = succ^-1(c)`` (codebooks: P the identity, S[c] the one-hot of
     ``succ^-1(c)``, ``hidden_projection`` reading the constant channel) against LM-head logits of at most 8: it
-    drafts ``succ`` of the newest token, then of each token it drafted. ``miss``: a token whose S row is zero, so the
-    selector never picks it."""
+    drafts ``succ`` of the newest token, then of each token it drafted. ``miss``: tokens whose S rows are zero, so
+    the selector never picks them."""
     d = _scripted_drafter(target, df.DFLASH2, selector_rank=SV, selector_top_k=SV, conv_kernel_size=2,
                           conv_group_size=8)
     succ = successor()
@@ -386,8 +394,7 @@ def write_chaining_selector(folder: Path, target: Target, miss: int | None = Non
             st[k] = torch.zeros_like(st[k])
     s_rows = torch.zeros(SV, SV)
     s_rows[succ, range(SV)] = 1.0  # row succ(x) is the one-hot of x
-    if miss is not None:
-        s_rows[miss] = 0.0
+    s_rows[list(miss)] = 0.0
     proj = torch.zeros(SV, SH)
     proj[:, CONST] = 4.0
     st.update({"candidate_selector.predecessor_codebook.weight": torch.eye(SV),
@@ -428,7 +435,7 @@ def test_a_drafter_scripted_one_position_off_has_every_draft_rejected(scripted, 
 def test_the_engine_accepts_the_block_up_to_the_token_the_selector_misses(scripted, tmp_path):
     prompt = scripted_prompt()
     miss = successor_chain(prompt[-1], 11)[-1]  # the 11th token to come: inside the second block
-    folder = write_chaining_selector(tmp_path / "d", scripted, miss=miss)
+    folder = write_chaining_selector(tmp_path / "d", scripted, miss=(miss,))
     steps = record_steps(dflash(scripted, folder))
     r = run(scripted, [steps.proposer], prompt=prompt, n=N_NEW)
     assert r.token_ids == successor_chain(prompt[-1], N_NEW)
@@ -437,3 +444,60 @@ def test_the_engine_accepts_the_block_up_to_the_token_the_selector_misses(script
         right = want.index(miss) if miss in want else len(want)
         assert ids[:right] == want[:right] and accepted == right
     assert steps.accepted[:2] == [7, 2]  # tokens 1-7 from the first block; 9, 10 from the second, then 11 missed
+
+
+# --- against the reference decoding loop -----------------------------------------------------------------------------
+def reference_generate(folder: Path, model, prompt: list[int], n: int, block_size: int | None = None):
+    """The reference's ``dflash_generate`` (fp32 greedy) with the drafter in ``folder``: ``(new tokens, tokens
+    committed per step)``; its timing helper synchronizes CUDA, so it is replaced by ``perf_counter`` on CPU."""
+    import time
+
+    ref = pytest.importorskip("dflash.model", reason="the reference (pip install --no-deps dflash) is absent")
+    config = json.loads((folder / "config.json").read_text())
+    cls = ref.DFlash2DraftModel if "DFlash2" in config["architectures"][0] else ref.DFlashDraftModel
+    drafter = cls.from_pretrained(str(folder)).float().eval()
+    saved, ref._cuda_time = ref._cuda_time, time.perf_counter
+    try:
+        out = ref.dflash_generate(drafter, model, torch.tensor([prompt]), n, None, block_size=block_size,
+                                  return_stats=True)
+    finally:
+        ref._cuda_time = saved
+    return out.output_ids[0, len(prompt):].tolist(), list(out.acceptance_lengths)
+
+
+@pytest.fixture(scope="module")
+def qwen3_target() -> Target:
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    m = Qwen3ForCausalLM(tiny_qwen3_config(initializer_range=0.2)).float().eval()
+    m.generation_config.eos_token_id = None
+    return Target(m, None, name=NAME)
+
+
+def _same_as_reference(target: Target, folder: Path, prompt: list[int], n: int, k: int | None = None) -> list[int]:
+    """Decode with ``dflash`` (first step left to the target, as the reference's prefill) and the reference; assert
+    the same tokens and committed counts per step. Returns the counts."""
+    steps = record_steps(dflash(target, folder, first_step=False, **({"k": k} if k else {})))
+    r = run(target, [steps.proposer], prompt=prompt, n=n)
+    tokens, lengths = reference_generate(folder, target.model, prompt, n, None if k is None else k + 1)
+    assert r.token_ids == tokens
+    assert steps.committed[0] == 1 and steps.seen[0][1] == []  # the reference's prefill token
+    assert steps.committed[1:] == lengths
+    return lengths
+
+
+@pytest.mark.parametrize("kind", [df.DFLASH, df.DFLASH2])
+def test_random_drafters_decode_as_the_reference_step_by_step(qwen3_target, tmp_path, kind):
+    folder = write_dflash(tmp_path / "d", qwen3_target.model.config, kind, seed=2, mask_token_id=3)
+    for prompt, k in ((PROMPT, None), (PROMPT_2, None), (PROMPT, 3)):
+        _same_as_reference(qwen3_target, folder, prompt, 40, k)
+
+
+@pytest.mark.parametrize("write", [write_reading_back, write_chaining_selector])
+def test_scripted_drafters_decode_as_the_reference_step_by_step(scripted, tmp_path, write):
+    prompt = scripted_prompt()
+    ahead = successor_chain(prompt[-1], 60)
+    folder = write(tmp_path / "d", scripted, miss=(ahead[4], ahead[17], ahead[19], ahead[35]))
+    lengths = _same_as_reference(scripted, folder, prompt, 48)
+    assert len(set(lengths)) > 2  # full blocks, blocks cut at a missed token, a last clipped block
