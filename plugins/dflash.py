@@ -153,8 +153,8 @@ class DFlashProposer(ProposerBase):
         as ``draft_probs``."""
         selector = self.drafter.candidate_selector
         if selector is not None:
-            unary, cand = selector.candidates(logits.float())
-            projected = selector.hidden_projection(rows).float()
+            unary, cand = selector.candidates(logits)  # (in the drafter's dtype, as the greedy chain)
+            projected = selector.hidden_projection(rows)
             prev = state.tokens[:1, -1].to(rows.device)
         drafted: list[int] = []
         probs: list[Tensor] = []

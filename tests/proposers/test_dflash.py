@@ -264,6 +264,19 @@ def test_conformance_kit(tmp_path, specframe_tiny_target, kind):
     assert sum(r.metrics.drafted_nodes for r in results) > 0
 
 
+@pytest.mark.parametrize("kind", [df.DFLASH, df.DFLASH2])
+def test_a_bfloat16_target_drafts_greedy_and_sampled_without_a_fault(tmp_path, kind):
+    """The drafter runs in the target's dtype (the kit's target is float32): bf16 features, embeddings, convolutions
+    and selector scores, greedy and sampled."""
+    t = Target(build_model("llama", num_hidden_layers=L).to(torch.bfloat16), build_tokenizer(), name=NAME)
+    folder = write_dflash(tmp_path / "d", t.model.config, kind, mask_token_id=3)
+    df.save_dflash(df.load_dflash(folder, H, V, L), folder, dtype=torch.bfloat16)  # stored in bf16 as published
+    for sampling in (SamplingParams(), SamplingParams(temperature=0.8, top_k=10)):
+        verifier = GreedyVerifier() if sampling.is_greedy else SpeculativeSamplingVerifier()
+        r = Engine(t, [dflash(t, folder)], verifier).generate(PROMPT, max_new_tokens=16, sampling=sampling, seed=1)
+        assert len(r.token_ids) == 16 and r.metrics.proposer_faults == 0 and r.metrics.drafted_nodes > 0
+
+
 def test_the_block_is_clipped_by_k_and_by_the_steps_budget(targets, tmp_path):
     t = targets["llama"]
     folder = write_dflash(tmp_path / "d", t.model.config, block_size=8)
