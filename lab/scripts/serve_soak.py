@@ -61,6 +61,7 @@ import math
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -1141,6 +1142,7 @@ def main() -> int:
             s["log_tail"] = Path(s["log"]).read_text(errors="replace")[-3000:] if Path(s["log"]).exists() else ""
         s = soak.write(args.output)
         pool.shutdown(cancel_futures=True)
+        shutil.rmtree(folder, ignore_errors=True)
     text = report(soak, s)
     print(text)
     if args.output:
