@@ -61,6 +61,7 @@ from pydantic import (
 from .contracts import ProposerConfig
 from .contracts.combining import MergePolicyConfig, RouterConfig, merge_key
 from .contracts.constraint import ConstraintSpec
+from .contracts.proposer import numbers_as_numbers
 from .errors import ConfigError, ConstraintError, UnknownRouterError, first_line
 from .io.yamlfile import read_yaml
 from .sampling import check_max_new_tokens, check_seed, check_temperature, check_top_k, check_top_p
@@ -137,6 +138,8 @@ class IsolationConfig(BaseModel):
     )
     max_faults: int = Field(3, ge=1, description="Faults in one request after which the proposer is disabled for its rest.")
 
+    _numbers = model_validator(mode="before")(classmethod(numbers_as_numbers))
+
 
 class MergeSettings(BaseModel):
     """``merge:``: how combined proposers' drafts share one tree. Other keys are the policy's own options, checked
@@ -147,6 +150,8 @@ class MergeSettings(BaseModel):
     name: str = Field("priority", description="Merge policy (see `specframe plugins`): priority | confidence | ... "
                       "(`policy:` is read as `name:`)")
     max_nodes: int = Field(24, ge=1, le=256, description="Most nodes of the merged tree (the verification width).")
+
+    _numbers = model_validator(mode="before")(classmethod(numbers_as_numbers))
 
 
 class RouterSettings(BaseModel):
@@ -227,6 +232,8 @@ class LlamaCppSettings(BaseModel):
                           "decoding (a build with llamafile / repack kernels, or a model whose kernels depend on the "
                           "batch size; checked at load): output may then diverge from llama.cpp decoding alone.")
 
+    _numbers = model_validator(mode="before")(classmethod(numbers_as_numbers))
+
 
 class SpecframeConfig(BaseModel):
     """A config file's own fields, checked before plugins are loaded (plugin entries are mappings here): the first
@@ -272,6 +279,8 @@ class SpecframeConfig(BaseModel):
     @classmethod
     def _shorthands(cls, data: Any) -> Any:
         return read_shorthands(data)
+
+    _numbers = model_validator(mode="before")(classmethod(numbers_as_numbers))
 
     @field_validator("router", mode="before")
     @classmethod

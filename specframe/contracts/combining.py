@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .proposer import DraftTree, TargetInfo
+from .proposer import DraftTree, TargetInfo, numbers_as_numbers
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +73,8 @@ class MergePolicyConfig(BaseModel):
     name: str
     max_nodes: int = Field(24, ge=1, le=256, description="Most nodes of the merged tree (the verification width).")
 
+    _numbers = model_validator(mode="before")(classmethod(numbers_as_numbers))
+
     @model_validator(mode="before")
     @classmethod
     def _old_key(cls, data: Any) -> Any:
@@ -129,6 +131,8 @@ class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
+
+    _numbers = model_validator(mode="before")(classmethod(numbers_as_numbers))
 
 
 @runtime_checkable

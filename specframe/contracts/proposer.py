@@ -13,11 +13,12 @@ Every structure carries a batch dimension B; the engine runs B = 1 for now.
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Sequence, Union, get_args, get_origin, runtime_checkable
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 from torch import Tensor
 
 from ..sampling import SamplingParams
@@ -233,12 +234,43 @@ class TargetModel(Protocol):
         token tree."""
 
 
+class _NotANumber:
+    """What :func:`numbers_as_numbers` puts in place of a bool or string given for a number field: no number, so the
+    field's own check refuses it (its repr is the value given, for messages that show it)."""
+
+    def __init__(self, given: Any) -> None:
+        self.given = given
+
+    def __repr__(self) -> str:
+        return repr(self.given)
+
+
+def numbers_as_numbers(cls: Any, data: Any) -> Any:
+    """A config model's ``model_validator(mode="before")``: a bool or a string given for a number field (one typed
+    ``int`` or ``float``, or None) is refused by the field's own check, naming the field, where pydantic's lax mode
+    would read ``true`` as 1 and ``"5"`` as 5 (YAML's ``k: yes`` is true: the run would use k = 1, which nobody
+    wrote)."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for name, f in cls.model_fields.items():
+        key = name if name in out else f.alias
+        kinds = get_args(f.annotation) if get_origin(f.annotation) in (Union, types.UnionType) else (f.annotation,)
+        kinds = tuple(k for k in kinds if k is not type(None))
+        if key in out and isinstance(out[key], (bool, str)) and kinds and all(k in (int, float) for k in kinds):
+            out[key] = _NotANumber(out[key])
+    return out
+
+
 class ProposerConfig(BaseModel):
-    """Base of every proposer's config. Subclasses add fields; ``name`` selects the proposer."""
+    """Base of every proposer's config. Subclasses add fields; ``name`` selects the proposer. A number option is
+    given as a number (:func:`numbers_as_numbers`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
+
+    _numbers = model_validator(mode="before")(classmethod(numbers_as_numbers))
 
 
 @runtime_checkable

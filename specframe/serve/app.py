@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import ConstraintError, SpecframeError, first_line
 from .metrics import ServerMetrics
-from .schemas import ChatRequest, CompletionRequest
+from .schemas import ChatRequest, CompletionRequest, unanswered_tool_message
 from .structured import StructuredRequestError, chat_logprobs, completion_logprobs, request_constraint, tool_calls
 
 __all__ = ["create_app", "error_body"]
@@ -155,8 +155,11 @@ class _Server:
         """The token ids of a chat body under the model's chat template.
 
         Raises:
-            _Refused: 400, the model has no chat template.
+            _Refused: 400, the model has no chat template; a tool message that answers no call.
         """
+        unanswered = unanswered_tool_message(body.messages)
+        if unanswered is not None:
+            raise _Refused(400, *unanswered)
         tok = getattr(self.sf.target, "tokenizer", None)
         if tok is None or not getattr(tok, "chat_template", None):
             raise _Refused(400, f"model {self.name} has no chat template: use /v1/completions", "messages")

@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..contracts.constraint import MAX_SCHEMA_DEPTH, TOOL_WRAP_DEPTH, check_schema_depth
+from ..contracts.constraint import MAX_SCHEMA_DEPTH, TOOL_WRAP_DEPTH, check_schema_depth, schema_depth
 
 
 def _unicode_text(v: Any) -> Any:
@@ -233,6 +233,15 @@ class Message(BaseModel):
 
     _content_text = field_validator("content", "name")(classmethod(lambda cls, v: _unicode_text(v)))
 
+    @field_validator("tool_calls", mode="before")
+    @classmethod
+    def _calls_not_too_deep(cls, v: Any) -> Any:  # (the chat template's message walk recurses: refused before it)
+        depth = schema_depth(v)
+        if depth > MAX_SCHEMA_DEPTH:
+            raise ValueError(f"nest {depth} levels of JSON objects and arrays; at most {MAX_SCHEMA_DEPTH} are read "
+                             "(specframe.contracts.constraint.MAX_SCHEMA_DEPTH)")
+        return v
+
     @field_validator("content", mode="before")
     @classmethod
     def _text_parts_only(cls, v: Any) -> Any:
@@ -251,6 +260,24 @@ class Message(BaseModel):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
+
+
+def unanswered_tool_message(messages: list[Message]) -> Optional[tuple[str, str]]:
+    """``(message, param)`` for the first ``tool`` message that answers no call, as OpenAI refuses it: one that
+    follows no assistant message with ``tool_calls`` (other tool messages between them aside), or whose
+    ``tool_call_id`` is none of that message's calls' ids; None when every tool message answers a call."""
+    calls: Optional[set[str]] = None  # the ids of the calls the next tool messages may answer (None: no call)
+    for i, m in enumerate(messages):
+        if m.role != "tool":
+            calls = None if m.role != "assistant" or not m.tool_calls else \
+                {c["id"] for c in m.tool_calls if isinstance(c.get("id"), str)}
+        elif calls is None:
+            return ("messages with role 'tool' must be a response to a preceding message with 'tool_calls'",
+                    f"messages.[{i}].role")
+        elif calls and m.tool_call_id not in calls:
+            return (f"tool_call_id {m.tool_call_id!r} answers none of the preceding message's tool_calls "
+                    f"({', '.join(sorted(calls))})", f"messages.[{i}].tool_call_id")
+    return None
 
 
 class ChatRequest(_Common):

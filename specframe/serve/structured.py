@@ -136,16 +136,49 @@ def _emitted(result: Any, tokenizer: Any) -> list[Any]:
 
 def chat_logprobs(result: Any, tokenizer: Any) -> Optional[dict[str, Any]]:
     """``choice.logprobs`` of a chat completion (None when the request did not ask): one entry per token of the
-    content (an EOS that ended the answer has none, as in OpenAI's API)."""
+    content (an EOS that ended the answer has none, as in OpenAI's API).
+
+    Each entry (and alternative) is spelled by :func:`_chat_token`: ``bytes`` are the token's own UTF-8 bytes, so the
+    entries' bytes join to the content, also where tokens split a character or a decode drops a word's leading space;
+    ``token`` is their text, or for a token holding part of a character its bytes escaped (``\\xf0\\x9f``):
+    distinct tokens keep distinct spellings.
+    """
     if result.logprobs is None:
         return None
+    entries = _emitted(result, tokenizer)
+    if tokenizer is None:
+        return {"content": [{"token": str(t.token_id), "logprob": t.logprob, "bytes": list(str(t.token_id).encode()),
+                             "top_logprobs": [{"token": str(i), "logprob": v, "bytes": list(str(i).encode())}
+                                              for i, v in t.top]} for t in entries]}
 
-    def entry(token: int, logprob: float) -> dict[str, Any]:
-        text = _piece(tokenizer, token)
-        return {"token": text, "logprob": logprob, "bytes": _token_bytes(tokenizer, token, text)}
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
 
-    return {"content": [{**entry(t.token_id, t.logprob), "top_logprobs": [entry(i, v) for i, v in t.top]}
-                        for t in _emitted(result, tokenizer)]}
+    def entry(token: int, logprob: float, piece: TokenPiece) -> dict[str, Any]:
+        text, raw = _chat_token(tokenizer, decode, token, piece)
+        return {"token": text, "logprob": logprob, "bytes": list(raw)}
+
+    pieces = token_pieces(decode, [t.token_id for t in entries])
+    return {"content": [{**entry(t.token_id, t.logprob, p), "top_logprobs": [entry(i, v, p) for i, v in t.top]}
+                        for t, p in zip(entries, pieces)]}
+
+
+def _chat_token(tokenizer: Any, decode: Any, token: int, piece: TokenPiece) -> tuple[str, bytes]:
+    """``(token, bytes)`` of ``token`` in a chat logprobs entry at ``piece``'s position (the chosen token's or an
+    alternative's): a token holding part of a character (its decode alone is U+FFFD) has its vocabulary bytes,
+    spelled ``\\xNN`` each as DeepSeek's chat API writes them; any other token, the text it adds after
+    the tokens before it (a SentencePiece word start's space included, which its decode alone drops)."""
+    own = _piece(tokenizer, token)
+    if "\ufffd" in own:
+        raw = bytes(_token_bytes(tokenizer, token, own))
+        try:
+            return raw.decode("utf-8"), raw  # (a token whose text is U+FFFD itself)
+        except UnicodeDecodeError:
+            return "".join(f"\\x{b:02x}" for b in raw), raw
+    window = decode([*piece.context, token])
+    added = window[piece.shown:]
+    text = added if added and "\ufffd" not in added else own
+    return text, text.encode("utf-8")
 
 
 def completion_logprobs(result: Any, tokenizer: Any) -> Optional[dict[str, Any]]:

@@ -177,7 +177,7 @@ def test_bad_structured_requests_are_400s(server, body, needle, param):
 
 def test_logprob_entries_follow_the_content():
     """One entry per token of the content: none for an EOS that ended the answer, and a token holding part of a
-    character carries its own bytes (joined, the bytes are the content) though its text is U+FFFD."""
+    character carries its own bytes (joined, the bytes are the content), its text those bytes escaped."""
     from types import SimpleNamespace
 
     from specframe.decode.engine import TokenLogprob
