@@ -17,6 +17,7 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -30,6 +31,10 @@ from .schemas import ChatRequest, CompletionRequest, unanswered_tool_message
 from .structured import StructuredRequestError, chat_logprobs, completion_logprobs, request_constraint, tool_calls
 
 __all__ = ["create_app", "error_body"]
+
+# seconds before the drain bound at which a stream still going is ended (its last events must reach the client
+# before sse-starlette cancels the generator at the bound)
+DRAIN_MARGIN_S = 2.0
 
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -55,7 +60,8 @@ def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | No
         max_tokens_limit: the most ``max_tokens`` a request may ask for.
         max_pending: requests queued or decoding at most; more get a 429.
         drain_s: seconds a stream in flight at shutdown may take to finish (keep it under uvicorn's
-            ``timeout_graceful_shutdown``).
+            ``timeout_graceful_shutdown``); one still going ``DRAIN_MARGIN_S`` before the bound ends with an error
+            object (``code: "server_shutting_down"``) and ``[DONE]``.
     """
     app = FastAPI(title="specframe", docs_url=None, redoc_url=None)
     server = _Server(sf, model_name or sf.config.model, allowed, max_tokens_limit, max_pending, drain_s)
@@ -242,9 +248,13 @@ class _Server:
         if not body.stream:
             return await self._whole(rid, chat, future, request, cancel, endpoint, calls)
         include_usage = body.stream_options.include_usage if body.stream_options else True
-        # on SIGTERM a stream in flight runs to its end (sse-starlette would cut it at once): the drain
-        return EventSourceResponse(self._events(rid, chat, future, pieces, cancel, include_usage, endpoint, calls),
-                                   ping=15, sep="\n", shutdown_grace_period=self.drain_s)
+        # on SIGTERM a stream in flight runs to its end (sse-starlette would cut it at once), for drain_s at most:
+        # sse-starlette sets `stopping` at the signal, and a stream still going near the bound ends cleanly
+        stopping = anyio.Event()
+        return EventSourceResponse(self._events(rid, chat, future, pieces, cancel, include_usage, endpoint, calls,
+                                                stopping),
+                                   ping=15, sep="\n", shutdown_event=stopping,
+                                   shutdown_grace_period=self.drain_s)
 
     async def _whole(self, rid: str, chat: bool, future: Any, request: Request, cancel: threading.Event,
                      endpoint: str, calls: Any = None) -> Any:
@@ -267,22 +277,39 @@ class _Server:
         return self._response(rid, chat, result, calls)
 
     async def _events(self, rid: str, chat: bool, future: Any, pieces: asyncio.Queue, cancel: threading.Event,
-                      include_usage: bool, endpoint: str, calls: Any = None) -> AsyncIterator[str]:
+                      include_usage: bool, endpoint: str, calls: Any = None,
+                      stopping: anyio.Event | None = None) -> AsyncIterator[str]:
         """The SSE events of a streamed request: its text pieces as the loop thread sends them, the finish chunk,
-        the usage chunk and ``[DONE]``; an error after the stream started goes in the stream."""
+        the usage chunk and ``[DONE]``; an error after the stream started goes in the stream. A stream still going
+        ``drain_s - DRAIN_MARGIN_S`` seconds after ``stopping`` is set (the server shutting down) is cancelled and
+        ends with an error object (``code: "server_shutting_down"``) and ``[DONE]``, never cut mid-event."""
         done = asyncio.wrap_future(future)
         done.add_done_callback(_retrieve)  # a stream the client left still ends its future: nobody reads it
+        watch = asyncio.ensure_future(stopping.wait()) if stopping is not None else None
+        deadline: float | None = None
         finished = False
         try:
             if chat:
                 yield json.dumps(self._chunk(rid, chat, {"role": "assistant", "content": ""}, None))
             while True:
                 getter = asyncio.ensure_future(pieces.get())
-                await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
+                waits = {getter, done} if watch is None or watch.done() else {getter, done, watch}
+                await asyncio.wait(waits, timeout=None if deadline is None else max(0.0, deadline - time.monotonic()),
+                                   return_when=asyncio.FIRST_COMPLETED)
                 if getter.done():
                     yield json.dumps(self._chunk(rid, chat, getter.result(), None))
                     continue
                 getter.cancel()
+                if not done.done():
+                    if deadline is None and watch is not None and watch.done():  # the shutdown began: its bound
+                        deadline = time.monotonic() + max(0.0, self.drain_s - DRAIN_MARGIN_S)
+                        continue
+                    if deadline is not None and time.monotonic() >= deadline:
+                        for event in self._cut_at_shutdown(cancel, endpoint):
+                            yield event
+                        finished = True
+                        return
+                    continue
                 while not pieces.empty():  # pieces the loop thread queued before the request finished
                     yield json.dumps(self._chunk(rid, chat, pieces.get_nowait(), None))
                 break
@@ -316,9 +343,19 @@ class _Server:
             self.metrics.requests.labels(endpoint, "200").inc()
             finished = True
         finally:
+            if watch is not None:
+                watch.cancel()
             if not finished:  # the client went away mid-stream: free its row now
                 cancel.set()
                 self.metrics.requests.labels(endpoint, "cancelled").inc()
+
+    def _cut_at_shutdown(self, cancel: threading.Event, endpoint: str) -> list[str]:
+        """The last events of a stream the shutdown's drain bound ends: its request is cancelled (its row freed)."""
+        cancel.set()
+        self.metrics.requests.labels(endpoint, "503").inc()
+        return [json.dumps(error_body(f"the server is shutting down and this stream ran past its drain period "
+                                      f"({self.drain_s:g} s): the text so far is all it sends; send the request again",
+                                      "server_error", code="server_shutting_down")), "[DONE]"]
 
     def _chunk(self, rid: str, chat: bool, piece: Any, finish: str | None, logprobs: Any = None) -> dict[str, Any]:
         if chat:

@@ -24,23 +24,28 @@ def serve(
     allow: Optional[List[str]] = typer.Option(
         None, "--allow-proposer", help="A proposer requests may pick (repeatable; default: every installed one)."),
     served_name: Optional[str] = typer.Option(None, "--served-model-name", help="The model id clients name."),
+    drain: float = typer.Option(
+        55.0, "--drain-seconds", help="On SIGTERM / Ctrl-C, seconds streams in flight may take to finish; one still "
+        "going then ends with an error object (code server_shutting_down) and [DONE]."),
 ) -> None:
     """Serve the OpenAI API (completions, chat, streaming) over the batched engine (docs/serving.md)."""
     from ..cli.console import fail
 
     try:
-        _serve(config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name)
+        _serve(config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name, drain)
     except SpecframeError as exc:
         fail(str(exc))
 
 
-def _serve(config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name) -> None:
+def _serve(config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name, drain) -> None:
     if not 1 <= batch_size <= 256:
         raise ConfigError(f"--batch-size must be in [1, 256], got {batch_size}")
     if max_pending < 1 or max_tokens < 1:
         raise ConfigError("--max-pending and --max-tokens-limit must be >= 1")
     if not 0 < port < 65536:
         raise ConfigError(f"--port must be in [1, 65535], got {port}")
+    if not 0 <= drain <= 3600:
+        raise ConfigError(f"--drain-seconds must be in [0, 3600], got {drain:g}")
     try:
         import fastapi  # noqa: F401
         import sse_starlette  # noqa: F401
@@ -50,7 +55,7 @@ def _serve(config, model, host, port, batch_size, max_pending, max_tokens, allow
                           "pip install 'specframe[serve]'") from None
     sock = _listen(host, port)  # before the model loads: a port in use is one error line, not a loaded model's exit
     try:
-        _load_and_run(sock, config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name)
+        _load_and_run(sock, config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name, drain)
     finally:
         sock.close()
 
@@ -80,7 +85,8 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _load_and_run(sock, config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name) -> None:
+def _load_and_run(sock, config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name,
+                  drain) -> None:
     import uvicorn
 
     from ..cli.console import err, load_with_progress
@@ -97,7 +103,7 @@ def _load_and_run(sock, config, model, host, port, batch_size, max_pending, max_
     from .app import create_app
 
     app = create_app(sf, model_name=served_name, allowed=set(allow) if allow else None, max_tokens_limit=max_tokens,
-                     max_pending=max_pending)
+                     max_pending=max_pending, drain_s=drain)
     err.print(f"serving {served_name or cfg.model} on http://{host}:{port} (batch {batch_size}; OpenAI API: "
               "/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)", markup=False, soft_wrap=True)
     # uvicorn turns SIGTERM / SIGINT into a graceful shutdown, then hands the signal back to the handler that was
@@ -105,7 +111,7 @@ def _load_and_run(sock, config, model, host, port, batch_size, max_pending, max_
     previous = {sig: signal.signal(sig, _drained) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                      timeout_graceful_shutdown=60)).run(sockets=[sock])
+                                      timeout_graceful_shutdown=int(drain) + 5)).run(sockets=[sock])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -309,6 +309,52 @@ def test_serve_command_drains_and_exits_0_on_sigterm(tmp_path):
             proc.kill()
 
 
+def test_a_stream_past_the_drain_bound_ends_with_an_error_object_and_done(tmp_path):
+    """Issue 65 (soak): a stream still going when the shutdown's drain bound came was cut after 18 pieces with no finish
+    chunk, no error and no [DONE]; now it ends with an error object (code server_shutting_down) and [DONE], and the
+    process still exits 0."""
+    model_dir = tmp_path / "tiny-model"
+    build_model("llama", hidden_size=512, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=8,
+                max_position_embeddings=4096).save_pretrained(model_dir)
+    build_tokenizer().save_pretrained(model_dir)
+    port = _free_port()
+    import os
+
+    env = {**os.environ, "SPECFRAME_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "specframe", "serve", "--model", str(model_dir), "--port", str(port),
+                             "--drain-seconds", "3"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, tries=600, pause=0.1)
+        started, lines = threading.Event(), []
+
+        def streamed():
+            with httpx.stream("POST", url + "/v1/completions", timeout=120,
+                              json={"prompt": "ca cb", "max_tokens": 3500, "stream": True}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data:"):
+                        lines.append(line)
+                        started.set()
+
+        t = threading.Thread(target=streamed)
+        t.start()
+        assert started.wait(60)
+        proc.send_signal(signal.SIGTERM)
+        t.join(60)
+        assert not t.is_alive()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+        assert lines[-1] == "data: [DONE]"
+        error = json.loads(lines[-2][5:])["error"]
+        assert error["code"] == "server_shutting_down" and error["type"] == "server_error"
+        assert "drain period (3 s)" in error["message"]
+        pieces = [json.loads(line[5:])["choices"][0] for line in lines[:-2]]
+        assert pieces and all(p["finish_reason"] is None for p in pieces)  # cut, not finished: 3500 tokens take longer
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_a_port_in_use_is_one_error_line_before_the_model_loads(no_model_load):
     """Issue 55 (3): the server loaded the model, printed "serving …", then died with uvicorn's [Errno 98] and exit 3;
     now the port is bound first: one error line, exit 2, no model loaded."""
