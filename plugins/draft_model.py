@@ -26,6 +26,18 @@ Which drafts work:
 
 A context longer than the draft's ``max_position_embeddings`` turns speculation off for the rest of the request
 (target-only steps, output unchanged).
+
+**Parallel drafting (PARD, An et al. 2025, arXiv 2504.18583).** A draft fine-tuned with a mask token drafts ``k``
+positions in one forward: it is fed the tokens its cache has not seen (at least the newest) followed by ``k - 1``
+copies of the mask token, at consecutive positions under its ordinary causal attention; the last real position's
+logits give the first draft token and mask ``j``'s the token ``j + 1`` ahead. Greedy: each position's argmax;
+sampling: each position drawn from its own warped distribution (which does not depend on the tokens drawn at the
+positions before it, so it is the conditional the verifier needs), returned as ``draft_probs``. The mask positions'
+keys and values are dropped from the draft's cache right after the forward: it holds the real tokens only, and the
+next step feeds the tokens the target committed. The mode is on when the draft's ``config.json`` declares a mask
+token (``pard_token``, AMD's published layout: :mod:`specframe.learned.pard`), or with ``parallel: true`` and
+``mask_token_id``; ``parallel: false`` drafts one token per forward with the same checkpoint. The draft reads no
+target state, so it runs on the llama.cpp engine as well.
 """
 
 from __future__ import annotations
@@ -50,11 +62,13 @@ from specframe import (
     hookimpl,
 )
 from specframe.services import (
+    PARD_MASK_FIELD,
     cache_length,
     folder_key,
     is_small_draft,
     load_small_draft,
     new_cache,
+    pard_mask_token,
     probs_from_logits,
     rollback,
     shared,
@@ -88,6 +102,19 @@ class ChainDraftConfig(ProposerConfig):
 class DraftModelConfig(ChainDraftConfig):
     name: Literal["draft-model"] = "draft-model"
     model: Optional[str] = Field(None, description="Draft model folder; default: the draft shipped for the target.")
+    parallel: Optional[bool] = Field(
+        None, description="Draft k positions in one forward over k - 1 mask tokens (PARD). Default: when the draft's "
+        "config.json declares a mask token (pard_token); true needs one (there or mask_token_id); false: one token "
+        "per forward.")
+    mask_token_id: Optional[int] = Field(
+        None, ge=0, description="The mask token of a parallel draft (default: the draft's pard_token); implies "
+        "parallel.")
+
+    @model_validator(mode="after")
+    def _mask_needs_parallel(self) -> "DraftModelConfig":
+        if self.mask_token_id is not None and self.parallel is False:
+            raise ValueError(f"{self.name}: mask_token_id is for parallel drafting: drop it or set parallel: true")
+        return self
 
 
 def check_vocabularies(target_tok: Any, draft_tok: Any) -> None:
@@ -128,11 +155,16 @@ class _HFDraft:
             check_vocabularies(target.tokenizer, tok)
         self.checked_against = target.tokenizer  # (keeps it, whose id is part of the sharing key, alive)
         self.vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        self.embed_rows = int(self.model.get_input_embeddings().weight.shape[0])
         self.token_map: Tensor | None = None
         self.config = self.model.config
 
     def __call__(self, ids: Tensor, cache: Any) -> Tensor:
         return self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+
+    def block(self, ids: Tensor, cache: Any, k: int) -> Tensor:
+        """Logits ``[k, Vd]`` at the last ``k`` of ``ids``."""
+        return self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=k).logits[0, -k:]
 
 
 class _SmallDraft:
@@ -141,10 +173,14 @@ class _SmallDraft:
         self.target_model = target.model  # (keeps it, whose id is part of the sharing key, alive)
         self.token_map = self.model.token_map
         self.vocab = int(self.token_map.numel())
+        self.embed_rows = int(target.model.get_input_embeddings().weight.shape[0])  # (it reads the target's)
         self.config = self.model.config
 
     def __call__(self, ids: Tensor, cache: Any) -> Tensor:
         return self.model(ids, cache)[0, -1]
+
+    def block(self, ids: Tensor, cache: Any, k: int) -> Tensor:
+        return self.model(ids, cache)[0, -k:]
 
 
 def _common_prefix(a: list[int], b: list[int], start: int) -> int:
@@ -177,14 +213,17 @@ class ChainDrafter(ProposerBase):
     """Drafts a chain with ``self.draft`` (a causal LM called as ``draft(ids [1, n] int64, cache) -> [Vd] logits``
     after the last of ``ids``, with ``token_map`` (``[Vd]`` target ids, or None when its ids are the target's),
     ``vocab`` and ``config``), keeping the draft's KV cache across steps (see the module docstring). A subclass
-    sets ``self.draft`` in its ``__init__`` and then calls :meth:`_init_drafting`."""
+    sets ``self.draft`` in its ``__init__`` and then calls :meth:`_init_drafting`; with ``mask_token`` (a parallel
+    draft) the draft also has ``block(ids [1, n], cache, k) -> [k, Vd]`` logits at the last ``k`` of ``ids``, and
+    the chain comes from one forward over the unseen tokens and ``k - 1`` mask tokens."""
 
     needs_hidden_states = False
     produces_trees = False
     provides_draft_probs = True
     draft: Any
 
-    def _init_drafting(self) -> None:
+    def _init_drafting(self, mask_token: int | None = None) -> None:
+        self.mask_token = mask_token  # None: one token per forward; else the mask token of a parallel draft
         self.max_context = int(getattr(self.draft.config, "max_position_embeddings", 0) or 1 << 30)
         tm = self.draft.token_map
         self._token_map_list = None if tm is None else tm.tolist()
@@ -232,6 +271,8 @@ class ChainDrafter(ProposerBase):
         feed = torch.tensor([tokens[keep:]], dtype=torch.int64, device=device)
         self._seen = tokens[:]
         try:
+            if self.mask_token is not None:
+                return self._draft_block(state, feed, k)
             return self._draft_chain(state, feed, k)
         except BaseException:
             # a forward that raised may have stored some layers' keys and values and not others': the cache no
@@ -267,6 +308,35 @@ class ChainDrafter(ProposerBase):
                 self._seen.append(top)
         if not drafted:
             return DraftTree.empty(state.tokens.shape[0])
+        q_all = torch.stack(probs).cpu() if probs else None
+        return DraftTree.chain(drafted, q_all)
+
+    def _draft_block(self, state: DecodeState, feed: Tensor, k: int) -> DraftTree:
+        """Up to ``k`` draft tokens from one forward over ``feed [1, n]`` and ``k - 1`` mask tokens; the cache keeps
+        the ``n`` real positions only."""
+        masks = torch.full((1, k - 1), self.mask_token, dtype=torch.int64, device=feed.device)
+        real = cache_length(self._cache) + feed.shape[1]
+        logits = self.draft.block(torch.cat([feed, masks], 1), self._cache, k)  # [k, Vd]
+        rollback(self._cache, real)  # drop the masks' keys and values: the next step feeds the committed tokens
+        greedy = state.sampling.is_greedy
+        drafted: list[int] = []
+        probs: list[Tensor] = []
+        for i in range(k):  # position i's distribution does not depend on the tokens drafted before it
+            if greedy:
+                own = logits[i, : self.target.vocab_size].float()  # (drops padding rows)
+                best = int(own.argmax())
+                top = best if self.draft.token_map is None else int(self._token_map_list[best])
+                conf = float(torch.softmax(own, -1)[best]) if self.config.min_confidence > 0 and i > 0 else 1.0
+            else:
+                q = probs_from_logits(self._to_target_logits(logits[i]), state.sampling)
+                conf = float(q.max()) if self.config.min_confidence > 0 and i > 0 else 1.0
+                if conf >= self.config.min_confidence:
+                    top = int(torch.multinomial(q.to(state.generator.device), 1, generator=state.generator))
+            if conf < self.config.min_confidence:
+                break  # (decided on the distribution alone, never on the token drawn)
+            drafted.append(top)
+            if not greedy:
+                probs.append(q)
         q_all = torch.stack(probs).cpu() if probs else None
         return DraftTree.chain(drafted, q_all)
 
@@ -310,7 +380,39 @@ class DraftModelProposer(ChainDrafter):
         else:
             key = ("draft-model/hf", folder_key(folder), *placement, id(target.tokenizer))
             self.draft = shared(key, lambda: _HFDraft(folder, target))
-        self._init_drafting()
+        self._init_drafting(self._mask_token(config, folder))
+
+    def _mask_token(self, config: DraftModelConfig, folder: Path) -> int | None:
+        """The mask token of parallel drafting, or None (one token per forward).
+
+        Raises:
+            ConfigError: ``parallel: true`` without a mask token; a mask token outside the draft's embedding; a
+                parallel draft whose vocabulary does not cover the target's tokens.
+        """
+        if config.parallel is False:
+            return None
+        declared = pard_mask_token(self.draft.config)
+        mask = config.mask_token_id if config.mask_token_id is not None else declared
+        if mask is None:
+            if config.parallel:
+                raise ConfigError(f"draft-model: parallel: true needs a mask token, and the draft {folder} declares "
+                                  f"none (config.json field {PARD_MASK_FIELD}): set mask_token_id")
+            return None
+        field = "mask_token_id" if config.mask_token_id is not None else f"{folder}/config.json field {PARD_MASK_FIELD}"
+        if not 0 <= mask < self.draft.embed_rows:
+            raise ConfigError(f"draft-model: {field} is {mask}, outside the draft's {self.draft.embed_rows} embedding "
+                              "rows: the mask token must be a token the draft embeds")
+        if self.draft.token_map is None:
+            tokens = self.target.vocab_size
+            try:
+                tokens = min(tokens, len(self.target.tokenizer)) if self.target.tokenizer is not None else tokens
+            except TypeError:  # (a tokenizer without a length: the target's logits rows count)
+                pass
+            if self.draft.vocab < tokens:
+                raise ConfigError(f"draft-model: the parallel draft {folder} does not fit the target: its vocab_size "
+                                  f"is {self.draft.vocab}, the target has {tokens} tokens (a PARD draft shares the "
+                                  "target's vocabulary)")
+        return int(mask)
 
 
 @hookimpl

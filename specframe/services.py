@@ -31,7 +31,7 @@ since they pull in transformers, safetensors, ctypes or the engine):
   ``load_small_draft``;
 - drafters in published formats: EAGLE-3 (``Eagle3Drafter``, ``load_eagle3``), Medusa (``PublishedMedusa``,
   ``load_medusa``), a target's MTP layers (``load_mtp``, ``mtp_layer_count``), DFlash / DFlash2 block drafters
-  (``DFlashDrafter``, ``load_dflash``);
+  (``DFlashDrafter``, ``load_dflash``), PARD parallel drafts' mask token (``pard_mask_token``, ``PARD_MASK_FIELD``);
 - model lookup: ``resolve_model``, ``load_model``, ``model_directory``, ``tokenizer_directory``, ``file_sha256``,
   ``DRAFT_SUFFIX``;
 - retrieval datastores: ``Datastore``, ``DatastoreError``, ``Retrieval``, ``default_datastore``, ``tokenizer_info``;
@@ -66,6 +66,7 @@ _LAZY = {
     "PublishedMedusa": ".learned.medusa_published", "load_medusa": ".learned.medusa_published",
     "load_mtp": ".learned.mtp", "mtp_layer_count": ".learned.mtp",
     "DFlashDrafter": ".learned.dflash", "load_dflash": ".learned.dflash",
+    "pard_mask_token": ".learned.pard", "PARD_MASK_FIELD": ".learned.pard",
     "resolve_model": ".target.models", "load_model": ".target.models", "model_directory": ".target.models",
     "tokenizer_directory": ".target.models", "file_sha256": ".target.models", "DRAFT_SUFFIX": ".target.models",
     "Datastore": ".datastore", "DatastoreError": ".datastore", "Retrieval": ".datastore",
