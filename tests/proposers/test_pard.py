@@ -29,6 +29,7 @@ from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.decode.batch import BatchRequest, decode_batch
 from specframe.decode.engine import Engine
 from specframe.errors import ConfigError
+from specframe.learned.pard import convert_to_pard, drop_rows, pard_batch, write_pard
 from specframe.learned.small_draft import build_from_target
 from specframe.sampling import SamplingParams, probs_from_logits
 from specframe.target.hf import Target
@@ -464,3 +465,93 @@ def test_what_does_not_fit_is_one_line_naming_the_field(envs, tmp_path):
         assert "\n" not in str(e.value), message
     with pytest.raises(ValidationError, match="mask_token_id is for parallel drafting"):
         DraftModelConfig(model="x", parallel=False, mask_token_id=3)
+
+
+# --- converting a draft to PARD's layout, and PARD's training layout ------------------------------------------------
+
+
+def test_write_pard_adds_a_mask_row_when_the_embedding_has_none_and_what_it_writes_loads_as_a_pard_draft(envs,
+                                                                                                          tmp_path):
+    env = envs["llama"]
+    model = build_model("llama", seed=6)
+    assert write_pard(model, tmp_path / "out", tokenizer=build_tokenizer()) == VOCAB  # a row added: id 64
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (cfg["pard_token"], cfg["spd_type"], cfg["vocab_size"]) == (VOCAB, "pard", VOCAB + 1)
+    assert (tmp_path / "out" / "tokenizer.json").is_file()
+    prop = pard(env.target, tmp_path / "out", k=5)
+    assert prop.mask_token == VOCAB and prop.draft.embed_rows == VOCAB + 1
+    assert run(env.target, [prop], prompt=PROMPT_2, n=N_NEW).token_ids == env.refs[1]
+
+
+def test_write_pard_takes_the_first_padding_row_or_the_token_given(envs, tmp_path):
+    env = envs["qwen2"]
+    padded = padded_draft("qwen2", 7)
+    assert write_pard(padded, tmp_path / "padded", tokenizer=build_tokenizer()) == VOCAB  # Qwen2.5's choice
+    assert json.loads((tmp_path / "padded" / "config.json").read_text())["vocab_size"] == VOCAB + 8  # no row added
+    assert write_pard(build_model("qwen2", seed=7), tmp_path / "given", mask_token_id=62) == 62
+    for folder, mask in (("padded", VOCAB), ("given", 62)):
+        prop = pard(env.target, tmp_path / folder, k=4)
+        assert prop.mask_token == mask
+        assert run(env.target, [prop], n=N_NEW).token_ids == env.refs[0]
+    with pytest.raises(ConfigError, match=f"mask_token_id {VOCAB} is outside the model's {VOCAB} embedding rows"):
+        write_pard(build_model("qwen2", seed=7), tmp_path / "bad", mask_token_id=VOCAB)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_convert_to_pard_from_a_model_folder_and_from_a_small_draft(envs, tmp_path):
+    env = envs["qwen2"]
+    build_model("qwen2", seed=8).save_pretrained(tmp_path / "plain")
+    build_tokenizer().save_pretrained(tmp_path / "plain")
+    assert convert_to_pard(tmp_path / "plain", tmp_path / "plain-pard") == VOCAB
+    small = build_from_target(env.target.model, [0], torch.arange(VOCAB))
+    small.save(tmp_path / "small", NAME, VOCAB)
+    with pytest.raises(ConfigError, match="small draft.*no mask_token_id is given.*name a target token in"):
+        convert_to_pard(tmp_path / "small", tmp_path / "small-pard")
+    with pytest.raises(ConfigError, match=f"mask_token_id {VOCAB} is given"):
+        convert_to_pard(tmp_path / "small", tmp_path / "small-pard", mask_token_id=VOCAB)
+    assert convert_to_pard(tmp_path / "small", tmp_path / "small-pard", mask_token_id=61) == 61
+    with pytest.raises(ConfigError, match="is the source"):
+        convert_to_pard(tmp_path / "plain", tmp_path / "plain")
+    for folder, mask in (("plain-pard", VOCAB), ("small-pard", 61)):
+        prop = pard(env.target, tmp_path / folder, k=4)
+        assert prop.mask_token == mask
+        assert run(env.target, [prop], prompt=PROMPT_2, n=N_NEW).token_ids == env.refs[1]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("drop", [False, True], ids=["whole", "cod"])
+def test_the_training_layout_gives_each_row_what_inference_gives_it(arch, drop):
+    """Every row of PARD's training layout (``pard_batch``; after conditional drop too) has the logits the same
+    draft gives at inference to the mask (or token) that row stands for: one forward over the real tokens it sees
+    followed by its masks, without a cache; and its label is the token it must draft."""
+    k, n, mask = 4, 12, VOCAB - 1
+    model = build_model(arch, seed=9)
+    ids = torch.randint(1, VOCAB - 1, (2, n), generator=torch.Generator().manual_seed(3))
+    batch = pard_batch(ids, k, mask)
+    assert batch["input_ids"].shape == batch["labels"].shape == (2, k * n)
+    if drop:
+        batch = drop_rows(batch, k, 0.7, 0.2, torch.Generator().manual_seed(1))
+        assert k * n > batch["input_ids"].shape[1] > n
+    with torch.inference_mode():
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                       attention_mask=batch["attention_mask"]).logits
+        checked = 0
+        for r in range(batch["input_ids"].shape[1]):
+            t = int(batch["position_ids"][0, r])
+            i = masks_seen(batch, r, mask)  # the row's group: mask i sees i masks, itself included
+            if t - i < 0:
+                assert (batch["labels"][:, r] == -100).all()
+                continue
+            for b in range(2):
+                seq = ids[b, : t - i + 1].tolist() + [mask] * i
+                want = model(input_ids=torch.tensor([seq])).logits[0, -1]
+                torch.testing.assert_close(logits[b, r], want, atol=2e-5, rtol=1e-4)
+                assert int(batch["labels"][b, r]) == (int(ids[b, t + 1]) if t + 1 < n else -100)
+                checked += 1
+    assert checked > 2 * n
+
+
+def masks_seen(batch, r: int, mask: int) -> int:
+    """How many mask rows layout row ``r`` attends to (read from the attention mask)."""
+    seen = batch["attention_mask"][0, 0, r] == 0
+    return int(((batch["input_ids"][0] == mask) & seen).sum())
