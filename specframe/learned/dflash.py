@@ -252,6 +252,25 @@ def _visible(n_q: int, n_k: int, causal: bool, window: int | None, device: torch
     return ok
 
 
+def _blocks_visible(anchors: Tensor, w: int, b: int, causal: bool, window: int | None) -> Tensor:
+    """``[N, 1, b, w + b]`` bool (True = may attend) for ``N`` blocks of ``b`` rows anchored at ``anchors [N]``
+    over ``w`` context rows (positions ``0 .. w - 1``) and then their own rows: the context rows before the anchor,
+    and the block's rows as :func:`_visible` lets a block see them at decoding time."""
+    dev = anchors.device
+    rows = torch.arange(b, device=dev)
+    q = (anchors[:, None] + rows)[:, :, None]  # [N, b, 1] the rows' positions
+    k = torch.cat([torch.arange(w, device=dev).expand(len(anchors), w), anchors[:, None] + rows], 1)[:, None]
+    ok = torch.cat([(torch.arange(w, device=dev) < anchors[:, None])[:, None].expand(-1, b, -1),
+                    torch.ones((len(anchors), b, b), dtype=torch.bool, device=dev)], 2)
+    if causal:
+        ok &= k <= q
+    if window is not None:
+        ok &= (q - k) < window
+        if not causal:
+            ok &= (k - q) < window
+    return ok[:, None]
+
+
 class DynamicConv(nn.Module):
     """DFlash2's grouped dynamic causal convolution along the block (see the module docstring): ``base_kernel
     [2, K, H]`` and ``kernel_projection`` ``[H] -> [2, K, G]`` (G = H / ``group_size`` channel groups)."""
@@ -300,22 +319,47 @@ class DFlashAttention(nn.Module):
         self.k_norm = Qwen3RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self.causal, self.window = causal, window
 
+    def queries(self, y: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """``y [B, n, H]`` normed rows at the positions of ``cos``/``sin [B, n, d]`` -> queries ``[B, heads, n, d]``."""
+        b, n, _ = y.shape
+        return _rotate(self.q_norm(self.q_proj(y).view(b, n, self.heads, self.head_dim)).transpose(1, 2), cos, sin)
+
+    def keys_values(self, src: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """``src [B, m, H]`` rows (fused context rows or normed block rows) at the positions of ``cos``/``sin``
+        -> their keys (RoPE applied) and values, ``[B, kv_heads, m, d]`` each."""
+        b, m, _ = src.shape
+        k = self.k_norm(self.k_proj(src).view(b, m, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(src).view(b, m, self.kv_heads, self.head_dim).transpose(1, 2)
+        return _rotate(k, cos, sin), v
+
+    def attend(self, q: Tensor, keys: Tensor, vals: Tensor, mask: Tensor | None) -> Tensor:
+        """Attention of ``q [B, heads, n, d]`` over ``keys``/``vals [B, kv_heads, m, d]`` (``mask``: True = may
+        attend, broadcast to ``[B, heads, n, m]``; None: every key) and the output projection: ``[B, n, H]``."""
+        b, _, n, _ = q.shape
+        out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
+
     def forward(self, y: Tensor, ctx: Tensor, cos: Tensor, sin: Tensor, kv: KVBuffer | None, start: int) -> Tensor:
         """``y [B, b, H]`` the block's normed rows, ``ctx [B, c, H]`` the new fused context rows (positions
         ``start .. start + c - 1``, the block after them); ``cos``/``sin [B, c + b, d]``; ``kv`` holds the keys and
         values of positions ``0 .. start - 1`` (the new rows are written after them), or None (``start`` must then
         be 0). Returns ``[B, b, H]``."""
-        b, n, _ = y.shape
-        src = torch.cat([ctx, y], 1)
-        m = src.shape[1]
-        q = self.q_norm(self.q_proj(y).view(b, n, self.heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(src).view(b, m, self.kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(src).view(b, m, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = _rotate(q, cos[:, -n:], sin[:, -n:]), _rotate(k, cos, sin)
+        n = y.shape[1]
+        q = self.queries(y, cos[:, -n:], sin[:, -n:])
+        k, v = self.keys_values(torch.cat([ctx, y], 1), cos, sin)
         keys, vals = kv.write(start, k, v) if kv is not None else (k, v)
-        mask = _visible(n, keys.shape[2], self.causal, self.window, y.device)
-        out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
+        return self.attend(q, keys, vals, _visible(n, keys.shape[2], self.causal, self.window, y.device))
+
+    def blocks(self, y: Tensor, ctx_kv: tuple[Tensor, Tensor], seq: Tensor, cos: Tensor, sin: Tensor,
+               visible: Tensor) -> Tensor:
+        """Many blocks at once (training): ``y [N, b, H]`` the blocks' normed rows at the positions of
+        ``cos``/``sin [N, b, d]``; ``ctx_kv``: the keys and values ``[S, kv_heads, W, d]`` of ``S`` sequences'
+        context rows; block ``j`` reads sequence ``seq[j]``'s; ``visible [N, 1, b, W + b]`` (True = may attend)
+        over that sequence's context rows, then the block's own rows (:func:`_blocks_visible`). Returns
+        ``[N, b, H]``."""
+        k, v = self.keys_values(y, cos, sin)
+        keys, vals = torch.cat([ctx_kv[0][seq], k], 2), torch.cat([ctx_kv[1][seq], v], 2)
+        return self.attend(self.queries(y, cos, sin), keys, vals, visible)
 
 
 class DFlashLayer(nn.Module):
@@ -342,8 +386,12 @@ class DFlashLayer(nn.Module):
         return conv.filter(sublayer(conv.filter(y, dyn[:, :, 0], 0)), dyn[:, :, 1], 1)
 
     def forward(self, x: Tensor, ctx: Tensor, cos: Tensor, sin: Tensor, kv: KVBuffer | None, start: int) -> Tensor:
-        x = x + self._around(self.attention_conv, self.input_layernorm(x),
-                             lambda y: self.self_attn(y, ctx, cos, sin, kv, start))
+        return self.run(x, lambda y: self.self_attn(y, ctx, cos, sin, kv, start))
+
+    def run(self, x: Tensor, attention: Any) -> Tensor:
+        """The layer over the block rows ``x [B, b, H]``, ``attention`` mapping its normed rows to the attention
+        output (:meth:`DFlashAttention.forward` at decoding time, :meth:`DFlashAttention.blocks` in training)."""
+        x = x + self._around(self.attention_conv, self.input_layernorm(x), attention)
         return x + self._around(self.mlp_conv, self.post_attention_layernorm(x), self.mlp)
 
 
@@ -454,6 +502,35 @@ class DFlashDrafter(nn.Module):
         ctx = ctx.to(embeds.dtype)
         for j, layer in enumerate(self.layers):
             x = layer(x, ctx, cos, sin, None if kv is None else kv[j], start)
+        return self.norm(x)
+
+    def forward_blocks(self, ctx: Tensor, embeds: Tensor, seq: Tensor, anchors: Tensor) -> Tensor:
+        """Many blocks over shared contexts in one forward, for training (DFlash's multi-anchor training: each
+        block sees the target's context rows before its anchor and its own rows, and no other block).
+
+        Args:
+            ctx: ``[S, W, H]`` fused context rows (:meth:`fuse`) of ``S`` sequences, positions ``0 .. W - 1``.
+            embeds: ``[N, b, H]`` the blocks' embeddings (:meth:`embed`; row 0 the anchor token, then masks).
+            seq: ``[N]`` int64, the sequence each block belongs to.
+            anchors: ``[N]`` int64, the position of each block's first row in its sequence.
+
+        Returns:
+            ``[N, b, H]`` after the final norm: block ``j`` as :meth:`forward` gives it from
+            ``ctx[seq[j], :anchors[j]]`` (same weights, same positions; up to rounding).
+        """
+        s, w = ctx.shape[:2]
+        b = embeds.shape[1]
+        dev = embeds.device
+        cos_c, sin_c = self.rotary(embeds, torch.arange(w, device=dev)[None].expand(s, -1))
+        cos_b, sin_b = self.rotary(embeds, anchors[:, None] + torch.arange(b, device=dev))
+        ctx = ctx.to(embeds.dtype)
+        x = embeds
+        for layer in self.layers:
+            att = layer.self_attn
+            visible = _blocks_visible(anchors, w, b, att.causal, att.window)
+            ctx_kv = att.keys_values(ctx, cos_c, sin_c)
+            x = layer.run(x, lambda y, att=att, ctx_kv=ctx_kv, visible=visible:
+                          att.blocks(y, ctx_kv, seq, cos_b, sin_b, visible))
         return self.norm(x)
 
     def logits(self, rows: Tensor, head: nn.Module) -> Tensor:

@@ -1,4 +1,4 @@
-"""``specframe train corpus|draft|eagle|medusa``: the training recipes as commands (seeded, resumable, with progress
+"""``specframe train corpus|draft|eagle|medusa|dflash``: the training recipes as commands (seeded, resumable, with progress
 bars); each recipe's own options come from its settings dataclass (:mod:`specframe.training.options`)."""
 
 from __future__ import annotations
@@ -229,6 +229,7 @@ def _check_eagle(s) -> None:
 
 
 def _register() -> None:
+    from .dflash import DFlashSettings
     from .draft import DraftSettings
     from .eagle import EagleSettings
     from .medusa import MedusaSettings
@@ -240,6 +241,9 @@ def _register() -> None:
                     "Train an EAGLE-style drafter on the target's own features and greedy answers (training-time "
                     "test).", _check_eagle)
     _recipe_command("medusa", MedusaSettings, "Train Medusa-1 heads on the target's own answers (self-distillation).")
+    _recipe_command("dflash", DFlashSettings,
+                    "Train a DFlash block drafter (z-lab's layout, for the dflash proposer) on the target's own hidden "
+                    "states and answers: random anchors, blocks of masks, decay-weighted cross-entropy.")
 
 
 _register()

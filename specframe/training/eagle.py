@@ -101,9 +101,10 @@ def _examples(records: list[dict], max_len: int) -> list[tuple[list[int], int]]:
 @torch.no_grad()
 def target_features(model: Any, ids: torch.Tensor, valid: torch.Tensor, layers: tuple[int, ...]) -> torch.Tensor:
     """``[B, W, F, H]`` hidden states of ``layers`` (transformers ``hidden_states`` indices) of the target over
-    right-padded ``ids`` (one forward, no cache)."""
+    right-padded ``ids`` (one forward, no cache; the LM head scores the last position only where the model can)."""
+    keep = {"logits_to_keep": 1} if getattr(model, "_supports_logits_to_keep", lambda: False)() else {}
     out = model(input_ids=ids.to(model.device), attention_mask=valid.long().to(model.device), use_cache=False,
-                output_hidden_states=True)
+                output_hidden_states=True, **keep)
     return torch.stack([out.hidden_states[i] for i in layers], 2)
 
 

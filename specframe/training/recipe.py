@@ -20,16 +20,17 @@ from ..errors import ConfigError
 from .common import check_resume
 from .corpus import CorpusSettings, build_corpus, mix_prompts, read_corpus
 from .data import log_folder, repo_path
+from .dflash import DFlashSettings, finish_dflash, train_dflash
 from .draft import DraftSettings, finish_draft, train_draft
 from .eagle import EagleSettings, finish_eagle, train_eagle
 from .medusa import MedusaSettings, finish_medusa, train_medusa
 from .teacher import teacher_pass
 
-RECIPES = {"draft": "draft-model", "medusa": "medusa", "eagle": "eagle"}  # recipe -> the proposer it trains
+RECIPES = {"draft": "draft-model", "medusa": "medusa", "eagle": "eagle", "dflash": "dflash"}  # recipe -> its proposer
 EVAL_SEED = 10_001  # held-out prompts: same templates and source, another seed
 
 
-_SETTINGS = {"draft": DraftSettings, "medusa": MedusaSettings, "eagle": EagleSettings}
+_SETTINGS = {"draft": DraftSettings, "medusa": MedusaSettings, "eagle": EagleSettings, "dflash": DFlashSettings}
 
 
 def reproduce_flags(kind: str, settings: dict) -> str:
@@ -69,7 +70,8 @@ def evaluate_tau(target: Any, proposer_name: str, options: dict, num_prompts: in
 
 
 def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: Path, corpus_settings: CorpusSettings,
-               settings: DraftSettings | MedusaSettings | EagleSettings, bar: Callable[[str, int, int, str], None],
+               settings: DraftSettings | MedusaSettings | EagleSettings | DFlashSettings,
+               bar: Callable[[str, int, int, str], None],
                eval_prompts: int = 12, deadline: float | None = None, extra_corpora: Sequence[Path] = ()) -> dict:
     """Build the corpus (or finish it), train, save, evaluate, write ``README.md`` (model card) and
     ``recipe.json`` in ``output``. Returns the summary written to ``recipe.json``.
@@ -148,6 +150,11 @@ def _train(kind: str, target: Any, target_name: str, records: list[dict], output
                               progress=lambda s, n, loss: bar("train", s, n, f"loss {loss:.3f}"), deadline=deadline)
         finish_eagle(summary.pop("drafter"), output, target_name)
         return summary, "eagle", {"weights": str(output)}
+    if kind == "dflash":
+        summary = train_dflash(target, records, output, settings,
+                               progress=lambda s, n, loss: bar("train", s, n, f"loss {loss:.3f}"), deadline=deadline)
+        finish_dflash(summary.pop("drafter"), output)
+        return summary, "dflash", {"checkpoint": str(output)}
     summary = train_medusa(target, records, output, settings,
                            progress=lambda ph, s, n, loss: bar(ph, s, n, f"loss {loss:.3f}" if ph == "train" else ""),
                            teacher=teacher, deadline=deadline)
@@ -220,6 +227,13 @@ def _what(kind: str, r: dict) -> str:
         f"{s['ttt_steps']}-step training-time test; output head = the target's LM-head rows of the "
         f"{s['vocab_subset']} most frequent corpus tokens (FR-Spec)."
         if kind == "eagle" else
+        f"A DFlash block drafter for `{r['target']}` in z-lab's layout (`config.json` + `model.safetensors`, read by "
+        f"the `dflash` proposer and by the serving engines' DFlash support): {s['draft_layers']} Qwen3-style "
+        f"decoder layer(s) over the fused hidden states of target layers {res.get('target_layer_ids')} (fc + norm, "
+        f"injected as keys and values into every layer), drafting a block of {s['block_size']} rows (the newest "
+        f"token, then mask token {res.get('mask_token_id')}) in one forward with the target's own embeddings and "
+        "LM head (frozen, not saved here)."
+        if kind == "dflash" else
         f"{s['num_heads']} Medusa-1 heads ({s['num_layers']} residual block each) for `{r['target']}`, feeding the "
         "target's own LM head."
     )
@@ -237,6 +251,8 @@ def model_card(r: dict, loss_plot: str = "loss.png", logs_in: str | None = None)
         f"# specframe {proposer} weights for {r['target']}", "", what, "",
         ("Use: `{name: eagle, checkpoint: DIR}` in a config (DIR: this folder), or `vllm serve` / vLLM's "
          "`method: eagle3` with this folder (docs/drafters.md)." if s.get("arch") == "eagle3" else
+         "Use: `{name: dflash, checkpoint: DIR}` in a config (DIR: this folder; docs/block-drafters.md)."
+         if kind == "dflash" else
          f"Use: `specframe generate --proposer {proposer} ...` (these weights are the default for this target)."), "",
         "## Data", "",
         f"- Prompts: {c['records']} records of the `{c['settings'].get('mix', 'pydoc')}` prompt mix (seed "
@@ -249,8 +265,9 @@ def model_card(r: dict, loss_plot: str = "loss.png", logs_in: str | None = None)
            "layers; its own model card says how it trained)."] if s.get("init") else []),
         "- Responses: the target's own greedy answers (self-distillation), "
         f"{c['settings']['max_new_tokens']} new tokens at most, generated in {c['settings']['dtype']}.",
-        f"- {c['prompt_tokens']} prompt tokens, {c['response_tokens']} response tokens "
-        f"(frequent-token subset covers {res['subset_coverage']:.1%} of the response tokens).",
+        f"- {c['prompt_tokens']} prompt tokens, {c['response_tokens']} response tokens"
+        + (f" (frequent-token subset covers {res['subset_coverage']:.1%} of the response tokens)."
+           if "subset_coverage" in res else "."),
         "- Sources and licences (each checked in the package's own licence file; all allow commercial use): "
         + "; ".join(f"{k}: {v.get('package', '')} ({v.get('licence', '?')})" for k, v in c.get("sources", {}).items())
         + ".", "",
@@ -258,7 +275,10 @@ def model_card(r: dict, loss_plot: str = "loss.png", logs_in: str | None = None)
         "```", json.dumps(s), "```", "",
         f"{res['steps']} steps; final loss {res.get('final_loss', res.get('final_loss_head0')):.3f}, top-1 accuracy "
         f"{res.get('final_acc', res.get('final_acc_head0')):.3f} (mean of the last 20 steps"
-        + {"draft": "", "medusa": ", head 0", "eagle": ", pass 1"}[kind] + f"); training {res['train_s'] / 60:.1f} min"
+        + {"draft": "", "medusa": ", head 0", "eagle": ", pass 1", "dflash": ", first block row"}[kind]
+        + (f"; teacher-forced block τ {res['final_block_tau']:.2f}, accuracy by block row "
+           + " ".join(f"{a:.2f}" for a in res.get("final_acc_by_row", [])) if kind == "dflash" else "")
+        + f"); training {res['train_s'] / 60:.1f} min"
         + (f" in {res['pieces']} pieces" if res.get("pieces", 1) > 1 else "") + " "
         f"on {r['machine']}; whole recipe run {r['wall_s'] / 60:.1f} min.", "",
         f"![loss curve]({loss_plot})", "",

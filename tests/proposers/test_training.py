@@ -27,6 +27,7 @@ from specframe.learned.small_draft import build_from_target, is_small_draft, loa
 from specframe.target.hf import Target
 from specframe.training.common import Checkpoint, cosine_lr, length_batches, token_subset
 from specframe.training.corpus import CorpusSettings, build_corpus, read_corpus
+from specframe.training.dflash import DFlashSettings
 from specframe.training.draft import DraftSettings, finish_draft, train_draft
 from specframe.training.eagle import EagleSettings
 from specframe.training.medusa import MedusaSettings, collect, finish_medusa, train_medusa
@@ -516,14 +517,15 @@ def test_medusa_resume_is_exact(tiny, tmp_path):
 # --- recipe -----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["draft", "medusa", "eagle"])
+@pytest.mark.parametrize("kind", ["draft", "medusa", "eagle", "dflash"])
 def test_run_recipe_end_to_end(kind, tiny_free, tmp_path_factory):
     tiny = tiny_free  # no EOS: the held-out evaluation runs the full 96 tokens per prompt
     corpus = tmp_path_factory.getbasetemp() / "recipe-corpus"  # shared by both recipes: built once
     cs = replace(CS, num_prompts=16, batch_size=8)
     settings = {"draft": DraftSettings(layers=[0], vocab_subset=32, epochs=1, batch_size=8, soft_labels=False),
                 "medusa": MedusaSettings(num_heads=2, epochs=1, batch_positions=16),
-                "eagle": EagleSettings(vocab_subset=32, epochs=1, batch_size=8, autocast=False)}[kind]
+                "eagle": EagleSettings(vocab_subset=32, epochs=1, batch_size=8, autocast=False),
+                "dflash": DFlashSettings(draft_layers=1, block_size=4, epochs=1, batch_size=8, autocast=False)}[kind]
     out = tmp_path_factory.mktemp(kind)
     phases = set()
     record = run_recipe(kind, tiny, "tiny", out, corpus, cs, settings, lambda ph, d, n, info: phases.add(ph),
@@ -531,7 +533,8 @@ def test_run_recipe_end_to_end(kind, tiny_free, tmp_path_factory):
     assert {"corpus", "train", "eval"} <= phases
     names = {p.name for p in out.iterdir()}
     weights = {"draft": {"model.safetensors", "config.json", "specframe-draft.json"},
-               "medusa": {"medusa.safetensors", "medusa.json"}, "eagle": {"eagle.safetensors", "eagle.json"}}[kind]
+               "medusa": {"medusa.safetensors", "medusa.json"}, "eagle": {"eagle.safetensors", "eagle.json"},
+               "dflash": {"model.safetensors", "config.json"}}[kind]
     assert {"README.md", "recipe.json", "loss.png", "train-log.jsonl"} | weights <= names
     assert "ckpt.pt" not in names
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -631,6 +634,9 @@ runner = CliRunner()
         (["eagle", "--init", "no/such/folder"], "--init no/such/folder"),
         (["eagle", "--device", "tpu"], "tpu"),
         (["corpus", "--device", "tpu"], "tpu"),
+        (["dflash", "--block-size", "1"], "--block-size"),
+        (["dflash", "--target-layers", "a"], "--target-layers"),
+        (["dflash", "--mask-token", "-2"], "--mask-token"),
     ],
 )
 def test_train_cli_errors(args, needle, tmp_path, no_model_load):
@@ -694,7 +700,7 @@ def test_soft_label_draft_learns_and_needs_the_teacher(tiny, tmp_path):
     assert all(math.isfinite(r["loss"]) for r in log)
 
 
-@pytest.mark.parametrize("kind", ["medusa", "draft", "eagle"])
+@pytest.mark.parametrize("kind", ["medusa", "draft", "eagle", "dflash"])
 def test_model_card_reproduce_line_names_real_flags(kind) -> None:
     """Every flag of the reproduce line exists on `specframe train KIND`, and non-default settings are named."""
     from typer.testing import CliRunner
@@ -795,6 +801,10 @@ def test_progress_lines_on_a_non_terminal_stderr(monkeypatch):
     ("eagle", EagleSettings(vocab_subset=2048, epochs=2, batch_size=4, max_len=256, lr=1e-3, ttt_steps=2,
                             feature_layers=(1, 3), max_records=20, skip_records=5, arch="eagle3", seed=1)),
     ("eagle", EagleSettings()),
+    ("dflash", DFlashSettings(draft_layers=1, target_layers=(4, 20), block_size=16, anchors=32, gamma=3.5, epochs=2,
+                              batch_size=4, max_len=512, lr=1e-3, mask_token=16, max_records=30, skip_records=3,
+                              seed=2)),
+    ("dflash", DFlashSettings()),
 ])
 def test_the_reproduce_flags_give_back_the_settings(kind, settings, tmp_path, monkeypatch):
     """`specframe train KIND` + the model card's reproduce flags of ``settings`` builds exactly ``settings``, and with
