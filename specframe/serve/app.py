@@ -61,10 +61,13 @@ def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | No
         max_pending: requests queued or decoding at most; more get a 429.
         drain_s: seconds a stream in flight at shutdown may take to finish (keep it under uvicorn's
             ``timeout_graceful_shutdown``); one still going ``DRAIN_MARGIN_S`` before the bound ends with an error
-            object (``code: "server_shutting_down"``) and ``[DONE]``.
+            object (``code: "server_shutting_down"``) and ``[DONE]``; a request that does not stream is answered 503
+            with that error object then (counted from ``app.state.begin_shutdown()``, which the host calls at the
+            shutdown signal).
     """
     app = FastAPI(title="specframe", docs_url=None, redoc_url=None)
     server = _Server(sf, model_name or sf.config.model, allowed, max_tokens_limit, max_pending, drain_s)
+    app.state.begin_shutdown = server.begin_shutdown
     metrics = server.metrics
     _error_handlers(app, metrics)
 
@@ -152,6 +155,16 @@ class _Server:
         self.created = int(time.time())
         self.in_flight = 0  # requests admitted and not finished: counted at admission, so a burst cannot pass at once
         self._count = threading.Lock()
+        self.stopping_at: float | None = None  # time.monotonic() of the shutdown signal (begin_shutdown)
+
+    def begin_shutdown(self) -> None:
+        """The server got SIGTERM / Ctrl-C (``app.state.begin_shutdown``, called by ``specframe serve``): requests
+        in flight that do not stream have ``drain_s`` from now (less ``DRAIN_MARGIN_S``) to finish."""
+        if self.stopping_at is None:
+            self.stopping_at = time.monotonic()
+
+    def _past_drain(self) -> bool:
+        return self.stopping_at is not None and time.monotonic() >= self.stopping_at + self.drain_s - DRAIN_MARGIN_S
 
     def _finished_one(self, *_: Any) -> None:
         with self._count:
@@ -262,7 +275,16 @@ class _Server:
         waiter = asyncio.ensure_future(asyncio.wrap_future(future))
         waiter.add_done_callback(_retrieve)
         watcher = asyncio.ensure_future(_until_disconnected(request))
-        await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            while not (waiter.done() or watcher.done()):  # (woken each half second: has the shutdown's bound come?)
+                await asyncio.wait({waiter, watcher}, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                if not waiter.done() and self._past_drain():
+                    watcher.cancel()
+                    for event in self._cut_at_shutdown(cancel, endpoint):
+                        return JSONResponse(json.loads(event), status_code=503)
+        except asyncio.CancelledError:  # uvicorn gave up on the request: its row is freed, not decoded on
+            cancel.set()
+            raise
         if not waiter.done():  # the client went away: its row is freed before the next step
             cancel.set()
             self.metrics.requests.labels(endpoint, "cancelled").inc()
@@ -350,12 +372,13 @@ class _Server:
                 self.metrics.requests.labels(endpoint, "cancelled").inc()
 
     def _cut_at_shutdown(self, cancel: threading.Event, endpoint: str) -> list[str]:
-        """The last events of a stream the shutdown's drain bound ends: its request is cancelled (its row freed)."""
+        """The answer of a request the shutdown's drain bound ends (the error object, then ``[DONE]`` for a stream):
+        its request is cancelled (its row freed)."""
         cancel.set()
         self.metrics.requests.labels(endpoint, "503").inc()
-        return [json.dumps(error_body(f"the server is shutting down and this stream ran past its drain period "
-                                      f"({self.drain_s:g} s): the text so far is all it sends; send the request again",
-                                      "server_error", code="server_shutting_down")), "[DONE]"]
+        return [json.dumps(error_body(f"the server is shutting down and this request ran past its drain period "
+                                      f"({self.drain_s:g} s): send it again", "server_error",
+                                      code="server_shutting_down")), "[DONE]"]
 
     def _chunk(self, rid: str, chat: bool, piece: Any, finish: str | None, logprobs: Any = None) -> dict[str, Any]:
         if chat:

@@ -87,8 +87,6 @@ def _listen(host: str, port: int) -> socket.socket:
 
 def _load_and_run(sock, config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name,
                   drain) -> None:
-    import uvicorn
-
     from ..cli.console import err, load_with_progress
     from ..config import load_config
     from ..registry import build_registry
@@ -110,13 +108,26 @@ def _load_and_run(sock, config, model, host, port, batch_size, max_pending, max_
     # there before it started: with a no-op one there, a drained server ends here and the process exits 0.
     previous = {sig: signal.signal(sig, _drained) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                      timeout_graceful_shutdown=int(drain) + 5)).run(sockets=[sock])
+        _run_uvicorn(app, host, port, drain, sock)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sf.close()
     err.print("specframe serve: drained and stopped", markup=False)
+
+
+def _run_uvicorn(app, host: str, port: int, drain: float, sock: socket.socket) -> None:
+    """uvicorn on ``sock`` until SIGTERM / Ctrl-C, telling the app when the signal comes (``app.state.begin_shutdown``:
+    its requests' drain bound starts); uvicorn's own graceful timeout is the bound plus 5 s."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            app.state.begin_shutdown()
+            super().handle_exit(sig, frame)
+
+    Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                          timeout_graceful_shutdown=int(drain) + 5)).run(sockets=[sock])
 
 
 def _drained(signum: int, frame: object) -> None:

@@ -309,10 +309,11 @@ def test_serve_command_drains_and_exits_0_on_sigterm(tmp_path):
             proc.kill()
 
 
-def test_a_stream_past_the_drain_bound_ends_with_an_error_object_and_done(tmp_path):
+def test_requests_past_the_drain_bound_end_with_an_error_object(tmp_path):
     """Issue 65 (soak): a stream still going when the shutdown's drain bound came was cut after 18 pieces with no finish
-    chunk, no error and no [DONE]; now it ends with an error object (code server_shutting_down) and [DONE], and the
-    process still exits 0."""
+    chunk, no error and no [DONE]; now it ends with an error object (code server_shutting_down) and [DONE]. A request
+    that does not stream got a 500 (text/plain) and was decoded on past the bound; now it is a 503 with that error
+    object and its row is freed. The process exits 0 within the bound and uvicorn's 5 s."""
     model_dir = tmp_path / "tiny-model"
     build_model("llama", hidden_size=512, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=8,
                 max_position_embeddings=4096).save_pretrained(model_dir)
@@ -337,19 +338,31 @@ def test_a_stream_past_the_drain_bound_ends_with_an_error_object_and_done(tmp_pa
                         lines.append(line)
                         started.set()
 
-        t = threading.Thread(target=streamed)
-        t.start()
+        whole = {}
+
+        def not_streamed():  # (a newcomer's report: a 500 with a traceback, and the server decoding on past the bound)
+            whole["r"] = httpx.post(url + "/v1/completions", json={"prompt": "ba bb", "max_tokens": 3500}, timeout=120)
+
+        threads = [threading.Thread(target=streamed), threading.Thread(target=not_streamed)]
+        for t in threads:
+            t.start()
         assert started.wait(60)
+        time.sleep(0.5)  # (the request that does not stream is in by now)
+        signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        t.join(60)
-        assert not t.is_alive()
+        for t in threads:
+            t.join(60)
+            assert not t.is_alive()
         assert proc.wait(timeout=60) == 0, proc.stderr.read()
+        assert time.monotonic() - signalled < 3 + 5 + 10  # the bound, uvicorn's 5 s, and room for a loaded machine
         assert lines[-1] == "data: [DONE]"
         error = json.loads(lines[-2][5:])["error"]
         assert error["code"] == "server_shutting_down" and error["type"] == "server_error"
         assert "drain period (3 s)" in error["message"]
         pieces = [json.loads(line[5:])["choices"][0] for line in lines[:-2]]
         assert pieces and all(p["finish_reason"] is None for p in pieces)  # cut, not finished: 3500 tokens take longer
+        assert whole["r"].status_code == 503, whole["r"].text
+        assert whole["r"].json()["error"]["code"] == "server_shutting_down"
     finally:
         if proc.poll() is None:
             proc.kill()
