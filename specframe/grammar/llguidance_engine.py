@@ -328,10 +328,12 @@ class LLGuidanceEngine:
 
 
 def _admits_nothing(spec: ConstraintSpec, reason: str) -> ConstraintError:
+    reason = reason.split("; try avoiding")[0]  # (llguidance's advice on lexemes does not apply to such a schema)
     if spec.kind == "json_schema":
         return ConstraintError(f"invalid json_schema: it admits no JSON value the grammar engine can write "
                                f"(llguidance: {reason}); a schema whose required part holds itself has no finite "
-                               "value, as items {\"$ref\": \"#\"} with minItems 1")
+                               "value (e.g. items {\"$ref\": \"#\"} with minItems 1, or a required property "
+                               "referring to its own object): make that part optional")
     return ConstraintError(f"invalid {spec.kind}: it admits no output (llguidance: {reason})")
 
 
