@@ -43,7 +43,7 @@ from .common import (
     plot_loss,
     resumed_batches,
 )
-from .draft import _examples
+from .draft import training_sequences
 from .eagle import native_bf16, target_features
 from .options import cli
 
@@ -243,7 +243,7 @@ def train_dflash(target: Any, records: list[dict], out: Path, s: DFlashSettings,
         PieceDone: ``deadline`` passed (the checkpoint holds the steps done; the same call resumes).
     """
     out.mkdir(parents=True, exist_ok=True)
-    examples = _examples(records, s.max_len)
+    examples = training_sequences(records, s.max_len)
     if not examples:
         raise ConfigError("the corpus has no usable responses (none with 2 or more tokens): build a larger corpus")
     mask = mask_token_for(records, s, int(target.model.get_input_embeddings().weight.shape[0]))

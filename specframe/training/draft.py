@@ -52,7 +52,7 @@ class DraftSettings:
                                                      "(0 = all).", low=0, omit=(0,)))
 
 
-def _examples(records: list[dict], max_len: int) -> list[tuple[list[int], int]]:
+def training_sequences(records: list[dict], max_len: int) -> list[tuple[list[int], int]]:
     """``(ids, first response index)`` per record, cut from the left to ``max_len`` tokens."""
     out = []
     for r in records:
@@ -79,7 +79,7 @@ def _training_examples(records: list[dict], s: DraftSettings,
         examples = [(t["ids"], t["start"]) for t in teacher]
         soft = {id(e): t for e, t in zip(examples, teacher)}
     else:
-        examples = _examples(records, s.max_len)
+        examples = training_sequences(records, s.max_len)
     if not examples:
         raise ConfigError("the corpus has no usable responses (none with 2 or more tokens): build a larger corpus")
     return examples, soft
