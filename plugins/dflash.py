@@ -21,6 +21,12 @@ forward covers ``budget + 1`` draft rows and the chain is cut to ``budget`` — 
 (``dflash_generate``) would draft when ``budget + 1`` tokens are left to generate, so both draft the same blocks up
 to the last step. A drafter's block rows see each other (no causal mask), so a shorter block can change every row.
 
+A block proposer (``block_size``, :class:`specframe.Proposer`): the engine asks for the whole block whenever it
+runs and the router keeps the prefix the cost curve pays for; ``verify_budget`` caps the nodes by hand. With
+``candidates: C > 1`` (greedy, on a target that takes tree masks) each row's ``C - 1`` next best tokens join the
+draft as leaves beside the row's best, the tree's nodes chosen by path score (:func:`specframe.services.block_tree`;
+DFlash: each row's softmax; DFlash2: the selector's softmax given the chain's token before).
+
 The first step of a request drafts a block after the prompt's last token from the features of the rest of the
 prompt; ``first_step: false`` leaves that step to the target alone, as ``dflash_generate`` does (its first token
 comes from the prefill), so that step-by-step comparisons line up. A prompt of one token gets no draft in its first
@@ -51,6 +57,7 @@ from specframe import (
     hookimpl,
 )
 from specframe.services import (
+    block_tree,
     folder_key,
     load_dflash,
     probs_from_logits,
@@ -72,6 +79,14 @@ class DFlashConfig(ProposerConfig):
     first_step: bool = Field(
         True, description="Draft in a request's first step too (a block after the prompt's last token); false leaves "
         "that step to the target, as the reference decoding loop dflash_generate does.")
+    candidates: int = Field(
+        1, ge=1, le=16, description="Greedy decoding: tokens per block row offered to the target, the row's best and "
+        "candidates - 1 others as leaves beside it, the tree's nodes chosen by path score (1 = a chain; sampling and "
+        "targets without tree masks draft a chain).")
+    verify_budget: Optional[int] = Field(
+        None, ge=1, le=4096, description="Most draft nodes of a block verified per step (SGLang's "
+        "--speculative-dflash-verify-budget); default: every node of the block, the router keeping the prefix the "
+        "measured cost curve pays for.")
 
 
 def _load(folder: Any, target: TargetInfo) -> Any:
@@ -89,7 +104,7 @@ class DFlashProposer(ProposerBase):
     Config = DFlashConfig
     needs_hidden_states = False
     reads_features = True  # which layers: the instance's feature_layers, from the drafter's config
-    produces_trees = False
+    produces_trees = True  # with candidates > 1 (greedy): the chain and per-row candidates, best paths first
     provides_draft_probs = True
 
     def __init__(self, config: DFlashConfig, target: TargetInfo) -> None:
@@ -108,6 +123,9 @@ class DFlashProposer(ProposerBase):
         self.table = target.model.get_input_embeddings().weight  # [V, H], read-only
         self.head = target.model.get_output_embeddings()
         self.rows = min(config.k or self.drafter.block_size - 1, self.drafter.block_size - 1)  # draft rows at most
+        self.block_size = self.rows + 1  # a block proposer (Capabilities.block_size): one forward fills this block
+        self.others = config.candidates - 1 if target.supports_trees else 0  # candidates beside each row's best
+        self.nodes = config.verify_budget or self.rows * (1 + self.others)  # most nodes verified per step
         self._kv = self.drafter.new_kv()  # the context rows' keys / values, then this step's block rows
         self._done = 0  # committed positions whose context rows are in the cache
 
@@ -122,14 +140,20 @@ class DFlashProposer(ProposerBase):
         if feats is None or feats.shape[1] == 0 or (not self.config.first_step and length <= state.prompt_len):
             return DraftTree.empty(batch)
         n = min(self.rows, budget + 1)  # draft rows in this forward (see the module docstring)
-        keep = min(n, budget, self.target.max_context - length)
+        room = self.target.max_context - length  # positions left: the deepest node must fit
+        keep = min(n, budget, room, self.nodes)
         if keep < 1:
             return DraftTree.empty(batch)
         rows, logits = self._block(state, n)
-        if state.sampling.is_greedy:
-            ids = self.drafter.draft_greedy(rows, logits, state.tokens[:1, -1].to(rows.device))[0, :keep]
-            return DraftTree.chain(ids.cpu())
-        return self._sampled(state, rows, logits, keep)
+        anchor = state.tokens[:1, -1].to(rows.device)
+        if not state.sampling.is_greedy:
+            return self._sampled(state, rows, logits, keep)
+        if not self.others:
+            return DraftTree.chain(self.drafter.draft_greedy(rows, logits, anchor)[0, :keep].cpu())
+        depth = min(n, room)  # rows whose tokens may enter the tree
+        chain, chain_s, cands, cand_s = self.drafter.draft_scored(rows[:, :depth], logits[:, :depth], anchor,
+                                                                  self.others)
+        return block_tree(chain, chain_s.clamp(0, 1), cands, cand_s.clamp(0, 1), min(budget, self.nodes))
 
     def _block(self, state: DecodeState, n: int) -> tuple[Tensor, Tensor]:
         """One drafter forward over ``[newest token] + n masks`` after catching the cache up with the committed

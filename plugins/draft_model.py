@@ -224,6 +224,8 @@ class ChainDrafter(ProposerBase):
 
     def _init_drafting(self, mask_token: int | None = None) -> None:
         self.mask_token = mask_token  # None: one token per forward; else the mask token of a parallel draft
+        # a parallel draft is a block proposer (Capabilities.block_size): one forward fills up to max_k drafts
+        self.block_size = self.config.max_k + 1 if mask_token is not None else 0
         self.max_context = int(getattr(self.draft.config, "max_position_embeddings", 0) or 1 << 30)
         tm = self.draft.token_map
         self._token_map_list = None if tm is None else tm.tolist()

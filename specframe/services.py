@@ -19,7 +19,8 @@ since they pull in transformers, safetensors, ctypes or the engine):
 
 - token trees and probabilities: ``TokenTrie`` (a deduplicating ``(parent, token) -> node`` trie that builds a
   :class:`specframe.DraftTree`), ``children_of``, ``node_depths`` (a draft's shape), ``probs_from_logits`` (apply
-  ``DecodeState.sampling``'s warp to a drafter's logits);
+  ``DecodeState.sampling``'s warp to a drafter's logits), ``block_tree`` (a block proposer's chain and per-slot
+  candidates as one tree, best paths first);
 - the target's cost curve v(n): ``CostCurve`` (the type of ``TargetInfo.cost``), ``v_at``;
 - what requests share: ``shared(key, build)`` (weights loaded once per process), ``folder_key`` (the key's folder
   part);
@@ -46,6 +47,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
+from .block_drafts import block_tree
 from .sampling import probs_from_logits
 from .shared_weights import folder_key, shared
 from .target.cost import CostCurve, v_at
@@ -78,7 +80,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "CostCurve", "TokenTrie", "children_of", "folder_key", "node_depths", "probs_from_logits", "shared", "v_at",
+    "CostCurve", "TokenTrie", "block_tree", "children_of", "folder_key", "node_depths", "probs_from_logits", "shared", "v_at",
     *_LAZY,
 ]
 

@@ -14,6 +14,8 @@ OPTIONAL: dict[str, tuple[str, Any, str]] = {
     "reads_features": ("Proposer class", False, "reads target hidden-state features (which: feature_layers)"),
     "feature_layers": ("Proposer instance", (), "[F] hidden_states indices it reads as features"),
     "reads_target_tokens": ("Proposer", False, "its VerifyOutcome carries the target's argmax at its nodes"),
+    "block_size": ("Proposer instance", 0, "rows of the block one drafter forward fills (0: not a block proposer); "
+                   "its drafts reach at most block_size - 1 deep and cost the same at any budget"),
     "forward_features": ("TargetModel", None, "forward_features(...) -> (logits, hidden, features [B, n, F, H])"),
     "new_scorer": ("TargetModel", None, "new_scorer(layers, want_hidden) -> one request's Scorer (own KV state)"),
     "new_batch": ("TargetModel", None, "new_batch(rows) -> a batch for batched decoding, or None"),

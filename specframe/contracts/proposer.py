@@ -291,6 +291,13 @@ class Proposer(Protocol):
       ``i``) whose states at every processed position it reads from ``DecodeState.features`` (EAGLE-style
       drafters); the engine takes them from the verification forward it runs anyway. Hosts that cannot give
       features (e.g. vLLM) refuse such a proposer up front.
+    - ``block_size`` (optional, default 0): a *block proposer* (DFlash, DFlash2, PARD) fills a block of
+      ``block_size`` rows, the newest token and ``block_size - 1`` drafts, in one drafter forward, so drafting the
+      whole block costs what drafting part of it does. The *instance* attribute (it may depend on its weights),
+      set in ``__init__``. The engine then asks it for its whole block whenever it runs and verifies the prefix
+      that pays: the router's choice from the measured cost curve (the block's *verify budget*), a block larger
+      than the step can verify clipped (said once). Its drafts go at most ``block_size - 1`` deep; a tree of
+      per-slot candidates is built by :func:`specframe.services.block_tree` (path scores consistent along a path).
 
     Construction: ``cls(config, target_info)``. One instance serves one request at a time; ``start`` resets it.
     """
@@ -320,11 +327,12 @@ class Capabilities:
     provides_draft_probs: bool = False
     feature_layers: tuple[int, ...] = ()  # [F] hidden_states indices it reads, ascending; () = none
     reads_target_tokens: bool = False  # its VerifyOutcome carries the target's argmax at each of its nodes
+    block_size: int = 0  # a block proposer's rows per drafter forward (newest token + drafts); 0 = not one
 
     @staticmethod
     def of(proposer: Any) -> "Capabilities":
-        """The flags of ``proposer`` (an instance: ``feature_layers`` may depend on its weights): the three the
-        contract requires read directly, the optional two through :func:`~specframe.contracts.optional.optional`.
+        """The flags of ``proposer`` (an instance: ``feature_layers`` and ``block_size`` may depend on its weights): the
+        three the contract requires read directly, the optional three through :func:`~specframe.contracts.optional.optional`.
 
         Raises:
             AttributeError: a required flag is missing (registration refuses such a class first).
@@ -337,6 +345,7 @@ class Capabilities:
             bool(proposer.provides_draft_probs),
             tuple(sorted({int(i) for i in (optional(proposer, "feature_layers") or ())})),
             bool(optional(proposer, "reads_target_tokens")),
+            max(int(optional(proposer, "block_size") or 0), 0),
         )
 
 
@@ -355,6 +364,7 @@ class ProposerBase:
         self.config = config
         self.target = target
         self.feature_layers: tuple[int, ...] = ()  # set by a proposer whose class reads_features
+        self.block_size = 0  # set by a block proposer: rows its one drafter forward fills
 
     def start(self, state: DecodeState) -> None:
         return None

@@ -42,11 +42,12 @@ class _Slot:
     """One proposer in one request: its guard and this step's draft."""
 
     __slots__ = ("proposer", "label", "guard", "trees_ok", "branches", "draft", "asked", "budget", "draft_s",
-                 "proposed", "reads_tokens")
+                 "proposed", "reads_tokens", "block")
 
     def __init__(self, proposer: Any, label: str, guard: FaultGuard, branches: bool, trees_ok: bool,
-                 reads_tokens: bool = False) -> None:
+                 reads_tokens: bool = False, block: int = 0) -> None:
         self.proposer, self.label, self.guard, self.reads_tokens = proposer, label, guard, reads_tokens
+        self.block = block  # a block proposer's rows per forward (Capabilities.block_size); 0 = not one
         self.branches = branches  # declares trees: may return them
         self.trees_ok = trees_ok  # and verifier and target take them: they are verified as trees
         self.clear()
@@ -84,7 +85,7 @@ class Drafting:
             if isinstance(p, UnbuiltProposer):  # left out of the whole request
                 guard.unbuilt()
             self.slots.append(_Slot(p, label, guard, caps.produces_trees, caps.produces_trees and self.merged_trees_ok,
-                                    caps.reads_target_tokens))
+                                    caps.reads_target_tokens, caps.block_size))
         self.off = False  # the target refused a chain draft: no more drafts this request (see restrict)
         self.policy = lineup.merge if len(self.slots) > 1 else None
         self.router = lineup.router  # a lone proposer is routed too: its draft is trimmed to what pays on this machine
@@ -92,6 +93,9 @@ class Drafting:
         # the merged tree's node budget; a lone proposer's draft has none beyond the step's
         self.max_nodes = int(self.policy.max_nodes) if self.policy is not None else 1 << 16
         self.batch: tuple[int, int] | None = None  # (rows, others' width) of a shared forward: see set_batch
+        for s in self.slots:
+            if s.block - 1 > self.max_nodes:
+                clipped_once(s.label, s.block, self.max_nodes)
 
     def set_batch(self, rows: int, width: int) -> None:
         """The next step's forward is shared by ``rows`` requests, the others' rows ``width`` tokens wide (the router's
@@ -133,7 +137,9 @@ class Drafting:
             if b <= 0:
                 self.writer.skipped(s.label)
                 continue
-            s.asked, s.budget = True, min(budget, b)
+            # a block proposer drafts its whole block whenever it runs (one forward: the same cost at any budget);
+            # the router's revise (below) or the merged tree's node budget keeps the prefix that pays
+            s.asked, s.budget = True, budget if s.block else min(budget, b)
             s.draft = self._allowed(self._propose_one(s, state, s.budget))
             s.proposed = s.draft.num_nodes
             seen[j] = s.draft
@@ -291,6 +297,19 @@ class FallbackPolicy(MergePolicyBase):
 
     def plan(self, drafts: Sequence[DraftTree], max_nodes: int) -> list[tuple[int, int]]:
         return [(j, d.num_nodes) for j, d in enumerate(drafts)]
+
+
+_CLIPPED: set[tuple[str, int, int]] = set()  # (label, block, limit) already said in this process
+
+
+def clipped_once(label: str, block: int, limit: int) -> None:
+    """Say once per process that proposer ``label``'s block of ``block`` rows (``block - 1`` drafts) is more than
+    the ``limit`` nodes a step verifies, so only the block's first ``limit`` drafts can be verified."""
+    if (label, block, limit) in _CLIPPED:
+        return
+    _CLIPPED.add((label, block, limit))
+    log.warning("proposer %r drafts blocks of %d tokens but a step verifies at most %d draft nodes here "
+                "(the merge policy's max_nodes): each block is clipped to its first %d", label, block - 1, limit, limit)
 
 
 def _count_depths(depths: Any) -> tuple[int, ...]:

@@ -549,6 +549,38 @@ class DFlashDrafter(nn.Module):
             return logits.argmax(-1)
         return self.candidate_selector.greedy(rows, logits, anchor)
 
+    def draft_scored(self, rows: Tensor, logits: Tensor, anchor: Tensor, others: int
+                     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The greedy block with its scores and ``others`` candidates per row, for
+        :func:`specframe.block_drafts.block_tree`. Row 0 of ``rows [1, n, H]`` / ``logits [1, n, V]``; ``anchor [1]``.
+
+        Returns ``(chain [n] int64, chain_scores [n] float32, candidates [n, others] int64, candidate_scores [n,
+        others] float32)``: DFlash scores each row by its softmax (a per-slot marginal: the rows read mask tokens);
+        DFlash2 by the selector's softmax over the row's candidates given the chain's token before (causal in the
+        block). The chain is :meth:`draft_greedy`'s."""
+        sel = self.candidate_selector
+        if sel is None:
+            probs = logits[0].float().softmax(-1)  # [n, V]
+            top = probs.topk(min(others + 1, probs.shape[-1]), dim=-1)
+            chain = logits[0].argmax(-1)
+            return chain, probs.gather(-1, chain[:, None])[:, 0], top.indices, top.values
+        unary, ids = sel.candidates(logits)
+        projected = sel.hidden_projection(rows)
+        prev = anchor
+        chain, chain_scores, cands, cand_scores = [], [], [], []
+        for i in range(rows.shape[1]):
+            raw = sel.scores(projected[:, i], prev, unary[:, i], ids[:, i])[0]  # [k]
+            best = int(raw.argmax(-1))  # (as draft_greedy: the argmax of the scores in the drafter's dtype)
+            p = raw.float().softmax(-1)
+            order = [j for j in p.argsort(descending=True).tolist() if j != best]
+            prev = ids[:, i, best]
+            chain.append(prev[0])
+            chain_scores.append(p[best])
+            rest = torch.tensor(order[:others], dtype=torch.int64, device=p.device)
+            cands.append(ids[0, i, rest])
+            cand_scores.append(p[rest])
+        return (torch.stack(chain), torch.stack(chain_scores), torch.stack(cands), torch.stack(cand_scores))
+
     # --- construction -------------------------------------------------------------------------------------------
     @staticmethod
     def new(target_config: Any, kind: str = DFLASH, num_layers: int = 1, target_layer_ids: tuple[int, ...] | None = None,

@@ -13,6 +13,7 @@ import torch
 from ..contracts import DecodeState, DraftTree, VerifyOutcome
 from ..decode.draft_checks import check_draft
 from ..errors import DraftError
+from ..token_tree import node_depths
 from .report import describe_exc
 
 
@@ -35,6 +36,11 @@ def draft_problem(draft: Any, proposer: Any, vocab_size: int) -> str | None:
     except DraftError as exc:
         hint = " (or declare produces_trees = True)" if "chains only" in str(exc) else ""
         return f"propose returned a draft that breaks the DraftTree contract: {exc}{hint}"
+    block = int(getattr(proposer, "block_size", 0) or 0)
+    if block and draft.num_nodes and max(node_depths(draft.parent[0].tolist())) > block - 1:
+        return (f"propose returned a draft {max(node_depths(draft.parent[0].tolist()))} deep, but a block proposer's "
+                f"block_size = {block} holds the newest token and {block - 1} drafts: draft at most block_size - 1 "
+                "deep (or declare the block_size its one forward fills)")
     if draft.draft_probs is not None and not proposer.provides_draft_probs:
         return ("propose returned draft_probs but the class declares provides_draft_probs = False; "
                 "set it to True so `specframe plugins` tells users the truth")
@@ -50,6 +56,7 @@ class CallLog:
         for attr in ("name", "Config", "needs_hidden_states", "produces_trees", "provides_draft_probs"):
             setattr(self, attr, getattr(inner, attr))
         self.feature_layers = tuple(sorted(int(i) for i in (getattr(inner, "feature_layers", None) or ())))
+        self.block_size = int(getattr(inner, "block_size", 0) or 0)
         self.calls: list[Call] = []
         self.problems: list[str] = []
         self.request, self.step = -1, 0  # where we are: request index, verification step within it

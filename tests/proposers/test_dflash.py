@@ -353,13 +353,16 @@ def _scripted_drafter(target: Target, kind: str, **fields) -> df.DFlashDrafter:
                                 intermediate_size=32, **fields)
 
 
-def write_reading_back(folder: Path, target: Target, offset: int = OFFSET, miss: tuple[int, ...] = ()) -> Path:
+def write_reading_back(folder: Path, target: Target, offset: int = OFFSET, miss: tuple[int, ...] = (),
+                       weak: float = 0.0) -> Path:
     """A DFlash drafter whose block row at position ``p`` attends to the context row at ``p - offset`` and drafts the
     successor of its token. Keys: a constant pattern from channel 64 (the same for every row); queries: that pattern
     rotated back by ``offset`` positions at every RoPE frequency, so the score ``sum_f cos(theta_f (delta - offset))``
     peaks at ``delta = offset`` (by 1.9 over any other delta; times the norms' scale, a 30-logit margin). Values: the
     token's one-hot; ``o_proj`` writes it back, 4x the row's own embedding; the target's LM head does the rest.
-    ``miss``: tokens it never drafts right (the value of their predecessor is zero: that row drafts ``succ(mask)``)."""
+    ``miss``: tokens it never drafts right (the value of their predecessor is ``weak``, 0 by default: that row drafts
+    ``succ(mask)``; with ``weak`` 0.02 the right token is that row's second best: the context rows are normalised to
+    about 8 per channel, so it scores 4 * 8 * 0.02 = 0.64 against the mask's own 1)."""
     d = _scripted_drafter(target, df.DFLASH)
     head_dim = SH
     theta = d.rotary.inv_freq.double()  # [head_dim / 2], the drafter's RoPE frequencies
@@ -370,7 +373,7 @@ def write_reading_back(folder: Path, target: Target, offset: int = OFFSET, miss:
     values = eye.clone()
     pred = {c: x for x, c in enumerate(successor())}
     for c in miss:
-        values[pred[c], pred[c]] = 0.0
+        values[pred[c], pred[c]] = weak
     st = d.state_dict()
     for k in st:
         if k.endswith("norm.weight"):
@@ -457,6 +460,69 @@ def test_the_engine_accepts_the_block_up_to_the_token_the_selector_misses(script
         right = want.index(miss) if miss in want else len(want)
         assert ids[:right] == want[:right] and accepted == right
     assert steps.accepted[:2] == [7, 2]  # tokens 1-7 from the first block; 9, 10 from the second, then 11 missed
+
+
+# --- per-row candidates in the tree (issue 66, 1) ------------------------------------------------------------------
+def test_a_row_candidate_recovers_the_token_the_chain_misses(scripted, tmp_path):
+    """The reading-back drafter made weak on one token: that row's best is succ(mask) and the right token its second
+    best. As a chain (candidates 1) the block is accepted up to that row; with candidates 2 the right token is a leaf
+    beside the row's best, so the target accepts it too: one more token in that step, output the same."""
+    prompt = scripted_prompt()
+    miss = successor_chain(prompt[-1], 11)[-1]  # the 11th token to come: row 3 of the second block
+    folder = write_reading_back(tmp_path / "d", scripted, miss=(miss,), weak=0.02)
+    runs = {}
+    for c in (1, 2):
+        steps = record_steps(dflash(scripted, folder, candidates=c))
+        r = run(scripted, [steps.proposer], prompt=prompt, n=N_NEW)
+        assert r.token_ids == successor_chain(prompt[-1], N_NEW)
+        runs[c] = steps
+    assert runs[1].accepted[:2] == [7, 2]
+    assert runs[2].accepted[:2] == [7, 3]
+    tokens, ids, parents = runs[2].seen[1]
+    want = successor_chain(tokens[-1], 7)
+    assert runs[1].seen[1][1][:3] == [*want[:2], successor()[0]]  # the chain: row 3 drafts succ(mask)
+    leaf = ids.index(miss)
+    assert parents[leaf] == ids.index(want[1]) and leaf not in parents  # beside row 3's best, a leaf
+    assert len(ids) == 14  # 7 rows, each its best and one candidate
+
+
+@pytest.mark.parametrize("kind", [df.DFLASH, df.DFLASH2])
+def test_candidates_keep_greedy_output_exact_within_the_verify_budget(targets, tmp_path, kind):
+    t = targets["qwen2"]
+    folder = write_dflash(tmp_path / "d", t.model.config, kind, mask_token_id=3)
+    for opts in ({"candidates": 2}, {"candidates": 4}, {"candidates": 3, "verify_budget": 5}, {"verify_budget": 2}):
+        steps = record_steps(dflash(t, folder, **opts))
+        r = run(t, [steps.proposer], prompt=PROMPT_2, n=N_NEW)
+        assert r.token_ids == hf_greedy(t.model, PROMPT_2, N_NEW), opts
+        check_metrics(r)
+        most = min(opts.get("verify_budget", 7 * opts.get("candidates", 1)), N_NEW - 1)  # (the first step's budget)
+        sizes = [len(ids) for _, ids, _ in steps.seen]
+        assert max(sizes) == most and all(len(set(zip(ids, p))) == len(ids) for _, ids, p in steps.seen), opts
+        if opts.get("candidates", 1) > 1:
+            assert any(len(set(p)) < len(p) for _, _, p in steps.seen)  # a real tree: siblings somewhere
+
+
+def test_sampling_and_a_target_without_tree_masks_draft_a_chain(targets, tmp_path):
+    t = targets["llama"]
+    folder = write_dflash(tmp_path / "d", t.model.config, mask_token_id=3)
+    steps = record_steps(dflash(t, folder, candidates=3))
+    Engine(t, [steps.proposer], SpeculativeSamplingVerifier()).generate(
+        PROMPT, max_new_tokens=12, sampling=SamplingParams(temperature=0.8), seed=2)
+    assert all(p == list(range(-1, len(p) - 1)) for _, _, p in steps.seen)
+    from dataclasses import replace
+
+    chains_only = replace(t.info, supports_trees=False)
+    assert DFlashProposer(DFlashConfig(checkpoint=str(folder), candidates=3), chains_only).others == 0
+
+
+def test_conformance_kit_with_candidates(tmp_path, specframe_tiny_target):
+    m = specframe_tiny_target.model
+    folder = write_dflash(tmp_path / "kit", m.config, df.DFLASH, seed=4, num_layers=2, block_size=6, mask_token_id=15,
+                          target_layer_ids=[0, 1])
+    kit = Kit(DFlashProposer, {"checkpoint": str(folder), "candidates": 3}, samples=300, target=specframe_tiny_target)
+    kit.check_all()
+    _, results = kit.greedy_battery
+    assert sum(r.metrics.drafted_nodes for r in results) > 0
 
 
 # --- against the reference decoding loop -----------------------------------------------------------------------------
