@@ -69,3 +69,21 @@ def medusa(
     except SpecframeError as exc:
         fail(exc)
     typer.echo(str(output))
+
+
+@export_app.command("dflash")
+def dflash(
+    src: Path = typer.Argument(..., help="Folder of a DFlash or DFlash2 drafter in z-lab's layout (`specframe train "
+                               "dflash` writes one)."),
+    output: Path = _OUTPUT, model: str = _MODEL,
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="float32, bfloat16 or float16; default: the source's."),
+) -> None:
+    """Write a DFlash / DFlash2 drafter in z-lab's layout, checked against the target."""
+    from .export import export_dflash
+
+    _check_output(output, src)
+    try:
+        export_dflash(src, output, model, dtype)
+    except SpecframeError as exc:
+        fail(exc)
+    typer.echo(str(output))

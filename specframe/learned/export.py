@@ -4,7 +4,9 @@
   ``speculators`` (what ``vllm serve DIR`` and vLLM's ``method: eagle3`` read) or ``eagle3`` (SafeAILab's layout,
   read by EAGLE's own code, SGLang and llama.cpp's converter);
 - ``medusa``: specframe's Medusa heads (with the target's LM head as each head's own) or published heads as
-  ``medusa`` (FasterDecoding's ``medusa_lm_head.safetensors``) or ``vllm-medusa`` (vLLM's ``model_type: medusa``).
+  ``medusa`` (FasterDecoding's ``medusa_lm_head.safetensors``) or ``vllm-medusa`` (vLLM's ``model_type: medusa``);
+- ``dflash``: a DFlash or DFlash2 drafter (``specframe train dflash`` writes one) checked against the target and
+  written in z-lab's layout (``config.json`` + ``model.safetensors``) in the dtype asked (published ones: bfloat16).
 
 Each output folder gets a model card (``README.md``) naming the source, the target and who loads the layout, and
 appears whole or not at all.
@@ -31,6 +33,9 @@ LOADERS = {
               "(`{name: medusa, checkpoint: DIR}`)",
     "vllm-medusa": "vLLM (`--speculative-config '{\"method\": \"medusa\", \"model\": DIR}'`), specframe "
                    "(`{name: medusa, checkpoint: DIR}`)",
+    "dflash": "z-lab's `dflash` package (`DFlashDraftModel.from_pretrained(DIR)` and `dflash_generate`: checked in "
+              "specframe's tests), specframe (`{name: dflash, checkpoint: DIR}`); it is the layout z-lab publishes, "
+              "which the serving engines' DFlash support reads (vLLM `method: dflash`; not run by specframe)",
 }
 
 
@@ -117,6 +122,34 @@ def export_medusa(src: Path, fmt: str, out: Path, model: str, verifier: str | No
         if module.token_map is not None:
             facts["token map"] = f"{module.token_map.numel()} target ids (`token_map`, `truncated_vocab_size`)"
         (tmp / "README.md").write_text(_card("Medusa heads", src, fmt, model, name, facts))
+
+    replace_folder(out, fill, sources=[src])
+    return out
+
+
+def export_dflash(src: Path, out: Path, model: str, dtype: str | None = None) -> Path:
+    """Write the DFlash / DFlash2 drafter in ``src`` to ``out`` in z-lab's layout, after checking it fits ``model``.
+
+    Raises:
+        ConfigError: ``src`` holds no drafter in that layout, one for another target (the field named), or an unknown
+            ``dtype``."""
+    from ..io.atomic import replace_folder
+    from .dflash import load_dflash, save_dflash
+
+    if dtype not in (None, "float32", "bfloat16", "float16"):
+        raise ConfigError(f"--dtype {dtype!r}: choose float32, bfloat16 or float16 (default: the source's)")
+    cfg, _ = target_config(model)
+    d = load_dflash(src, int(cfg.hidden_size), int(cfg.vocab_size), int(cfg.num_hidden_layers))
+    stored = json.loads((src / "config.json").read_text()).get("torch_dtype") or "float32"
+    dtype_t = getattr(torch, dtype or stored, torch.float32)
+
+    def fill(tmp: Path) -> None:
+        save_dflash(d, tmp, dtype_t)
+        (tmp / "README.md").write_text(_card(("DFlash2" if d.candidate_selector is not None else "DFlash") + " block drafter", src, "dflash", model, model, {
+            "architecture": json.loads((tmp / "config.json").read_text())["architectures"][0],
+            "block size (newest token + drafts)": d.block_size, "mask token id": d.mask_token_id,
+            "target layers read (0-based decoder layers)": list(d.spec.target_layer_ids),
+            "decoder layers": len(d.layers), "weights dtype": str(dtype_t).removeprefix("torch.")}))
 
     replace_folder(out, fill, sources=[src])
     return out

@@ -580,3 +580,41 @@ def test_scripted_drafters_decode_as_the_reference_step_by_step(scripted, tmp_pa
     folder = write(tmp_path / "d", scripted, miss=(ahead[4], ahead[17], ahead[19], ahead[35]))
     lengths = _same_as_reference(scripted, folder, prompt, 48)
     assert len(set(lengths)) > 2  # full blocks, blocks cut at a missed token, a last clipped block
+
+
+# --- specframe export dflash -----------------------------------------------------------------------------------------
+def _export(*args: str):
+    from typer.testing import CliRunner
+
+    from specframe import cli
+
+    return CliRunner().invoke(cli.app, ["export", "dflash", *args])
+
+
+@pytest.mark.parametrize("kind", [df.DFLASH, df.DFLASH2])
+def test_export_writes_z_labs_layout_checked_against_the_target(targets, tmp_path, kind):
+    from tests.fakes import assert_user_error
+
+    t = targets["llama"]
+    model_folder = tmp_path / "target"
+    t.model.save_pretrained(model_folder)
+    src = write_dflash(tmp_path / "src", t.model.config, kind, mask_token_id=3)
+    r = _export(str(src), "--output", str(tmp_path / "bf16"), "--model", str(model_folder), "--dtype", "bfloat16")
+    assert r.exit_code == 0, r.output
+    config = json.loads((tmp_path / "bf16" / "config.json").read_text())
+    assert config["torch_dtype"] == "bfloat16" and config["dflash_config"]["mask_token_id"] == 3
+    assert "| block size (newest token + drafts) | 8 |" in (tmp_path / "bf16" / "README.md").read_text()
+    a, b = df.load_dflash(src, H, V, L), df.load_dflash(tmp_path / "bf16", H, V, L)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        torch.testing.assert_close(y.float(), x.to(torch.bfloat16).float(), msg=name)
+    r = _export(str(src), "--output", str(tmp_path / "same"), "--model", str(model_folder))
+    assert r.exit_code == 0, r.output  # the source's dtype (float32): the same drafter, the same greedy output
+    out = run(t, [dflash(t, tmp_path / "same")], prompt=PROMPT, n=N_NEW)
+    assert out.token_ids == run(t, [dflash(t, src)], prompt=PROMPT, n=N_NEW).token_ids == hf_greedy(t.model, PROMPT, N_NEW)
+    other = Target(build_model("llama", num_hidden_layers=L, hidden_size=48), build_tokenizer(), name=NAME)
+    other.model.save_pretrained(tmp_path / "other")
+    assert_user_error(_export(str(src), "--output", str(tmp_path / "o"), "--model", str(tmp_path / "other")),
+                      "hidden_size")
+    assert not (tmp_path / "o").exists()
+    assert_user_error(_export(str(src), "--output", str(tmp_path / "o"), "--model", str(model_folder), "--dtype",
+                              "int8"), "--dtype")
