@@ -317,3 +317,21 @@ def test_constrained_greedy_equals_llamacpp_alone_with_a_grammar_processor(sf, p
         import jsonschema
 
         jsonschema.validate(json.loads(got.text), PERSON)
+
+
+def test_a_pard_draft_drafts_its_block_beside_llamacpp(sf, prompts, tmp_path):
+    """PARD (issue 66, 3) needs nothing of the target but its vocabulary, so it runs beside the llama.cpp engine: the
+    shipped small draft, as the standalone transformers model the engine exports it to, converted to PARD's layout
+    (the mask a new embedding row, as PARD's recipe adds one), drafting 4 tokens per forward, leaves greedy output
+    equal to llama.cpp alone (untrained as a PARD draft: its acceptance is not the point)."""
+    from specframe.learned.pard import convert_to_pard
+    from specframe.services import model_directory, resolve_model
+
+    src = model_directory(resolve_model("smollm2-135m-instruct-draft"))
+    assert convert_to_pard(src, tmp_path / "pard") == sf.target.vocab_size  # a new row past the target's tokens
+    for text in prompts:
+        ids = sf.encode(text)
+        got = sf.generate_result(ids, proposers=[{"name": "draft-model", "model": str(tmp_path / "pard"), "k": 4,
+                                                  "schedule": "constant"}], max_new_tokens=32, router="none")
+        assert got.token_ids == _peer_tokens(sf, ids, 32)
+        assert got.metrics.drafted_nodes >= 4 * (got.metrics.target_forwards - 1) - 4
