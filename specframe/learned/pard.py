@@ -210,7 +210,8 @@ def drop_rows(batch: dict[str, Tensor], k: int, ratio: float, min_ratio: float,
     kept with it, so it sees what it sees at inference). The same rows for the whole batch.
 
     Args:
-        batch: :func:`pard_batch`'s output for block ``k``.
+        batch: :func:`pard_batch`'s output for block ``k`` (more ``[B, k L]`` entries, one value per row, are
+            kept with their rows).
         ratio, min_ratio: in (0, 1].
         generator: the randomness.
     """
@@ -228,5 +229,5 @@ def drop_rows(batch: dict[str, Tensor], k: int, ratio: float, min_ratio: float,
         prev = chosen
     rows = torch.cat(keep).to(batch["input_ids"].device)
     mask = batch["attention_mask"][:, :, rows][:, :, :, rows]
-    return {"input_ids": batch["input_ids"][:, rows], "position_ids": batch["position_ids"][:, rows],
-            "attention_mask": mask, "labels": batch["labels"][:, rows]}
+    # every other entry is one value per row ([B, k L]: input_ids, position_ids, labels, and any a caller adds)
+    return {**{key: v[:, rows] for key, v in batch.items() if key != "attention_mask"}, "attention_mask": mask}

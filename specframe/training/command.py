@@ -1,4 +1,4 @@
-"""``specframe train corpus|draft|eagle|medusa|dflash``: the training recipes as commands (seeded, resumable, with progress
+"""``specframe train corpus|draft|eagle|medusa|dflash|pard``: the training recipes as commands (seeded, resumable, with progress
 bars); each recipe's own options come from its settings dataclass (:mod:`specframe.training.options`)."""
 
 from __future__ import annotations
@@ -233,6 +233,7 @@ def _register() -> None:
     from .draft import DraftSettings
     from .eagle import EagleSettings
     from .medusa import MedusaSettings
+    from .pard import PardSettings
 
     _recipe_command("draft", DraftSettings,
                     "Distil a small draft model (a few of the target's layers, its embeddings and tokenizer) from the "
@@ -241,6 +242,9 @@ def _register() -> None:
                     "Train an EAGLE-style drafter on the target's own features and greedy answers (training-time "
                     "test).", _check_eagle)
     _recipe_command("medusa", MedusaSettings, "Train Medusa-1 heads on the target's own answers (self-distillation).")
+    _recipe_command("pard", PardSettings,
+                    "Train a PARD parallel draft (the draft-model proposer's parallel mode): the target itself with LoRA "
+                    "adapters (self-drafting), or the shipped small draft.")
     _recipe_command("dflash", DFlashSettings,
                     "Train a DFlash block drafter (z-lab's layout, for the dflash proposer) on the target's own hidden "
                     "states and answers: random anchors, blocks of masks, decay-weighted cross-entropy.")

@@ -89,15 +89,16 @@ def loss_weights(s: DFlashSettings) -> Tensor:
     return torch.exp(-torch.arange(s.block_size - 1, dtype=torch.float32) / gamma)
 
 
-def mask_token_for(records: list[dict], s: DFlashSettings, vocab: int) -> int:
-    """``s.mask_token``, or for -1 the lowest token id that no record's prompt or answer holds (else the last id).
+def mask_token_for(records: list[dict], mask_token: int, vocab: int) -> int:
+    """``mask_token`` (a ``--mask-token``), or for -1 the lowest token id that no record's prompt or answer holds
+    (else the last id).
 
     Raises:
-        ConfigError: ``s.mask_token`` is not a token id of the target."""
-    if s.mask_token >= 0:
-        if s.mask_token >= vocab:
-            raise ConfigError(f"--mask-token {s.mask_token} is not a token id of the target (0..{vocab - 1})")
-        return s.mask_token
+        ConfigError: ``mask_token`` is not a token id of the target."""
+    if mask_token >= 0:
+        if mask_token >= vocab:
+            raise ConfigError(f"--mask-token {mask_token} is not a token id of the target (0..{vocab - 1})")
+        return mask_token
     used = {t for r in records for t in (*r["prompt_ids"], *r["response_ids"])}
     return next((t for t in range(vocab) if t not in used), vocab - 1)
 
@@ -246,7 +247,7 @@ def train_dflash(target: Any, records: list[dict], out: Path, s: DFlashSettings,
     examples = training_sequences(records, s.max_len)
     if not examples:
         raise ConfigError("the corpus has no usable responses (none with 2 or more tokens): build a larger corpus")
-    mask = mask_token_for(records, s, int(target.model.get_input_embeddings().weight.shape[0]))
+    mask = mask_token_for(records, s.mask_token, int(target.model.get_input_embeddings().weight.shape[0]))
     drafter, copied = new_drafter(target, s, mask)
     drafter.to(target.device).train()
     head_weight = target.model.get_output_embeddings().weight.detach()

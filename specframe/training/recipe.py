@@ -24,13 +24,16 @@ from .dflash import DFlashSettings, finish_dflash, train_dflash
 from .draft import DraftSettings, finish_draft, train_draft
 from .eagle import EagleSettings, finish_eagle, train_eagle
 from .medusa import MedusaSettings, finish_medusa, train_medusa
+from .pard import PardSettings, finish_pard, train_pard
 from .teacher import teacher_pass
 
-RECIPES = {"draft": "draft-model", "medusa": "medusa", "eagle": "eagle", "dflash": "dflash"}  # recipe -> its proposer
+RECIPES = {"draft": "draft-model", "medusa": "medusa", "eagle": "eagle", "dflash": "dflash",
+           "pard": "draft-model"}  # recipe -> its proposer
 EVAL_SEED = 10_001  # held-out prompts: same templates and source, another seed
 
 
-_SETTINGS = {"draft": DraftSettings, "medusa": MedusaSettings, "eagle": EagleSettings, "dflash": DFlashSettings}
+_SETTINGS = {"draft": DraftSettings, "medusa": MedusaSettings, "eagle": EagleSettings, "dflash": DFlashSettings,
+             "pard": PardSettings}
 
 
 def reproduce_flags(kind: str, settings: dict) -> str:
@@ -70,7 +73,7 @@ def evaluate_tau(target: Any, proposer_name: str, options: dict, num_prompts: in
 
 
 def run_recipe(kind: str, target: Any, target_name: str, output: Path, corpus: Path, corpus_settings: CorpusSettings,
-               settings: DraftSettings | MedusaSettings | EagleSettings | DFlashSettings,
+               settings: DraftSettings | MedusaSettings | EagleSettings | DFlashSettings | PardSettings,
                bar: Callable[[str, int, int, str], None],
                eval_prompts: int = 12, deadline: float | None = None, extra_corpora: Sequence[Path] = ()) -> dict:
     """Build the corpus (or finish it), train, save, evaluate, write ``README.md`` (model card) and
@@ -155,6 +158,12 @@ def _train(kind: str, target: Any, target_name: str, records: list[dict], output
                                progress=lambda s, n, loss: bar("train", s, n, f"loss {loss:.3f}"), deadline=deadline)
         finish_dflash(summary.pop("drafter"), output)
         return summary, "dflash", {"checkpoint": str(output)}
+    if kind == "pard":
+        summary = train_pard(target, target_name, records, output, settings,
+                             progress=lambda s, n, loss: bar("train", s, n, f"loss {loss:.3f}"), deadline=deadline)
+        finish_pard(summary.pop("model"), summary.pop("tokenizer"), summary["mask_token_id"], output)
+        k = settings.block_size
+        return summary, "draft-model", {"model": str(output), "k": k, "max_k": k, "schedule": "constant"}
     summary = train_medusa(target, records, output, settings,
                            progress=lambda ph, s, n, loss: bar(ph, s, n, f"loss {loss:.3f}" if ph == "train" else ""),
                            teacher=teacher, deadline=deadline)
@@ -234,6 +243,13 @@ def _what(kind: str, r: dict) -> str:
         f"token, then mask token {res.get('mask_token_id')}) in one forward with the target's own embeddings and "
         "LM head (frozen, not saved here)."
         if kind == "dflash" else
+        (f"A PARD parallel draft for `{r['target']}` (the draft-model proposer's parallel mode; PARD's layout: "
+         f"`pard_token` {res.get('mask_token_id')}): "
+         + (f"the target itself with rank-{s['lora_rank']} LoRA adapters on its decoder's linear layers, merged into "
+            "the weights after training (a self-drafting block drafter)" if s["init"] == "target" else
+            "the small draft shipped for the target, every weight trained")
+         + f", drafting {s['block_size']} tokens per forward over mask tokens.")
+        if kind == "pard" else
         f"{s['num_heads']} Medusa-1 heads ({s['num_layers']} residual block each) for `{r['target']}`, feeding the "
         "target's own LM head."
     )
@@ -253,6 +269,8 @@ def model_card(r: dict, loss_plot: str = "loss.png", logs_in: str | None = None)
          "`method: eagle3` with this folder (docs/drafters.md)." if s.get("arch") == "eagle3" else
          "Use: `{name: dflash, checkpoint: DIR}` in a config (DIR: this folder; docs/block-drafters.md)."
          if kind == "dflash" else
+         f"Use: `{{name: draft-model, model: DIR, k: {s.get('block_size')}, max_k: {s.get('block_size')}}}` in a config "
+         "(DIR: this folder; docs/block-drafters.md)." if kind == "pard" else
          f"Use: `specframe generate --proposer {proposer} ...` (these weights are the default for this target)."), "",
         "## Data", "",
         f"- Prompts: {c['records']} records of the `{c['settings'].get('mix', 'pydoc')}` prompt mix (seed "
@@ -275,7 +293,10 @@ def model_card(r: dict, loss_plot: str = "loss.png", logs_in: str | None = None)
         "```", json.dumps(s), "```", "",
         f"{res['steps']} steps; final loss {res.get('final_loss', res.get('final_loss_head0')):.3f}, top-1 accuracy "
         f"{res.get('final_acc', res.get('final_acc_head0')):.3f} (mean of the last 20 steps"
-        + {"draft": "", "medusa": ", head 0", "eagle": ", pass 1", "dflash": ", first block row"}[kind]
+        + {"draft": "", "medusa": ", head 0", "eagle": ", pass 1", "dflash": ", first block row",
+           "pard": ", first mask group (2 tokens ahead)"}[kind]
+        + ("; accuracy by group " + " ".join(f"{a:.2f}" for a in res.get("final_acc_by_group", []))
+           if kind == "pard" else "")
         + (f"; teacher-forced block τ {res['final_block_tau']:.2f}, accuracy by block row "
            + " ".join(f"{a:.2f}" for a in res.get("final_acc_by_row", [])) if kind == "dflash" else "")
         + f"); training {res['train_s'] / 60:.1f} min"

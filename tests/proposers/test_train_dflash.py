@@ -65,7 +65,7 @@ def test_blocks_labels_and_loss_weights():
     assert loss_weights(DFlashSettings(block_size=16))[1] == pytest.approx(math.exp(-1 / 7))
     assert loss_weights(DFlashSettings(block_size=4, gamma=2.0)).tolist() == pytest.approx([1, math.exp(-0.5), math.exp(-1)])
     recs = [{"prompt_ids": [0, 1, 2], "response_ids": [4]}]
-    assert mask_token_for(recs, DFlashSettings(), 10) == 3 and mask_token_for(recs, DFlashSettings(mask_token=7), 10) == 7
+    assert mask_token_for(recs, -1, 10) == 3 and mask_token_for(recs, 7, 10) == 7
 
 
 # 24 records, batch 4, 12 epochs: 72 steps, a checkpoint at step 50 and at the end

@@ -31,6 +31,7 @@ from specframe.training.dflash import DFlashSettings
 from specframe.training.draft import DraftSettings, finish_draft, train_draft
 from specframe.training.eagle import EagleSettings
 from specframe.training.medusa import MedusaSettings, collect, finish_medusa, train_medusa
+from specframe.training.pard import PardSettings
 from specframe.training.prompts import build_prompts, passages
 from specframe.training.recipe import EVAL_SEED, RECIPES, run_recipe
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
@@ -517,7 +518,7 @@ def test_medusa_resume_is_exact(tiny, tmp_path):
 # --- recipe -----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["draft", "medusa", "eagle", "dflash"])
+@pytest.mark.parametrize("kind", ["draft", "medusa", "eagle", "dflash", "pard"])
 def test_run_recipe_end_to_end(kind, tiny_free, tmp_path_factory):
     tiny = tiny_free  # no EOS: the held-out evaluation runs the full 96 tokens per prompt
     corpus = tmp_path_factory.getbasetemp() / "recipe-corpus"  # shared by both recipes: built once
@@ -525,7 +526,8 @@ def test_run_recipe_end_to_end(kind, tiny_free, tmp_path_factory):
     settings = {"draft": DraftSettings(layers=[0], vocab_subset=32, epochs=1, batch_size=8, soft_labels=False),
                 "medusa": MedusaSettings(num_heads=2, epochs=1, batch_positions=16),
                 "eagle": EagleSettings(vocab_subset=32, epochs=1, batch_size=8, autocast=False),
-                "dflash": DFlashSettings(draft_layers=1, block_size=4, epochs=1, batch_size=8, autocast=False)}[kind]
+                "dflash": DFlashSettings(draft_layers=1, block_size=4, epochs=1, batch_size=8, autocast=False),
+                "pard": PardSettings(lora_rank=2, block_size=3, epochs=1, batch_size=8)}[kind]
     out = tmp_path_factory.mktemp(kind)
     phases = set()
     record = run_recipe(kind, tiny, "tiny", out, corpus, cs, settings, lambda ph, d, n, info: phases.add(ph),
@@ -534,7 +536,8 @@ def test_run_recipe_end_to_end(kind, tiny_free, tmp_path_factory):
     names = {p.name for p in out.iterdir()}
     weights = {"draft": {"model.safetensors", "config.json", "specframe-draft.json"},
                "medusa": {"medusa.safetensors", "medusa.json"}, "eagle": {"eagle.safetensors", "eagle.json"},
-               "dflash": {"model.safetensors", "config.json"}}[kind]
+               "dflash": {"model.safetensors", "config.json"},
+               "pard": {"model.safetensors", "config.json", "tokenizer.json"}}[kind]
     assert {"README.md", "recipe.json", "loss.png", "train-log.jsonl"} | weights <= names
     assert "ckpt.pt" not in names
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -637,6 +640,9 @@ runner = CliRunner()
         (["dflash", "--block-size", "1"], "--block-size"),
         (["dflash", "--target-layers", "a"], "--target-layers"),
         (["dflash", "--mask-token", "-2"], "--mask-token"),
+        (["pard", "--init", "nope"], "--init"),
+        (["pard", "--lora-rank", "0"], "--lora-rank"),
+        (["pard", "--cod-ratio", "0"], "--cod-ratio"),
     ],
 )
 def test_train_cli_errors(args, needle, tmp_path, no_model_load):
@@ -700,7 +706,7 @@ def test_soft_label_draft_learns_and_needs_the_teacher(tiny, tmp_path):
     assert all(math.isfinite(r["loss"]) for r in log)
 
 
-@pytest.mark.parametrize("kind", ["medusa", "draft", "eagle", "dflash"])
+@pytest.mark.parametrize("kind", ["medusa", "draft", "eagle", "dflash", "pard"])
 def test_model_card_reproduce_line_names_real_flags(kind) -> None:
     """Every flag of the reproduce line exists on `specframe train KIND`, and non-default settings are named."""
     from typer.testing import CliRunner
@@ -719,7 +725,7 @@ def test_model_card_reproduce_line_names_real_flags(kind) -> None:
     assert ("--hard-labels" in line) == (kind == "draft")
     assert reproduce_flags(kind, {**settings, "max_records": 0}).count("--max-records") == 0
     warm = reproduce_flags(kind, {**settings, "skip_records": 13000, "init": "old/eagle"})
-    assert (" --skip-records 13000" in warm and " --init old/eagle" in warm) == (kind == "eagle")
+    assert (" --skip-records 13000" in warm and " --init old/eagle" in warm) == (kind in ("eagle", "pard"))
     assert "--skip-records" not in reproduce_flags(kind, {**settings, "skip_records": 0, "init": ""})
 
 
@@ -805,6 +811,9 @@ def test_progress_lines_on_a_non_terminal_stderr(monkeypatch):
                               batch_size=4, max_len=512, lr=1e-3, mask_token=16, max_records=30, skip_records=3,
                               seed=2)),
     ("dflash", DFlashSettings()),
+    ("pard", PardSettings(init="draft", lora_rank=4, block_size=5, cod_ratio=0.5, epochs=2, batch_size=2, max_len=128,
+                          lr=1e-3, mask_token=7, max_records=10, skip_records=2, seed=3)),
+    ("pard", PardSettings()),
 ])
 def test_the_reproduce_flags_give_back_the_settings(kind, settings, tmp_path, monkeypatch):
     """`specframe train KIND` + the model card's reproduce flags of ``settings`` builds exactly ``settings``, and with
