@@ -247,6 +247,30 @@ def test_eagle_replay_is_within_tolerance_of_live(tmp_path):
         assert abs(tau_replay - tau_live) <= 0.02 * tau_live, (name, tau_replay, tau_live)
 
 
+def test_block_drafter_replay_is_within_tolerance_of_live(tmp_path):
+    """A DFlash block drafter reads two target layers at every committed position: the trace holds them, and replay
+    gives the live τ, alone (whole blocks and the router's trims) and combined with ngram."""
+    from specframe.learned import dflash as df
+
+    model = build_model("llama", num_hidden_layers=4)
+    folder = tmp_path / "dflash"
+    df.save_dflash(df.DFlashDrafter.new(model.config, df.DFLASH, num_layers=1, target_layer_ids=(0, 2), block_size=6,
+                                        mask_token_id=3, seed=2), folder)
+    target = Target(model, build_tokenizer(), name=NAME)
+    sf = specframe.load(target=target, registry=build_registry(), chat=False)
+    block = {"name": "dflash", "checkpoint": str(folder), "candidates": 2}
+    trace = record_trace(sf, REPLAY_PROMPTS, max_new_tokens=N_NEW, chat=False, features_for=[block])
+    assert trace.feature_layers == {1: "all", 3: "all"}
+    for name, proposers in (("dflash", [block]), ("ngram+dflash", [{"name": "ngram"}, block])):
+        records = replay(sf, trace, name, {"proposers": proposers, "router": "none"})
+        lives = [sf.generate_result(q.prompt, proposers=proposers, max_new_tokens=N_NEW, router="none")
+                 for q in trace.questions]
+        assert [r["token_ids"] for r in records] == [r.token_ids for r in lives]
+        tau_live = sum(r.metrics.new_tokens for r in lives) / sum(r.metrics.target_forwards for r in lives)
+        tau_replay = sum(r["metrics"]["new_tokens"] for r in records) / sum(r["metrics"]["target_forwards"] for r in records)
+        assert abs(tau_replay - tau_live) <= 0.02 * tau_live, (name, tau_replay, tau_live)
+
+
 def test_a_strategy_reading_features_the_trace_lacks_is_refused(envs, medusa_env):
     sf, zero, _ = medusa_env
     _, trace, _ = envs["llama"]  # recorded without features

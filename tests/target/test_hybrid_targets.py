@@ -177,3 +177,25 @@ def test_conformance_kit_on_hybrid_targets(model_type, name, tmp_path):
         getattr(kit, check)()  # raises ConformanceError on failure
     _, results = kit.greedy_battery
     assert sum(r.metrics.drafted_nodes for r in results) > 0  # the checks ran over verified drafts
+
+
+@pytest.mark.parametrize("model_type", [h for h in HYBRIDS if h not in ("mamba2", "rwkv")])
+def test_a_block_drafter_on_a_hybrid_target_is_token_identical(model_type, tmp_path):
+    """A DFlash block drafter (issue 66, 5) reading the first and last layers' hidden states of a hybrid target
+    (attention beside recurrent layers): blocks verified as chains (no tree masks here), rolled back like any
+    draft; greedy output equal to transformers'. (Pure recurrent models have no attention heads for a Qwen3-style
+    drafter built from their config.)"""
+    from specframe.learned import dflash as df
+    from specframe_plugins.dflash import DFlashConfig, DFlashProposer
+
+    model = build_tiny(model_type, seed=0)
+    target = make_target(model, None, name=model_type)
+    cfg = model.config.get_text_config()
+    layers = int(cfg.num_hidden_layers)
+    df.save_dflash(df.DFlashDrafter.new(cfg, df.DFLASH, num_layers=1, target_layer_ids=(0, layers - 1), block_size=5,
+                                        mask_token_id=3, seed=1), tmp_path / "d")
+    proposer = DFlashProposer(DFlashConfig(checkpoint=str(tmp_path / "d"), candidates=2), target.info)
+    assert proposer.others == 0  # no tree masks on a hybrid target: the chain
+    result = Engine(target, [proposer], GreedyVerifier()).generate(PROMPT, max_new_tokens=TOKENS)
+    assert result.token_ids == reference_greedy(model, PROMPT, TOKENS)
+    assert result.metrics.proposer_faults == 0 and result.metrics.drafted_nodes > 0
