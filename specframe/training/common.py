@@ -209,9 +209,10 @@ class TrainingRun:
             torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]], clip)
         self.opt.step()
 
-    def done(self, loss: float, acc: float) -> None:
-        """Log the step just trained, report progress, and checkpoint when it is due."""
-        self.log.add(self.step, loss, acc)
+    def done(self, loss: float, acc: float, **figures: Any) -> None:
+        """Log the step just trained (``figures``: more JSON-able entries for its log line), report progress, and
+        checkpoint when it is due."""
+        self.log.add(self.step, loss, acc, figures)
         self.step += 1
         if self.progress:
             self.progress(self.step, self.total, loss)
@@ -247,18 +248,24 @@ class LossLog:
         self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         self._f = self.path.open("a")
 
-    def add(self, step: int, loss: float, acc: float) -> None:
-        self._f.write(json.dumps({"step": step, "loss": round(loss, 5), "acc": round(acc, 5)}) + "\n")
+    def add(self, step: int, loss: float, acc: float, figures: dict | None = None) -> None:
+        row = {"step": step, "loss": round(loss, 5), "acc": round(acc, 5), **(figures or {})}
+        self._f.write(json.dumps(row) + "\n")
         self._f.flush()
 
     def close(self) -> None:
         self._f.close()
 
 
+def final_rows(out: Path, last: int = 20) -> list[dict]:
+    """The last ``last`` lines of ``train-log.jsonl`` (also after a resumed run), as dicts."""
+    log = log_folder(out) / "train-log.jsonl"
+    return [json.loads(x) for _, x in jsonl_lines(log.read_text(encoding="utf-8"))][-last:]
+
+
 def final_means(out: Path, last: int = 20) -> tuple[float, float]:
     """Mean loss and accuracy of the last ``last`` steps in ``train-log.jsonl`` (also after a resumed run)."""
-    log = log_folder(out) / "train-log.jsonl"
-    rows = [json.loads(x) for _, x in jsonl_lines(log.read_text(encoding="utf-8"))][-last:]
+    rows = final_rows(out, last)
     if not rows:
         return float("nan"), float("nan")
     return sum(r["loss"] for r in rows) / len(rows), sum(r["acc"] for r in rows) / len(rows)

@@ -38,6 +38,7 @@ from .common import (
     PieceDone,  # noqa: F401 - raised by TrainingRun, documented here
     TrainingRun,
     cosine_lr,
+    final_rows,
     length_batches,
     padded_batch,
     plot_loss,
@@ -262,7 +263,6 @@ def train_dflash(target: Any, records: list[dict], out: Path, s: DFlashSettings,
                       deadline=deadline)
     weights = loss_weights(s)
     warmup = max(1, min(s.warmup, total // 25))
-    recent: list[dict] = []
     for b in resumed_batches(lambda epoch: length_batches(lengths, s.batch_size, s.seed, epoch), per_epoch, s.epochs,
                              run.step):
         got = _step_loss(target, drafter, [examples[i] for i in b], s, run.step, head_weight, weights)
@@ -271,11 +271,12 @@ def train_dflash(target: Any, records: list[dict], out: Path, s: DFlashSettings,
             continue
         loss, figures = got
         run.update(loss, cosine_lr(run.step, total, s.lr, warmup), clip=1.0)
-        recent = (recent + [figures])[-20:]
-        run.done(float(loss.detach()), figures["acc"])
+        tau = None if math.isnan(figures["tau"]) else round(figures["tau"], 4)
+        run.done(float(loss.detach()), figures["acc"], tau=tau, row_acc=[round(a, 5) for a in figures["row_acc"]])
     final_loss, final_acc = run.close()
     drafter.eval()
-    taus = [f["tau"] for f in recent if not math.isnan(f["tau"])]
+    recent = [r for r in final_rows(out) if "row_acc" in r]  # from the log: a resumed run reports them too
+    taus = [r["tau"] for r in recent if r.get("tau") is not None]
     return {
         "steps": run.step, "final_loss": final_loss, "final_acc": final_acc,
         "final_block_tau": sum(taus) / len(taus) if taus else float("nan"),

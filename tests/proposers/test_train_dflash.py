@@ -139,6 +139,11 @@ def test_a_run_stopped_at_its_time_limit_or_interrupted_resumes_to_the_same_stat
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
     assert _log(out) == _log(full_out)
+    # resumed after its last step (the recipe's evaluation failed, say): nothing trains, the summary is the same
+    again = train_dflash(tiny, pattern_records(), out, S, progress=lambda s, n, loss: steps.append(s))
+    assert steps == list(range(51, 73)) and again["steps"] == 72
+    assert again["final_block_tau"] == pytest.approx(resumed["final_block_tau"]) and resumed["final_block_tau"] > 2.0
+    assert again["final_acc_by_row"] == pytest.approx(resumed["final_acc_by_row"]) and len(again["final_acc_by_row"]) == 3
     from specframe.errors import ConfigError
 
     with pytest.raises(ConfigError, match="other settings: block_size 4 \\(now 5\\)"):
