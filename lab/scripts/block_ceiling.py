@@ -8,7 +8,9 @@ For a strategy whose proposers include a block drafter of ``b`` drafts (``dflash
 1``, read from its checkpoint, or ``k``; ``draft-model`` with ``k``), measured at ``S`` target forwards per second
 over the run: ceiling tok/s = ``(b + 1) * S`` (every step committing the whole block and the bonus token at the
 measured step cost). An honest upper bound only for the step cost measured: a step whose block were all accepted
-would verify the same nodes, so its cost is the same (the router's trims aside). Prints a Markdown table: τ,
+would verify the same nodes, so its cost is the same (the router's trims aside). A strategy whose router ran the
+block drafter in fewer than 90 % of its steps gets no ceiling (its steps cost what the other proposers' do): read
+the ceiling of the same drafter with ``router: none``. Prints a Markdown table: τ,
 tok/s, the ratio to the reference, the ceiling and its ratio, per strategy and per category for the best one.
 """
 
@@ -19,20 +21,20 @@ import json
 from pathlib import Path
 
 
-def block_drafts(proposers: list) -> int:
-    """The block's drafts of a strategy's block drafter, or 0 when it has none."""
+def block_drafts(proposers: list) -> tuple[int, str]:
+    """The block's drafts of a strategy's block drafter and its proposer name, or ``(0, "")`` when it has none."""
     for p in proposers or []:
         if not isinstance(p, dict):
             continue
         if p.get("name") == "dflash":
             if p.get("k"):
-                return int(p["k"])
+                return int(p["k"]), "dflash"
             cfg = json.loads((Path(p["checkpoint"]) / "config.json").read_text())
             block = cfg.get("block_size") or cfg.get("dflash_config", {}).get("block_size")
-            return int(block) - 1
+            return int(block) - 1, "dflash"
         if p.get("name") == "draft-model" and p.get("k"):
-            return int(p["k"])
-    return 0
+            return int(p["k"]), "draft-model"
+    return 0, ""
 
 
 def main() -> int:
@@ -50,9 +52,15 @@ def main() -> int:
         o = summary.get(s["name"], {}).get("by_column", {}).get("overall")
         if o is None:
             continue
-        b = block_drafts(s.get("proposers") or [])
+        b, name = block_drafts(s.get("proposers") or [])
         steps_s = o["target_forwards"] / o["wall_s"]
-        ceiling = f"{(b + 1) * steps_s:.1f} | {(b + 1) * steps_s / ref:.2f}×" if b else "- | -"
+        share = summary[s["name"]].get("attribution", {}).get(name, {}).get("run_share", 1.0) if b else 0.0
+        if not b:
+            ceiling = "- | -"
+        elif share < 0.9:  # the router left it out of most steps: their cost is not a block step's
+            ceiling = f"- (the drafter ran in {share:.0%} of steps) | -"
+        else:
+            ceiling = f"{(b + 1) * steps_s:.1f} | {(b + 1) * steps_s / ref:.2f}×"
         print(f"| {s['name']} | {b or '-'} | {o['tau']:.2f} | {o['tokens_per_s']:.1f} | {o['tokens_per_s'] / ref:.2f}× "
               f"| {ceiling} |")
     return 0
