@@ -140,6 +140,18 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>")
 
 
+# a word-level tokenizer's chat template: "<role> content" per message, then the assistant's turn
+CHAT_TEMPLATE = ("{% for m in messages %}{{ 'aa ' if m['role'] == 'user' else 'ab ' }}{{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}ac{% endif %}")
+
+
+def chat_target(**model_kw) -> Target:
+    """A tiny Llama target named ``tiny`` whose word-level tokenizer has :data:`CHAT_TEMPLATE` (the servers' tests)."""
+    tok = build_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    return Target(build_model("llama", **model_kw), tok, name="tiny")
+
+
 # --- references and shared checks -------------------------------------------------------------------------------------
 
 

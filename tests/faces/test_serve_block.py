@@ -14,21 +14,15 @@ openai = pytest.importorskip("openai")
 
 import specframe  # noqa: E402
 from specframe.learned import dflash as df  # noqa: E402
-from specframe.target.hf import Target  # noqa: E402
 
-from tests.fakes import build_model, build_tokenizer, live_server  # noqa: E402
+from tests.fakes import build_model, build_tokenizer, chat_target, live_server  # noqa: E402
 
-TEMPLATE = ("{% for m in messages %}{{ 'aa ' if m['role'] == 'user' else 'ab ' }}{{ m['content'] }} {% endfor %}"
-            "{% if add_generation_prompt %}ac{% endif %}")
 WORDS = ["ba bb bc ba bb bd", "ca cb cc cd ca cb", "da db dc da db dc dd", "fa fb fc fa fb fc fa"]
 
 
 @pytest.fixture(scope="module")
 def sf():
-    tok = build_tokenizer()
-    tok.chat_template = TEMPLATE
-    target = Target(build_model("llama", initializer_range=0.2), tok, name="tiny")
-    sf = specframe.load(target=target, batch_size=4, max_new_tokens=24)
+    sf = specframe.load(target=chat_target(initializer_range=0.2), batch_size=4, max_new_tokens=24)
     yield sf
     sf.close()
 
