@@ -5,6 +5,8 @@ and leaving as others finish) against the same question decoded alone, per strat
         --max-new-tokens 128 --proposer none --proposer ngram --proposer medusa --proposer draft-model \
         --proposer ngram+medusa
 
+``--gate off`` makes every batched step draft: with the per-batch speculation gate on (the default, as served), a
+batch whose measured costs say drafting does not pay decodes without drafts, and the check then covers no draft.
 Greedy unless ``--temperature`` is given (then each request's seed is its index, alone and batched alike, so the
 sampled tokens must be the same too). A mismatch is listed with its first divergent position and the target's top-2
 logit gap there. Printed per strategy: requests identical, tau alone and batched, verification forwards alone and
@@ -47,6 +49,8 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--router", default=None)
+    ap.add_argument("--gate", choices=["on", "off"], default="on",
+                    help="The per-batch speculation gate; off: every batched step drafts (a check that batches drafts).")
     ap.add_argument("--proposer", action="append")
     args = ap.parse_args()
 
@@ -66,7 +70,7 @@ def main() -> int:
         alone = [sf.generate_result(p, max_new_tokens=b, seed=i, **kw) for i, (p, b) in enumerate(zip(ids, budgets))]
         t1 = time.perf_counter()
         steps = []  # one entry per batched verification forward
-        batched = _batched(sf, ids, budgets, args.batch_size, kw, steps)
+        batched = _batched(sf, ids, budgets, args.batch_size, kw, steps, args.gate == "on")
         t2 = time.perf_counter()
         same = 0
         for i, (a, r) in enumerate(zip(alone, batched)):
@@ -90,7 +94,7 @@ def main() -> int:
     return 1 if bad else 0
 
 
-def _batched(sf, ids, budgets, batch_size, kw, steps):
+def _batched(sf, ids, budgets, batch_size, kw, steps, gate=True):
     """The decode loop itself (each request its own budget and seed, as alone); each request's engine is taken as it
     joins and given back as it leaves."""
     from specframe.decode.batch import BatchRequest, decode_batch
@@ -115,7 +119,7 @@ def _batched(sf, ids, budgets, batch_size, kw, steps):
 
     loop.new_batch = counted
     try:
-        out = dict(decode_batch(sf.target, items(), batch_size))
+        out = dict(decode_batch(sf.target, items(), batch_size, gate=gate))
     finally:
         loop.new_batch = real
     return [out[i] for i in range(len(ids))]
