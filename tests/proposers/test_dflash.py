@@ -570,7 +570,8 @@ def _same_as_reference(target: Target, folder: Path, prompt: list[int], n: int, 
 def test_random_drafters_decode_as_the_reference_step_by_step(qwen3_target, tmp_path, kind):
     folder = write_dflash(tmp_path / "d", qwen3_target.model.config, kind, seed=2, mask_token_id=3)
     for prompt, k in ((PROMPT, None), (PROMPT_2, None), (PROMPT, 3)):
-        _same_as_reference(qwen3_target, folder, prompt, 40, k)
+        lengths = _same_as_reference(qwen3_target, folder, prompt, 40, k)  # (it asserts tokens and steps equal)
+        assert sum(lengths) + 1 == 40  # every step after the prefill token compared
 
 
 @pytest.mark.parametrize("write", [write_reading_back, write_chaining_selector])
