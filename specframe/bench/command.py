@@ -154,10 +154,16 @@ def _bench(config, questions, categories, limit_per_category, max_new_tokens, ou
     lossless = lossless_check(by_strategy.__getitem__, records, chosen, cfg.chat, _float32_target(cfg)) \
         if is_greedy_temperature(cfg.temperature) else None
     summary = aggregate(records, [s.name for s in cfg.strategies], prof, cfg.reference)
+    env = _bench_environment(by_strategy, records)
     results: dict[str, Any] = {
-        "config": cfg.model_dump(), "environment": _bench_environment(by_strategy, records), "profile": prof,
+        "config": cfg.model_dump(), "environment": env, "profile": prof,
         "summary": summary, "lossless": lossless, "records": records,
     }
+    from .report import speed_surface
+
+    results["speed_surface"] = speed_surface(results)
+    results.update(profiles_and_ceilings(cfg, by_strategy.__getitem__, records, summary, _curve(prof, by_strategy),
+                                         conditions(cfg, len(chosen), questions, env, "specframe bench")))
 
     # 4. write
     _write_results(output, results, cfg, len(chosen), err)
@@ -438,16 +444,55 @@ def _bench_environment(by_strategy, records) -> dict[str, Any]:
     return env
 
 
+def _curve(prof: dict[str, Any] | None, by_strategy: dict[str, Any]) -> dict[str, Any] | None:
+    """The cost curve the ceilings read: the bench's measured ``profile:``, else the machine profile's of the
+    ``none`` strategy's settings (None: neither)."""
+    from .config import BASELINE
+
+    if prof:
+        return prof
+    cost = getattr(getattr(by_strategy[BASELINE].target, "info", None), "cost", None)
+    return cost.profile() if cost else None
+
+
+def conditions(cfg: Any, questions: int, questions_file: Any, env: dict[str, Any], source: str) -> dict[str, Any]:
+    """A profile's ``measurement_conditions``: what was run where (the machine's CPU and ISA flags included)."""
+    machine = env.get("machine") or {}
+    return {"source": source, "model": cfg.model, "dtype": cfg.dtype, "device": cfg.device,
+            "dataset": str(questions_file) if questions_file is not None else None, "questions": questions,
+            "categories": cfg.categories, "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
+            "concurrency": 1, "cpu": machine.get("cpu") or env.get("cpu"), "isa": machine.get("isa"),
+            "specframe": env.get("specframe"), "date": env.get("date")}
+
+
+def profiles_and_ceilings(cfg: Any, sf_for: Any, records: list[dict[str, Any]], summary: dict[str, Any],
+                          curve: dict[str, Any] | None, cond: dict[str, Any],
+                          moments: Any = ()) -> dict[str, Any]:
+    """``{"speculation_profiles": {strategy: profile}, "ceilings": ...}`` of a bench or replay run
+    (:mod:`specframe.bench.speculation_profile`, :mod:`specframe.bench.ceilings`)."""
+    from .ceilings import ceilings
+    from .config import BASELINE
+    from .speculation_profile import strategy_profiles
+
+    profiles = strategy_profiles(sf_for, [s.model_dump() for s in cfg.strategies if s.proposers is not None], records,
+                                 cond)
+    return {"speculation_profiles": profiles, "ceilings": ceilings(summary, records, curve, BASELINE, moments)}
+
+
 def _write_results(output, results, cfg, questions: int, err) -> None:
     """Write results.json, the plots and report.md to ``output``; print the speedup table, the lossless verdict and
     a warning when other processes crowded the machine."""
-    from .plots import write_plots
+    from .plots import write_plots, write_surface_plot
     from .report import render_markdown, speedup_table
+    from .speculation_profile import write_profiles
 
     summary, lossless, env = results["summary"], results["lossless"], results["environment"]
     output.mkdir(parents=True, exist_ok=True)
     (output / "results.json").write_text(json.dumps(results, indent=1))
+    written = write_profiles(output, results.get("speculation_profiles") or {})
     plots = write_plots(summary, output)
+    if results.get("speed_surface"):
+        plots.append(write_surface_plot(results["speed_surface"], output))
     (output / "report.md").write_text(render_markdown(results, plots))
     print_table(speedup_table(summary, f"speedup over none — {cfg.model} {cfg.dtype}, {questions} questions"))
     if summary.get("reference"):
@@ -457,7 +502,7 @@ def _write_results(output, results, cfg, questions: int, err) -> None:
         err.print(f"warning: other processes used up to {env['load']['others_max']:.1f} cores during the run, so "
                   f"threads + load exceeded the {env['machine']['cores']} usable cores: timings are not those of a "
                   "quiet machine")
-    err.print(f"wrote {output}/results.json, report.md, {', '.join(plots)}")
+    err.print(f"wrote {output}/results.json, report.md, {', '.join(plots + written)}")
 
 
 def _float32_target(cfg: Any) -> Any:

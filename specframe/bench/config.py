@@ -26,6 +26,38 @@ BASELINE = "none"
 Engine = Literal["transformers", "llama.cpp"]
 
 
+class SyntheticAcceptance(BaseModel):
+    """A strategy's imposed acceptance (:mod:`specframe.bench.synthetic`): exactly one of the three. Not lossless."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    acceptance_length: float | None = Field(
+        None, ge=1, description="Mean tokens per step, bonus included (vLLM's synthetic_acceptance_length).")
+    acceptance_rates: list[float] | None = Field(
+        None, min_length=1, description="Per-position conditional rates, non-increasing (vLLM's "
+        "synthetic_acceptance_rates).")
+    profile: str | None = Field(None, description="A speculation_profile.json: its acceptance (and, specframe's, "
+                                 "its joint (nodes, accepted) histogram).")
+    k: int | None = Field(None, ge=1, le=64, description="Positions acceptance_length spreads over (default: the "
+                          "largest `k` among the strategy's proposers).")
+
+    @model_validator(mode="after")
+    def _one(self) -> "SyntheticAcceptance":
+        given = [k for k in ("acceptance_length", "acceptance_rates", "profile") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("synthetic: give exactly one of acceptance_length, acceptance_rates, profile"
+                             + (f" (got {', '.join(given)})" if given else ""))
+        if self.acceptance_rates is not None:
+            from .synthetic import check_rates
+
+            check_rates(self.acceptance_rates, "synthetic")
+        if self.profile is not None:
+            from .speculation_profile import read_profile
+
+            read_profile(self.profile)  # (read now: a bad file is refused before any model loads)
+        return self
+
+
 class Strategy(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -56,6 +88,9 @@ class Strategy(BaseModel):
     prepack: bool | Literal["auto"] | None = Field(None, description="Pre-packed oneDNN weights (default: the bench's).")
     constrained: bool = Field(True, description="Decode under each question's `constraint` (structured output) "
                               "when the questions file gives one; false: ignore it (the unconstrained comparison).")
+    synthetic: SyntheticAcceptance | None = Field(
+        None, description="Impose this acceptance instead of verifying (speed at a chosen acceptance; NOT lossless: "
+        "labelled in every table, skipped by the lossless check). See docs/benchmarking.md.")
     grid: dict[str, list[Any]] | None = Field(
         None, description="A sweep: setting -> values (ngram.k, merge.max_nodes, router.free_cost, ...); the strategy "
         "becomes one strategy per combination (see specframe/bench/grid.py and docs/replay.md).",
@@ -89,9 +124,28 @@ class Strategy(BaseModel):
             raise ValueError(f"strategy {self.name!r}: peer {self.peer} runs on engine llama.cpp")
         if self.peer in HF_PEERS and self.engine not in (None, "transformers"):
             raise ValueError(f"strategy {self.name!r}: peer {self.peer} runs on engine transformers")
+        if self.synthetic is not None and self.peer is not None:
+            raise ValueError(f"strategy {self.name!r}: synthetic acceptance applies to specframe proposers, not peers")
+        if self.synthetic is not None and self.synthetic.acceptance_length is not None and not self.grid:
+            k = synthetic_k(self)
+            if k is None:
+                raise ValueError(f"strategy {self.name!r}: synthetic.acceptance_length needs the draft length it "
+                                 "spreads over: give synthetic.k (no proposer of the strategy sets `k`)")
+            if self.synthetic.acceptance_length > k + 1:
+                raise ValueError(f"strategy {self.name!r}: synthetic.acceptance_length {self.synthetic.acceptance_length}"
+                                 f" is more than k + 1 = {k + 1} tokens a step can commit: lower it or raise k")
         if self.peer == "hf-assisted" and not self.options.get("assistant_model"):
             raise ValueError(f"strategy {self.name!r}: hf-assisted needs options.assistant_model (a draft model)")
         return self
+
+
+def synthetic_k(strategy: Strategy) -> int | None:
+    """The draft length a synthetic ``acceptance_length`` spreads over: ``synthetic.k``, else the largest ``k`` among
+    the strategy's proposer configs (None: neither)."""
+    if strategy.synthetic is not None and strategy.synthetic.k is not None:
+        return strategy.synthetic.k
+    ks = [p.get("k") for p in strategy.proposers or () if isinstance(p.get("k"), int)]
+    return max(ks) if ks else None
 
 
 class ServerEndpoint(BaseModel):

@@ -66,6 +66,8 @@ def aggregate(records: list[dict[str, Any]], strategies: list[str], profile: dic
         attribution = _attribution(rs, steps)
         if attribution:
             entry["attribution"] = attribution
+        if any(r.get("synthetic") for r in rs):
+            entry["synthetic"] = True  # imposed acceptance (specframe.bench.synthetic): labelled, never lossless
         out["strategies"][s] = entry
     for key, name in (("speedup", BASELINE), ("speedup_ref", reference)):
         if name is None:
@@ -75,6 +77,8 @@ def aggregate(records: list[dict[str, Any]], strategies: list[str], profile: dic
             for col, cell in entry["by_column"].items():
                 b = base.get(col)
                 cell[key] = cell["tokens_per_s"] / b["tokens_per_s"] if b and b["tokens_per_s"] else None
+    spreads(out, records)
+    out["by_context"] = by_context(records, strategies)
     if profile:
         t1 = profile["t_ms"][0] / 1e3
         for s, entry in out["strategies"].items():
@@ -87,6 +91,117 @@ def aggregate(records: list[dict[str, Any]], strategies: list[str], profile: dic
             draft_s = _sum(rs, "propose_s") / steps
             entry["predicted_speedup"] = predicted_speedup(tau, verified, draft_s, t1, profile["v"])
     return out
+
+
+CONTEXT_EDGES = (0, 256, 512, 1024, 2048, 4096, 8192, 1 << 30)  # prompt tokens: the bins of by_context
+
+
+def by_context(records: list[dict[str, Any]], strategies: list[str]) -> dict[str, list[dict[str, Any]]] | None:
+    """τ, α and speed-up by prompt length (bins :data:`CONTEXT_EDGES`; a SPEED-Bench-shaped workload's long tier puts
+    1k / 2k / 8k prompts in their own bins): strategy -> ``[{"bin": "1024-2047", "context_tokens" (mean),
+    "questions", "tau", "alpha", "speedup"}]``. None when every prompt falls in one bin (nothing to plot)."""
+    def bin_of(n: int) -> int:
+        return next(i for i in range(len(CONTEXT_EDGES) - 1) if CONTEXT_EDGES[i] <= n < CONTEXT_EDGES[i + 1])
+
+    bins = sorted({bin_of(int(r.get("prompt_tokens") or 0)) for r in records})
+    if len(bins) < 2:
+        return None
+    out: dict[str, list[dict[str, Any]]] = {}
+    for s in strategies:
+        rows = []
+        for b in bins:
+            rs = [r for r in records if r["strategy"] == s and bin_of(int(r.get("prompt_tokens") or 0)) == b]
+            base = [r for r in records if r["strategy"] == BASELINE and bin_of(int(r.get("prompt_tokens") or 0)) == b]
+            if not rs:
+                continue
+            fwd, tokens, wall = _sum(rs, "target_forwards"), _sum(rs, "new_tokens"), _sum(rs, "wall_s")
+            drafted = _sum(rs, "drafted_nodes")
+            bt, bw = _sum(base, "new_tokens"), _sum(base, "wall_s")
+            hi = CONTEXT_EDGES[b + 1]
+            rows.append({"bin": f"{CONTEXT_EDGES[b]}-{hi - 1}" if hi < 1 << 30 else f"{CONTEXT_EDGES[b]}+",
+                         "context_tokens": sum(int(r.get("prompt_tokens") or 0) for r in rs) / len(rs),
+                         "questions": len(rs), "tau": tokens / fwd if fwd else None,
+                         "alpha": _sum(rs, "accepted_nodes") / drafted if drafted else None,
+                         "speedup": (tokens / wall) / (bt / bw) if wall and bt and bw else None})
+        out[s] = rows
+    return out
+
+
+def _context_lines(summary: dict[str, Any]) -> list[str]:
+    ctx = summary.get("by_context")
+    if not ctx:
+        return []
+    bins = [row["bin"] for row in next(iter(ctx.values()))]
+    rows = []
+    for name, cells in ctx.items():
+        by = {c["bin"]: c for c in cells}
+        rows.append([name] + [f"{fmt((by.get(b) or {}).get('tau'))} / {fmt((by.get(b) or {}).get('speedup'), '{:.2f}×')}"
+                              for b in bins])
+    return ["", "## Acceptance by context length", "",
+            "τ / speed-up over `none` by prompt length in tokens (`acceptance_by_context.png`): acceptance that "
+            "collapses with long context shows here.", "", md_table(["strategy"] + [f"{b} tokens" for b in bins], rows)]
+
+
+# two-sided 95 % Student t quantiles by degrees of freedom (1..9); 1.96 beyond
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def spreads(out: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """Each strategy's overall speed-up per pass (a pass: one seed and repeat over every question; its speed-up is its
+    tokens/s over ``none``'s in the same pass) and, with two passes or more, ``speedup_spread``: ``{"n", "mean",
+    "min", "max", "ci95": [lo, hi]}`` (Student t on the passes' mean), and ``within_noise_of`` the strategies whose
+    interval overlaps its own (``none``: 1.0 inside the interval). In place on ``out`` (:func:`aggregate`'s)."""
+    passes = sorted({(r["seed"], r["repeat"]) for r in records if "seed" in r and "repeat" in r})
+    if len(passes) < 2:
+        return
+
+    def rate(name: str, p: tuple) -> float | None:
+        rs = [r for r in records if r["strategy"] == name and (r["seed"], r["repeat"]) == p]
+        wall = _sum(rs, "wall_s")
+        return _sum(rs, "new_tokens") / wall if rs and wall else None
+
+    for name, entry in out["strategies"].items():
+        ups = []
+        for p in passes:
+            mine, base = rate(name, p), rate(BASELINE, p)
+            if mine and base:
+                ups.append(mine / base)
+        if len(ups) < 2:
+            continue
+        n = len(ups)
+        mean = sum(ups) / n
+        sd = (sum((u - mean) ** 2 for u in ups) / (n - 1)) ** 0.5
+        half = T95.get(n - 1, 1.96) * sd / n ** 0.5
+        entry["speedup_spread"] = {"n": n, "per_pass": ups, "mean": mean, "min": min(ups), "max": max(ups),
+                                   "ci95": [mean - half, mean + half]}
+    for name, entry in out["strategies"].items():
+        ci = (entry.get("speedup_spread") or {}).get("ci95")
+        if ci is None or name == BASELINE:
+            continue
+        near = [BASELINE] if ci[0] <= 1.0 <= ci[1] else []
+        for other, e in out["strategies"].items():
+            oc = (e.get("speedup_spread") or {}).get("ci95")
+            if other not in (name, BASELINE) and oc is not None and oc[0] <= ci[1] and ci[0] <= oc[1]:
+                near.append(other)
+        entry["within_noise_of"] = near
+
+
+def _spread_lines(summary: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, e in summary["strategies"].items():
+        sp = e.get("speedup_spread")
+        if sp is None or name == BASELINE:
+            continue
+        rows.append([name, f"{sp['mean']:.3f}×", f"{sp['ci95'][0]:.3f}–{sp['ci95'][1]:.3f}",
+                     f"{sp['min']:.3f}–{sp['max']:.3f}", str(sp["n"]), ", ".join(e.get("within_noise_of") or []) or "–"])
+    if not rows:
+        return []
+    return ["", "## Spread over passes", "",
+            "Each pass (seed × repeat) runs every question with every strategy interleaved; a pass's speed-up is its "
+            "tokens/s over `none`'s in that pass. 95 % interval of the mean (Student t); strategies whose intervals "
+            "overlap are within noise of each other, and `none` is listed where the interval holds 1.0.", "",
+            md_table(["strategy", "speed-up (mean of passes)", "95 % interval", "min–max", "passes",
+                      "within noise of"], rows)]
 
 
 ATTRIBUTION_SUMS = ("steps", "skipped_steps", "proposed_nodes", "drafted_nodes", "accepted_nodes", "accepted_alone",
@@ -152,7 +267,8 @@ def speedup_rows(summary: dict[str, Any], key: str = "speedup") -> tuple[list[st
     rows = []
     for s, e in summary["strategies"].items():
         cells = e["by_column"]
-        row = [s] + [fmt(cells.get(c, {}).get(key), "{:.2f}×") for c in cols]
+        row = [f"{s} (synthetic, not lossless)" if e.get("synthetic") else s]
+        row += [fmt(cells.get(c, {}).get(key), "{:.2f}×") for c in cols]
         overall = cells.get(OVERALL, {})
         row += [fmt(overall.get("tau")), fmt(overall.get("tokens_per_s"), "{:.1f}")]
         rows.append(row)
@@ -242,11 +358,16 @@ def render_markdown(results: dict[str, Any], plots: list[str], sections: tuple[s
     parts = [
         *(_replay_intro(results) if replay else _bench_intro(results)),
         *_speedup_lines(results),
+        *_spread_lines(summary),
+        *_context_lines(summary),
         *_category_lines(summary, replay),
         *_step_time_lines(summary, replay),
         *_cost_model_lines(results.get("profile"), summary),
         *_acceptance_lines(summary),
         *_attribution_lines(summary),
+        *_profile_lines(results),
+        *_surface_lines(results),
+        *_ceiling_lines(results.get("ceilings"), replay),
         *sections,
     ]
     if replay:
@@ -406,6 +527,85 @@ def _attribution_lines(summary: dict[str, Any]) -> list[str]:
     for s, e in attributed:
         parts += ["", f"### {s}", "", md_table(ATTRIBUTION_HEADER, attribution_rows(e))]
     return parts
+
+
+def speed_surface(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The machine's speed surface from a synthetic sweep (strategies whose ``grid_point`` sets
+    ``synthetic.acceptance_length``; draft length from ``synthetic.k``): ``{"al": [...], "k": [...], "cells":
+    {"AL/k": {"speedup", "tokens_per_s", "strategy"}}}``, or None when the run swept none."""
+    cells: dict[str, Any] = {}
+    for st in results["config"].get("strategies") or []:
+        point, syn = st.get("grid_point") or {}, st.get("synthetic") or {}
+        if "synthetic.acceptance_length" not in point:
+            continue
+        from .config import Strategy, synthetic_k
+
+        k = synthetic_k(Strategy.model_validate({**st, "grid": None}))
+        overall = results["summary"]["strategies"].get(st["name"], {}).get("by_column", {}).get(OVERALL, {})
+        cells[f"{syn['acceptance_length']:g}/{k}"] = {"speedup": overall.get("speedup"),
+                                                     "tokens_per_s": overall.get("tokens_per_s"), "strategy": st["name"]}
+    if not cells:
+        return None
+    als = sorted({float(key.split("/")[0]) for key in cells})
+    ks = sorted({int(key.split("/")[1]) for key in cells})
+    return {"al": als, "k": ks, "cells": cells}
+
+
+def _surface_lines(results: dict[str, Any]) -> list[str]:
+    surf = results.get("speed_surface")
+    if not surf:
+        return []
+    rows = [[f"{al:g}"] + [fmt((surf["cells"].get(f"{al:g}/{k}") or {}).get("speedup"), "{:.2f}×") for k in surf["k"]]
+            for al in surf["al"]]
+    return ["", "## Speed surface (synthetic acceptance, not lossless)", "",
+            "Speed-up over `none` at each imposed acceptance length AL (rows; tokens a step, bonus included) and draft "
+            "length k (columns), on this machine and settings; – : AL > k + 1 cannot be run.", "",
+            md_table(["AL \\ k"] + [str(k) for k in surf["k"]], rows)]
+
+
+def _profile_lines(results: dict[str, Any]) -> list[str]:
+    """The speculation profiles written (one per drafting strategy): AL per step and per request, the first
+    marginals, the extrapolation model and whether the schema's checks passed."""
+    profiles = results.get("speculation_profiles") or {}
+    if not profiles:
+        return []
+    rows = []
+    for name, p in profiles.items():
+        ok = all(v["passed"] for v in p["validation"].values())
+        rows.append([name + (" (synthetic)" if not p["measured"] else ""), f"{p['mean_accept_length']:.3f}",
+                     f"{p['mean_accept_length_per_request']:.3f}", str(p["num_speculative_tokens"]),
+                     ", ".join(f"{x:.2f}" for x in p["marginal_accept_rates"][:6]), p["accept_length_model"],
+                     "yes" if ok else "**no**"])
+    return ["", "## Speculation profiles", "",
+            "`profiles/<strategy>/speculation_profile.json` in specdec_bench's schema 1.0 (docs/benchmarking.md): AL = "
+            "tokens per step, bonus included, over steps and as the mean of the requests' own; marginal i = P(the "
+            "first i + 1 drafts accepted).", "",
+            md_table(["strategy", "AL per step", "AL per request", "K", "marginals 1..6", "model", "checks pass"],
+                     rows)]
+
+
+def _ceiling_lines(c: dict[str, Any] | None, replay: bool) -> list[str]:
+    """Oracle, entropy bound and top-K oracle (:mod:`specframe.bench.ceilings`) and each strategy's fraction."""
+    if not c or not c.get("oracle"):
+        return ["", "## Ceilings", "", "None: the run has no cost curve v(n) (no machine profile and no `profile:` "
+                "section; a trace recorded with --no-profile), so no oracle or bound can be priced."]
+    o, e = c["oracle"], c.get("entropy_bound")
+    lines = ["", "## Ceilings", "",
+             f"Oracle (every draft accepted, drafting free, best k on the cost curve): **{o['speedup']:.2f}×** at k = "
+             f"{o['k']} (τ {o['tau']:.2f})."]
+    if e:
+        lines.append(f"Entropy bound (arXiv 2512.11718, leading term; mean entropy {e['mu']:.3f} nats, second "
+                     f"log-moment {e['mu2']:.3f}): {e['speedup']:.2f}× at P = {e['p']} (τ {e['tau']:.2f}).")
+    else:
+        lines.append("Entropy bound: – (needs the target's entropies: a trace recorded by this specframe, in replay).")
+    rows = []
+    for name, st in c["strategies"].items():
+        ap = st.get("any_path")
+        rows.append([name, fmt(st["speedup"], "{:.2f}×"), fmt(st["fraction_of_oracle"], "{:.0%}"),
+                     fmt(ap["tau"] if ap else None), fmt(ap["speedup"] if ap else None, "{:.2f}×")])
+    what = "predicted speed-up" if replay else "measured speed-up"
+    lines += ["", md_table(["strategy", what, "of the oracle", "top-K oracle τ", "top-K oracle speed-up"], rows)]
+    return lines
 
 
 def _references(records: list[dict[str, Any]]) -> dict[str, str]:

@@ -29,14 +29,29 @@ def category_group(category: str | None, categories: list[str] | None = None) ->
     return str(category)
 
 
+def question_group(q: Prompt, categories: list[str] | None = None) -> str:
+    """The report column of a question. A question of SPEED-Bench's schema has its own category as its column (its 11
+    categories are SPEED-Bench's columns), or its throughput split when it has one (``split: throughput_8k`` in
+    specframe's SPEED-Bench-shaped workload: one column per input length); any other, Spec-Bench's grouping
+    (:func:`category_group`)."""
+    if not q.speed_bench:
+        return category_group(q.category, categories)
+    split = q.extra.get("split")
+    return split if isinstance(split, str) and split.startswith("throughput") else str(q.category)
+
+
+# fields of a SPEED-Bench-schema question copied into each of its bench records (per-category and per-length reports)
+QUESTION_FIELDS = ("sub_category", "difficulty", "entropy_tier", "split", "context_tokens")
+
+
 def select_questions(prompts: list[Prompt], categories: list[str] | None, limit_per_category: int | None) -> list[Prompt]:
     """Filter by category (a name or ``multi-turn conversation``) and keep the first N per report column (see
-    :func:`category_group`)."""
+    :func:`question_group`)."""
     out, seen = [], {}
     for p in prompts:
-        if categories and p.category not in categories and category_group(p.category) not in categories:
+        if categories and p.category not in categories and question_group(p) not in categories:
             continue
-        key = category_group(p.category, categories)
+        key = question_group(p, categories)
         if limit_per_category is not None and seen.get(key, 0) >= limit_per_category:
             continue
         seen[key] = seen.get(key, 0) + 1
@@ -73,6 +88,7 @@ class BenchRunner:
 
     def __init__(self, sf: Any, cfg: BenchConfig, assistants: dict[str, Any] | None = None) -> None:
         self.cfg, self.assistants = cfg, assistants or {}
+        self.synthetic: dict[str, Any] = {}  # strategy name -> its SyntheticVerifier
         self.by_strategy = sf if isinstance(sf, dict) else {s.name: sf for s in cfg.strategies}
         self.sf = self.by_strategy.get(BASELINE) or next(iter(self.by_strategy.values()))
         self.monitor = None
@@ -105,6 +121,8 @@ class BenchRunner:
                 temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=seed,
                 assistant=self.assistants.get(strategy.name),
             )
+        elif strategy.synthetic is not None:
+            rec = self._run_synthetic(sf, strategy, ids, seed, max_new_tokens)
         else:
             res = sf.generate_result(
                 ids, proposers=strategy.proposers, max_new_tokens=max_new_tokens, temperature=c.temperature,
@@ -121,6 +139,27 @@ class BenchRunner:
         if self.monitor is not None:
             rec["others_load"] = round(self.monitor.sample().others, 2)  # other processes' cores during this run
         return rec
+
+    def _run_synthetic(self, sf: Any, strategy: Strategy, ids: list[int], seed: int, max_new_tokens: int) -> dict:
+        """One run under imposed acceptance (:mod:`specframe.bench.synthetic`): the strategy's proposers draft, a
+        :class:`~specframe.bench.synthetic.SyntheticVerifier` accepts. Not lossless (``synthetic: true``)."""
+        from ..sampling import SamplingParams
+        from .config import synthetic_k
+        from .speculation_profile import read_profile
+        from .synthetic import SyntheticVerifier, synthetic_marginals
+
+        c = self.cfg
+        verifier = self.synthetic.get(strategy.name)
+        if verifier is None:  # one per strategy: its schedule runs on across the requests (see the module docstring)
+            marginal, shapes = synthetic_marginals(strategy.synthetic, synthetic_k(strategy) or 1, read_profile)
+            verifier = self.synthetic[strategy.name] = SyntheticVerifier(marginal, shapes,
+                                                                         sorted(sf.target.eos_token_ids))
+        sampling = SamplingParams(temperature=c.temperature, top_k=c.top_k or 0, top_p=c.top_p or 1.0)
+        with sf.engine(strategy.proposers, strategy.merge, strategy.router, sampling, verifier=verifier) as engine, \
+                torch.inference_mode():
+            res = engine.generate(ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+        return {"token_ids": res.token_ids, "finish_reason": res.finish_reason, "metrics": res.metrics.to_dict(),
+                "synthetic": True}
 
     def run(self, questions: list[Prompt], advance: Callable[[str], None] = lambda s: None,
             done: dict[tuple, dict[str, Any]] | None = None, on_record: Callable[[dict[str, Any]], None] = lambda r: None,
@@ -150,8 +189,9 @@ class BenchRunner:
                             continue
                         rec = self.run_one(s, ids, seed, c.max_new_tokens, q.constraint)
                         # `question` (the position in the run) keys a record: ids may be missing or repeated
+                        rec.update({k: q.extra[k] for k in QUESTION_FIELDS if k in q.extra})
                         rec.update(question=i, question_id=q.question_id, category=q.category,
-                                   group=category_group(q.category, c.categories),
+                                   group=question_group(q, c.categories),
                                    strategy=s.name, kind="peer" if s.peer else "specframe", seed=seed, repeat=rep,
                                    prompt_tokens=len(ids), plain=s.proposers == [{"name": BASELINE}])
                         records.append(rec)
@@ -200,7 +240,7 @@ def lossless_check(sf: Any, records: list[dict[str, Any]], questions: list[Promp
         base.setdefault((r["question"], r["seed"], r["repeat"], layout(r)), r)
     out = []
     for r in records:
-        if r["strategy"] == BASELINE or r in plain:
+        if r["strategy"] == BASELINE or r in plain or r.get("synthetic"):  # (synthetic: imposed acceptance, not lossless)
             continue
         b = base.get((r["question"], r["seed"], r["repeat"], layout(r)))
         if b is None:  # no plain-decoding run with the same dtype and layout: nothing to compare with

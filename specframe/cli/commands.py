@@ -494,8 +494,10 @@ def _tune(model: str, device: str, refresh: bool, as_json: bool, engine: str = "
 
 def attach(app: typer.Typer) -> None:
     """Attach every command and command group to ``app``: the one place where commands attach. A command group
-    (``train``, ``datastore``, ``trace``, ``vllm``, ``export``) attaches its own subcommands in its module."""
+    (``train``, ``datastore``, ``trace``, ``vllm``, ``export``, ``workload``) attaches its own subcommands in its
+    module."""
     from ..bench.command import bench
+    from ..bench.workload_command import workload_app
     from ..datastore.command import datastore_app
     from ..integrations.command import vllm_app
     from ..learned.command import export_app
@@ -509,7 +511,7 @@ def attach(app: typer.Typer) -> None:
     app.add_typer(train_app, name="train")
     app.add_typer(datastore_app, name="datastore")
     app.command("replay")(replay)
-    for name, group in (("trace", trace_app), ("vllm", vllm_app), ("export", export_app)):
+    for name, group in (("trace", trace_app), ("vllm", vllm_app), ("export", export_app), ("workload", workload_app)):
         app.add_typer(group, name=name)
 
 

@@ -115,6 +115,8 @@ class RequestMetrics:
     verify_s: float = 0.0  # verify + commit + rollback + stop checks + feedback
     drafted_by_depth: list[int] = field(default_factory=list)  # [L] nodes drafted at depth i+1
     accepted_by_depth: list[int] = field(default_factory=list)  # [L] nodes accepted at depth i+1
+    steps_by_shape: dict[str, int] = field(default_factory=dict)  # "N/A" -> steps that verified N nodes, accepted A
+    tree_steps: int = 0  # steps whose verified draft branched (more nodes than depth)
     proposers: dict[str, ProposerMetrics] = field(default_factory=dict)  # label -> attribution (see above)
 
     def add_step(self, drafted: int, accepted: int, depths: list[int] | None = None) -> None:
@@ -123,7 +125,10 @@ class RequestMetrics:
         self.target_forwards += 1
         self.drafted_nodes += drafted
         self.accepted_nodes += accepted
+        shape = f"{drafted}/{accepted}"
+        self.steps_by_shape[shape] = self.steps_by_shape.get(shape, 0) + 1
         deepest = max(depths) if depths else drafted
+        self.tree_steps += int(deepest < drafted)
         grow = deepest - len(self.drafted_by_depth)
         if grow > 0:
             self.drafted_by_depth.extend([0] * grow)

@@ -7,7 +7,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 import typer
 
@@ -149,6 +149,9 @@ def replay(
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="A Ray cluster to run on (implies --ray)."),
     compare: Optional[Path] = typer.Option(
         None, "--compare", help="results.json of a live `specframe bench` on the same questions: adds replay vs live."),
+    profile: Optional[List[Path]] = typer.Option(
+        None, "--profile", help="A speculation_profile.json (ours or another engine's, schema 1.0) to report beside "
+        "the replayed strategies' own (repeatable)."),
 ) -> None:
     """Replay every strategy of a bench config against recorded traces: τ, α, attribution and predicted speed-ups in
     seconds, without running the target."""
@@ -156,7 +159,7 @@ def replay(
 
     try:
         _replay(traces, config, output, _cats(categories), limit_per_category, max_new_tokens, use_ray, ray_address,
-                compare)
+                compare, profile or [])
     except SpecframeError as exc:
         fail(exc)
 
@@ -176,9 +179,11 @@ class _Setup:
     registry: Any
 
 
-def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare) -> None:
+def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare, profiles=()) -> None:
+    from ..bench.speculation_profile import read_profile
     from ..cli.console import err, progress_bar
 
+    theirs = [(path, read_profile(path)) for path in profiles]
     setup = _setup(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare, err)  # 1. validate
     target = _load(setup, err)  # 2. the target's weights (proposers may read them; no forward runs)
     t0 = time.perf_counter()  # 3. replay
@@ -196,7 +201,7 @@ def _replay(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_ad
             results = run_here(target, setup.registry, setup.trace, setup.tasks,
                                advance=lambda s: progress.update(bar, advance=1, description=f"replay {s:>16}"))
             where = "run here, strategies one after another"
-    _write(setup, results, where, time.perf_counter() - t0, traces, output, compare, err)  # 4. report
+    _write(setup, results, where, time.perf_counter() - t0, traces, output, compare, err, target, theirs)  # 4. report
 
 
 def _setup(traces, config, output, cats, limit, max_new_tokens, use_ray, ray_address, compare, err) -> _Setup:
@@ -341,16 +346,18 @@ def _load(setup: _Setup, err: Any) -> Any:
 
 
 def _write(setup: _Setup, results: list[Any], where: str, total: float, traces: Path, output: Path,
-           compare: Path | None, err: Any) -> None:
+           compare: Path | None, err: Any, target: Any = None, theirs: Sequence[tuple[Path, dict]] = ()) -> None:
     """results.json, report.md and the plots, swapped in whole; the main table on stdout."""
-    from ..bench.command import print_table
+    from ..bench.command import conditions, print_table, profiles_and_ceilings
     from ..bench.plots import write_plots
     from ..bench.report import aggregate, render_markdown, speedup_table
     from ..bench.runner import category_group, environment
+    from ..bench.speculation_profile import write_profiles
     from ..io.atomic import replace_folder
     from ..target.cost import CostCurve
     from .report import compare as compare_live
-    from .report import forward_only_speedups, replay_sections
+    from .report import forward_only_speedups, profile_beside, replay_sections
+    from .sweep import specframe_for
 
     cfg, trace = setup.cfg, setup.trace
     order = {s.name: i for i, s in enumerate(setup.strategies)}
@@ -360,6 +367,14 @@ def _write(setup: _Setup, results: list[Any], where: str, total: float, traces: 
         r["group"] = category_group(r["category"], cfg.categories)
     summary = aggregate(records, [s.name for s in setup.strategies])
     forward_only_speedups(summary, records)
+    curve = CostCurve.from_manifest(trace.manifest.get("cost")).profile()
+    asked = {r["question"] for r in records}
+    moments = [mo for i in sorted(asked) for mo in (trace.questions[i].entropy or [])[: setup.max_new_tokens]]
+    env = environment()
+    env["machine"] = trace.manifest.get("machine") or {}
+    extra = profiles_and_ceilings(cfg.model_copy(update={"strategies": setup.strategies}),
+                                  lambda name: specframe_for(target, setup.registry), records, summary, curve,
+                                  conditions(cfg, len(setup.chosen), traces, env, "specframe replay"), moments)
     seconds = {res.name: res.seconds for res in results}
     m = trace.manifest
     doc = {
@@ -374,11 +389,14 @@ def _write(setup: _Setup, results: list[Any], where: str, total: float, traces: 
             "cost": CostCurve.from_manifest(m.get("cost")).profile(),
             "skipped_peers": [s.name for s in cfg.strategies if s.peer is not None],
             "compare": compare_live(summary, seconds, setup.live, compare) if setup.live is not None else None,
+            "profiles_read": [profile_beside(path, doc) for path, doc in theirs],
         },
+        **extra,
     }
 
     def fill(tmp: Path) -> None:
         (tmp / "results.json").write_text(json.dumps(doc, indent=1))
+        write_profiles(tmp, doc["speculation_profiles"])
         plots = write_plots(summary, tmp, predicted=True)
         (tmp / "report.md").write_text(render_markdown(doc, plots, replay_sections(doc)))
 

@@ -47,11 +47,37 @@ class TraceVerifier:
     name: ClassVar[str] = "trace"
     supports_trees: ClassVar[bool] = True
 
+    def __init__(self) -> None:
+        self.any_path_accepted = 0  # Σ over steps of the top-K oracle's accepted drafts (see any_path_depth)
+
     def verify(self, draft: DraftTree, target_logits: Tensor, sampling: SamplingParams,
                generator: torch.Generator) -> VerifyResult:
-        rows = [greedy_tree(target_logits[b].tolist(), draft.token_ids[b].tolist(), draft.parent[b].tolist())
-                for b in range(target_logits.shape[0])]
+        rows = []
+        for b in range(target_logits.shape[0]):
+            want, tokens, parent = target_logits[b].tolist(), draft.token_ids[b].tolist(), draft.parent[b].tolist()
+            rows.append(greedy_tree(want, tokens, parent))
+            self.any_path_accepted += any_path_depth(want, tokens, parent)
         return VerifyResult(tuple(tuple(path) for path, _ in rows), tuple(tok for _, tok in rows))
+
+
+def any_path_depth(want: list[int], tokens: list[int], parent: list[int]) -> int:
+    """The top-K oracle of one step (speculators #1006): how deep the recorded continuation runs through the draft
+    when each depth may take *any* of the draft's nodes at that depth, not only a child of the node taken above —
+    what a tree built from the same per-depth candidates (a block drafter's top-K per slot) could accept at best.
+    ``want`` ``[N + 1]``: the recorded token after each row (row 0 the newest token, row ``i + 1`` node ``i``).
+    At least the greedy path's length; equal to it for a chain."""
+    depth = node_depths(parent) if tokens else []
+    by_depth: dict[int, list[int]] = {}
+    for i, d in enumerate(depth):
+        by_depth.setdefault(d, []).append(i)
+    d, correct = 0, want[0]
+    while by_depth.get(d + 1):
+        hit = next((i for i in by_depth[d + 1] if tokens[i] == correct), None)
+        if hit is None:
+            break
+        d += 1
+        correct = want[hit + 1]  # the recorded token at depth d + 1 (every node at depth d is at the same position)
+    return d
 
 
 class TraceScorer:
@@ -210,6 +236,9 @@ def replay_requests(engine_for: Callable[[], ContextManager[Any]], trace: Trace,
             raise TraceError(f"question {q.question_id!r}: the replay left the recorded continuation; the trace "
                              f"at {trace.path} is inconsistent: record it again")
         m = res.metrics.to_dict()
+        verifier = getattr(getattr(engine, "lineup", None), "verifier", None)
+        if isinstance(verifier, TraceVerifier):
+            m["any_path_accepted"] = verifier.any_path_accepted
         m["replay_s"] = m["wall_s"]
         m["wall_s"] = m["forward_s"] + m["propose_s"] if cost else 0.0
         m["prefill_s"] = m["verify_s"] = m["other_s"] = m["ttft_s"] = m["queue_s"] = 0.0  # (modeled: wall times are not)

@@ -28,9 +28,12 @@ from .trace import FORMAT, VERSION, Trace, TraceQuestion
 
 
 class RecordingScorer(TargetScorer):
-    """The live scorer, also keeping the hidden states of ``tap`` layers at every committed position.
+    """The live scorer, also keeping the hidden states of ``tap`` layers at every committed position and the target's
+    entropy moments at every generated token.
 
-    ``rows`` collects ``[n, F_tap, H]`` blocks in position order (positions 0, 1, ... of the request).
+    ``rows`` collects ``[n, F_tap, H]`` blocks in position order (positions 0, 1, ... of the request); ``moments``
+    ``[(H, M2)]``, one per committed token in order: the entropy ``H = -sum p log p`` (nats) and the second log-moment
+    ``M2 = sum p (log p)^2`` of the target's distribution (temperature 1) that predicted it.
     """
 
     def __init__(self, target: Any, layers: tuple[int, ...], want_hidden: bool, tap: tuple[int, ...]) -> None:
@@ -39,24 +42,41 @@ class RecordingScorer(TargetScorer):
         self.own = [every.index(layer) for layer in layers]  # what the engine asked for
         self.tap = [every.index(layer) for layer in tap]
         self.rows: list[Tensor] = []
+        self.moments: list[tuple[float, float]] = []
         self.last: Tensor | None = None
+        self.last_logits: Tensor | None = None
 
     def prefill(self, ids: Tensor) -> tuple[Tensor | None, Tensor | None]:
         hidden, feats = super().prefill(ids)
-        self.rows.append(feats[0][:, self.tap].cpu())
+        if self.tap:
+            self.rows.append(feats[0][:, self.tap].cpu())
         return hidden, self._own(feats)
 
     def score(self, newest: Tensor, draft: DraftTree) -> Scored:
         s = super().score(newest, draft)
-        self.last = s.features
+        self.last, self.last_logits = s.features, s.logits
         return Scored(s.logits, s.hidden, self._own(s.features), s.parent, s.seconds)
 
     def keep(self, accepted: list[int]) -> None:
         super().keep(accepted)
-        self.rows.append(self.last[0, [0, *(a + 1 for a in accepted)]][:, self.tap].cpu())
+        rows = [0, *(a + 1 for a in accepted)]  # the rows that predicted the committed tokens
+        if self.tap:
+            self.rows.append(self.last[0, rows][:, self.tap].cpu())
+        self.moments.extend(entropy_moments(self.last_logits[0, rows]))
 
-    def _own(self, feats: Tensor) -> Tensor | None:
-        return feats[:, :, self.own] if self.own else None
+    def _own(self, feats: Tensor | None) -> Tensor | None:
+        return feats[:, :, self.own] if self.own and feats is not None else None
+
+
+def entropy_moments(logits: Tensor) -> list[tuple[float, float]]:
+    """``[(H, M2)]`` per row of ``logits`` ``[n, V]``: entropy ``-sum p log p`` and ``sum p (log p)^2``, in nats, of
+    ``softmax(logits)`` in float32 (the moments the entropy bound of :mod:`specframe.bench.ceilings` reads)."""
+    logp = torch.log_softmax(logits.float(), -1)
+    p = logp.exp()
+    plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))
+    h = -plogp.sum(-1)
+    m2 = (torch.where(p > 0, plogp * logp, torch.zeros_like(p))).sum(-1)
+    return [(round(float(a), 5), round(float(b), 5)) for a, b in zip(h, m2)]
 
 
 def declared_needs(sf: Any, proposers: Sequence[str | dict[str, Any]]) -> dict[int, str]:
@@ -111,14 +131,13 @@ def _record_question(sf: Any, p: Prompt, max_new_tokens: int, chat: bool, propos
     scorers: list[RecordingScorer] = []
 
     def factory(t: Any, own: tuple[int, ...], want_hidden: bool) -> TargetScorer:
-        if not tap:
-            return TargetScorer(t, own, want_hidden)
         scorers.append(RecordingScorer(t, own, want_hidden, tap))
         return scorers[-1]
 
     with sf.engine(proposers=list(proposers), sampling=GREEDY) as engine, torch.inference_mode():
         res = engine.generate(ids, max_new_tokens=max_new_tokens, sampling=GREEDY, scorer=factory)
     q = TraceQuestion(p.question_id, p.category, list(ids), list(res.token_ids), res.finish_reason)
+    q.entropy = [list(m) for m in scorers[0].moments[: len(q.generated)]]  # (the last step may commit fewer)
     if tap:
         rows = torch.cat(scorers[0].rows, 0)  # [T - 1, F, H]: positions 0 .. T - 2
         for f, (layer, kind) in enumerate(layers.items()):
@@ -150,6 +169,7 @@ def _manifest(sf: Any, questions: list[TraceQuestion], max_new_tokens: int, chat
         "machine": sf.machine_info() if settings is not None else None,
         "cost": {"ns": list(cost.ns), "t_ms": {str(c): v for c, v in cost.t_ms.items()},
                  "source": "machine profile (specframe tune) of the settings the target ran with"} if cost else None,
+        "entropy": {"unit": "nats", "temperature": 1.0, "moments": ["H", "M2"]},
         "features": {"layers": {str(k): v for k, v in layers.items()}, "dtype": str(target.dtype).removeprefix("torch."),
                      "for": [e if isinstance(e, str) else e["name"] for e in features_for]} if layers else None,
         "questions": [{"question_id": q.question_id, "category": q.category, "prompt_tokens": len(q.prompt),

@@ -78,6 +78,40 @@ def forward_only_speedups(summary: dict[str, Any], records: list[dict[str, Any]]
             summary["strategies"][name]["speedup_forward"] = (tokens / seconds) / (base[0] / base[1])
 
 
+def profile_beside(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
+    """What a replay report shows of a speculation profile read with ``--profile``: its source, method, AL (per step
+    and per request), K, marginals, model, and for a ``chain_analytic`` one the AL it predicts at each k <= K."""
+    from ..bench.speculation_profile import predict_accept_length
+
+    k = int(doc["num_speculative_tokens"])
+    chain = doc.get("accept_length_model") == "chain_analytic"
+    how = "resegment" if doc.get("acceptance_length_histogram") else "truncate"
+    cond = doc.get("measurement_conditions") or {}
+    return {"path": str(path), "method": doc.get("method"), "measured": doc.get("measured", True),
+            "mean_accept_length": doc.get("mean_accept_length"),
+            "mean_accept_length_per_request": doc.get("mean_accept_length_per_request"), "num_speculative_tokens": k,
+            "marginal_accept_rates": doc["marginal_accept_rates"], "accept_length_model": doc["accept_length_model"],
+            "source": cond.get("source") or cond.get("engine") or cond.get("dataset"),
+            "predicted_by_k": {str(j): round(predict_accept_length(doc, j, how), 4) for j in range(1, k + 1)}
+            if chain else None,
+            "predicted_by": how if chain else None}
+
+
+def _profiles_read_lines(r: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    read = r.get("profiles_read") or []
+    if not read:
+        return []
+    rows = [[f"`{p['path']}`", str(p["method"]), fmt(p["mean_accept_length"], "{:.3f}"),
+             fmt(p["mean_accept_length_per_request"], "{:.3f}"), str(p["num_speculative_tokens"]),
+             ", ".join(f"{x:.2f}" for x in p["marginal_accept_rates"][:6]), p["accept_length_model"]] for p in read]
+    rows += [[f"this replay: {name}", p["method"], f"{p['mean_accept_length']:.3f}",
+              f"{p['mean_accept_length_per_request']:.3f}", str(p["num_speculative_tokens"]),
+              ", ".join(f"{x:.2f}" for x in p["marginal_accept_rates"][:6]), p["accept_length_model"]]
+             for name, p in ours.items()]
+    return ["", "## Speculation profiles read (--profile) beside this replay's", "",
+            md_table(["profile", "method", "AL per step", "AL per request", "K", "marginals 1..6", "model"], rows)]
+
+
 def _pct(a: float | None, b: float | None) -> str:
     if a is None or not b:
         return "–"
@@ -102,6 +136,7 @@ def replay_sections(results: dict[str, Any]) -> list[str]:
     parts += ["", "## Replay time", "", f"{r['run']}; {r['total_s']:.1f} s for all strategies.", "",
               md_table(["strategy", "replay s", "requests"],
                         [[name, f"{s:.2f}", str(r["requests"][name])] for name, s in r["seconds"].items()])]
+    parts += _profiles_read_lines(r, results.get("speculation_profiles") or {})
     comp = r.get("compare")
     if comp:
         rows, attr_rows = [], []

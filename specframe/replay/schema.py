@@ -81,6 +81,7 @@ class Manifest(_Part):
     files: dict[str, FileMeta]
     cost: CostMeta | None = None
     features: FeaturesMeta | None = None
+    entropy: EntropyMeta | None = None
     bytes_per_token: dict[str, float] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -96,6 +97,11 @@ class Manifest(_Part):
 class TokenEntry(_Part):
     prompt: list[int] = Field(min_length=1)
     generated: list[int]
+    entropy: list[list[float]] | None = None  # [G][2] (H, M2) nats
+
+
+class EntropyMeta(_Part):
+    unit: Literal["nats"]
 
 
 _TOKENS = TypeAdapter(list[TokenEntry])

@@ -7,7 +7,9 @@ A trace is a folder (format version :data:`VERSION`)::
                            profile's T(n) of the settings the target ran with), one entry per question
                            (question_id, category, prompt and new token counts, finish reason), the feature layers,
                            and each data file's size and SHA-256
-    tokens.json.gz         gzip'd JSON: per question {"prompt": [ids], "generated": [ids]}
+    tokens.json.gz         gzip'd JSON: per question {"prompt": [ids], "generated": [ids], "entropy": [[H, M2]]}:
+                           (entropy: optional, absent in older traces) the target's entropy H and second
+                           log-moment M2 (nats, temperature 1) at each generated token, for the entropy bound
     features.safetensors   (only with feature layers) per question ``i`` and layer ``l`` the tensor ``"i/l"``
                            ``[T_f, H]`` in the target's dtype: transformers ``hidden_states[l]`` at the committed
                            positions ``start .. start + T_f - 1`` (every position the target processed: all but the
@@ -54,6 +56,8 @@ class TraceQuestion:
     generated: list[int]  # [G] generated ids (an EOS that ended generation included)
     finish_reason: str  # "stop" | "length"
     features: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)  # layer -> (start, [T_f, H])
+    entropy: list[list[float]] | None = None  # [G][2]: (H, M2) in nats of the distribution that chose each generated
+    # token (traces recorded before entropies: None)
 
     @property
     def tokens(self) -> list[int]:
@@ -105,7 +109,8 @@ def write_trace(trace: Trace, folder: Path) -> None:
     The manifest's ``files`` and ``bytes_per_token`` are filled in here.
     """
     folder = Path(folder)
-    payload = [{"prompt": q.prompt, "generated": q.generated} for q in trace.questions]
+    payload = [{"prompt": q.prompt, "generated": q.generated, **({"entropy": q.entropy} if q.entropy is not None else {})}
+               for q in trace.questions]
     raw = json.dumps(payload, separators=(",", ":")).encode()
     (folder / TOKENS).write_bytes(gzip.compress(raw, compresslevel=9, mtime=0))
     files = [TOKENS]
@@ -166,8 +171,11 @@ def read_trace(folder: str | Path) -> Trace:
             raise TraceError(f"{folder / TOKENS}: question {e['question_id']!r} has {len(p['prompt'])} + "
                              f"{len(p['generated'])} tokens, the manifest says {e['prompt_tokens']} + "
                              f"{e['new_tokens']}: {RECORD_AGAIN}")
+        if p.get("entropy") is not None and len(p["entropy"]) != len(p["generated"]):
+            raise TraceError(f"{folder / TOKENS}: question {e['question_id']!r} has {len(p['entropy'])} entropy entries "
+                             f"for {len(p['generated'])} generated tokens: {RECORD_AGAIN}")
         questions.append(TraceQuestion(e["question_id"], e.get("category"), list(p["prompt"]), list(p["generated"]),
-                                       e["finish_reason"]))
+                                       e["finish_reason"], entropy=p.get("entropy")))
     trace = Trace(m, questions, folder)
     if FEATURES in m["files"]:
         _read_features(trace, folder / FEATURES)

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from specframe.bench.speculation_profile import read_profile
+
 from tests.fakes import CLI_TRACE_N_NEW as N_NEW
 from tests.fakes import assert_user_error, invoke
 
@@ -49,10 +51,22 @@ def test_replay_equals_a_live_bench_and_writes_the_bench_report(trace_files, tmp
                     str(tmp_path / "replay"), "--no-ray", "--compare", str(tmp_path / "live" / "results.json"))
     assert result.exit_code == 0, result.output
     out = tmp_path / "replay"
-    assert sorted(p.name for p in out.iterdir() if p.name != ".specframe-output") == ["acceptance_by_depth.png", "report.md", "results.json",
-                                                     "speedup_by_category.png"]
+    assert sorted(p.name for p in out.iterdir() if p.name != ".specframe-output") == [
+        "acceptance_by_depth.png", "profiles", "report.md", "results.json", "speedup_by_category.png"]
     doc = json.loads((out / "results.json").read_text())
     live_doc = json.loads((tmp_path / "live" / "results.json").read_text())
+    # a speculation profile per drafting strategy from each, passing the schema's rules, the same from both
+    for name, model in (("ngram", "chain_analytic"), ("ngram k3", "chain_analytic"), ("ngram+ngram", "measured_per_k")):
+        mine = read_profile(out / "profiles" / name.replace(" ", "_") / "speculation_profile.json")
+        theirs = read_profile(tmp_path / "live" / "profiles" / name.replace(" ", "_") / "speculation_profile.json")
+        assert mine["accept_length_model"] == theirs["accept_length_model"] == model
+        assert all(v["passed"] for v in mine["validation"].values())
+        for key in ("marginal_accept_rates", "conditional_accept_rates", "mean_accept_length",
+                    "acceptance_length_histogram", "num_speculative_tokens"):
+            assert mine[key] == theirs[key], key
+        assert mine["mean_accept_length"] > 1.0 and mine["measurement_conditions"]["source"] == "specframe replay"
+        assert theirs["measurement_conditions"]["source"] == "specframe bench"
+    assert not (out / "profiles" / "none").exists()
     for name in ("none", "ngram", "ngram k3", "ngram+ngram"):
         mine, theirs = doc["summary"]["strategies"][name], live_doc["summary"]["strategies"][name]
         assert {c: v["tau"] for c, v in mine["by_column"].items()} == {c: v["tau"] for c, v in theirs["by_column"].items()}

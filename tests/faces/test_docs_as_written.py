@@ -11,10 +11,10 @@ Every shell line of a fenced ``bash`` / plain block is read as a reader would ty
   it names loads; a JSON file it names parses;
 - every ``python`` block and ``python -c`` compiles, the ``toml`` block parses (the YAML blocks are validated by
   ``test_docs_configs.py``);
-- the commands that need no model run as written (``--version``, ``plugins``, the documented ``error:`` lines, which
-  must match); the conformance kit's promised pass count is the count the kit prints for the guide's own three files;
-  ``slow`` (the real default model), shortened: the shipped trace's replays, the exports of the shipped weights, the
-  README's main job and its structured-output line;
+- the commands that need no model run as written (``--version``, ``plugins``, ``workload build``, the documented
+  ``error:`` lines, which must match); the conformance kit's promised pass count is the count the kit prints for
+  the guide's own three files; ``slow`` (the real default model), shortened: the shipped trace's replays, the
+  exports of the shipped weights, the README's main job and its structured-output line;
 - everything else is skipped for a reason listed in :data:`NOT_RUN` (downloads, vLLM, a GPU, a server, long runs).
 """
 
@@ -359,7 +359,7 @@ NOT_RUN: list[tuple[str, str]] = [
                              "the rest differ from them in flags, which parse"),
     (r"^(\S*/)?python -c|^(cp|truncate|ls|diff|echo|printf) ", "shell around commands skipped above"),
 ]
-RUN = r"^specframe (--version|plugins)"  # no model: run here
+RUN = r"^specframe (--version|plugins|workload build)"  # no model: run here (workload build: a tokenizer at most)
 SLOW = (r"^specframe replay --traces specframe/testing/traces/",  # the shipped trace (the tokenizer loads the model)
         r"^specframe export \S+ plugins/weights/\S+ --format (speculators|vllm-medusa)",  # shipped weights, target's
         r"^specframe generate --prompts-file \S+ --category summarization --limit 1 --proposer ngram$",  # main job
@@ -373,7 +373,8 @@ def _words(c: Command) -> str:
 def plan(c: Command) -> str:
     """"run", "slow" (needs the real default model) or the reason it is not run."""
     words = _words(c)
-    if re.search(RUN, words) or (c.expect_error and re.search(SLOW[0], words)):  # errors come before any load
+    # a documented error of replay or bench comes before any model loads: run it
+    if re.search(RUN, words) or (c.expect_error and re.search(SLOW[0] + "|^specframe bench ", words)):
         return "run"
     if any(re.search(p, words) for p in SLOW):
         return "slow"
