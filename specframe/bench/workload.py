@@ -20,6 +20,7 @@ same settings on the same installed sources give the same bytes.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 import re
@@ -510,7 +511,7 @@ NOT_USED = [
 def build_workload(per_category: int = 6, long: tuple[int, ...] = LONG_DEFAULT, long_per_tier: int = 1,
                    seed: int = 0, counter: TokenCounter | None = None, specbench: Path | None = None) -> Workload:
     """Build the workload: ``per_category`` prompts for each of :data:`CATEGORIES` in the ``qualitative`` split
-    (spread over the tiers, low first), and for each length in ``long`` (tokens) ``long_per_tier`` prompts per tier
+    (spread over the tiers, interleaved low, mixed, high, low, ...), and for each length in ``long`` (tokens) ``long_per_tier`` prompts per tier
     in a ``throughput_<n>k`` split.
 
     ``counter`` counts tokens (default: :func:`approx_tokens`); ``specbench``: a Spec-Bench ``question.jsonl`` whose
@@ -528,11 +529,13 @@ def build_workload(per_category: int = 6, long: tuple[int, ...] = LONG_DEFAULT, 
     m = Material.load(specbench)
     records, seen = [], set()
     for category in CATEGORIES:
+        by_tier = []
         for tier, n in _split_counts(per_category).items():
             rng = random.Random(f"{seed}:{category}:{tier}")
-            for i, item in enumerate(_draw(POOLS[category](m, rng, tier), n, seen)):
-                records.append(_record(item, category, tier, "qualitative", f"qualitative-{category}-{tier}-{i:03d}",
-                                       counter.count))
+            by_tier.append([_record(item, category, tier, "qualitative", f"qualitative-{category}-{tier}-{i:03d}",
+                                    counter.count) for i, item in enumerate(_draw(POOLS[category](m, rng, tier), n, seen))])
+        # tiers interleaved (low, mixed, high, low, ...): the first N of a category (--limit-per-category) span them
+        records += [r for group in itertools.zip_longest(*by_tier) for r in group if r is not None]
     records += _long_records(m, tuple(long), long_per_tier, seed, counter.count)
     settings = {"seed": seed, "per_category": per_category, "long": list(long), "long_per_tier": long_per_tier,
                 "tokenizer": counter.name, "specbench": specbench.name if specbench is not None else None}
