@@ -490,6 +490,45 @@ def make_profile(rows=None, key: str = "k" * 16, others_load: float = 0.0, conte
     return MachineProfile(key, "tiny", "cpu", {"cpu": "test", "cores": 2}, measured, others_load, 12.3)
 
 
+# The 2-core Xeon of issue 67 (AVX-512 BF16, no AMX): the old rule gave plain decoding bf16/1t/packed (T(1) 44.9 ms,
+# mean of the two contexts) and speculation bf16/2t (22.7 against 24.8 ms per token at the reference acceptance).
+# Built from the issue's figures, not measured; lab/data/machine-profiles/ holds the same medians with rounds.
+XEON_ROWS = {  # candidate -> (T(n) at 128 cached tokens, at 512), n in NS
+    Candidate("bfloat16", 1, False): ([45.0, 52.0, 54.0, 61.0, 78.0, 115.0, 200.0, 380.0],
+                                      [50.0, 57.5, 60.0, 67.5, 86.0, 126.0, 215.0, 405.0]),
+    Candidate("bfloat16", 2, False): ([47.0, 50.0, 51.0, 53.0, 63.0, 92.0, 150.0, 280.0],
+                                      [52.0, 55.5, 56.5, 58.5, 69.0, 100.0, 162.0, 300.0]),
+    Candidate("bfloat16", 1, True): ([42.5, 49.0, 51.5, 58.0, 74.0, 110.0, 190.0, 360.0],
+                                     [47.3, 54.5, 57.0, 64.0, 81.0, 120.0, 205.0, 385.0]),
+    Candidate("bfloat16", 2, True): ([46.0, 52.0, 53.5, 56.5, 67.0, 98.0, 160.0, 300.0],
+                                     [51.0, 57.5, 59.0, 62.0, 73.0, 106.0, 172.0, 320.0]),
+    Candidate("float32", 1, False): ([58.0, 80.0, 105.0, 150.0, 230.0, 420.0, 800.0, 1550.0],
+                                     [64.0, 88.0, 114.0, 162.0, 248.0, 450.0, 850.0, 1650.0]),
+    Candidate("float32", 2, False): ([50.0, 62.0, 80.0, 118.0, 190.0, 350.0, 660.0, 1280.0],
+                                     [56.0, 69.0, 88.0, 128.0, 205.0, 375.0, 700.0, 1350.0]),
+    Candidate("float32", 1, True): ([57.0, 78.0, 100.0, 142.0, 220.0, 400.0, 770.0, 1500.0],
+                                    [63.0, 86.0, 109.0, 154.0, 238.0, 430.0, 820.0, 1600.0]),
+    Candidate("float32", 2, True): ([51.0, 63.0, 79.0, 115.0, 185.0, 340.0, 640.0, 1240.0],
+                                    [57.0, 70.0, 87.0, 125.0, 200.0, 365.0, 680.0, 1320.0]),
+}
+
+
+def xeon_profile(factors=None) -> MachineProfile:
+    """The :data:`XEON_ROWS` profile. ``factors``: label -> one factor per round (each candidate's rows times its
+    factors: the rounds; the medians are the rows only where each list's median is 1.0; a label not given gets
+    ``factors["other"]``); None: one round (no rounds kept, as a version-1 file)."""
+    measured = []
+    for c, rows in XEON_ROWS.items():
+        if factors is None:
+            measured.append(Measured(c, {128: list(rows[0]), 512: list(rows[1])}))
+            continue
+        fs = factors.get(c.label, factors["other"])
+        measured.append(Measured.of_rounds(c, {ctx: [[t * f for t in row] for f in fs]
+                                               for ctx, row in zip((128, 512), rows)}))
+    return MachineProfile("x" * 16, "tiny", "cpu", {"cpu": "xeon", "cores": 2}, measured, 0.0, 60.0,
+                          rounds=1 if factors is None else len(next(iter(factors.values()))))
+
+
 # --- proposers for testing the conformance kit ------------------------------------------------------------------------
 # Honest ones it must pass, and ones with a single, realistic bug it must catch (each docstring says which check
 # should fail).

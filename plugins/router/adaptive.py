@@ -21,6 +21,14 @@ get their budgets again, and every draft is trimmed to its chosen prefix unless 
 
 The router serves a lone proposer too when the target carries a measured cost curve (a target loaded with a
 machine profile) or the router is set explicitly (``router: none`` turns it off): its draft is trimmed to what pays.
+
+Against plain decoding's best settings: where the machine profile ran speculation on other settings than plain
+decoding's (:meth:`specframe.target.profile.MachineProfile.choose`: only where they win at its reference
+acceptance), the target's curve carries plain decoding's best T(1) (``CostCurve.plain_t1_ms``) and
+:attr:`AdaptiveRouter.vs_plain` compares each request with it: committed tokens per one-token forward (measured
+when timed) times :meth:`.cost.StepCost.plain`. A request at least ``PLAIN_STEPS`` steps long that ran below
+``PLAIN_FLOOR`` of it is said once per lineup (a warning). It decides nothing: the steps cannot run on plain
+decoding's settings, so verifying nothing is still judged against these settings' own one-token forward.
 """
 
 from __future__ import annotations
@@ -47,6 +55,9 @@ from .stats import ProposerStats
 
 log = logging.getLogger("specframe")
 
+PLAIN_STEPS = 32  # steps of a request before it is compared with plain decoding's best settings (vs_plain)
+PLAIN_FLOOR = 0.98  # below this share of plain decoding's best speed, a request says so (once per lineup)
+
 
 class AdaptiveRouter(RouterBase):
     """Runs the proposers, and gives them the node budgets, that maximise expected tokens per unit cost; after each
@@ -66,6 +77,7 @@ class AdaptiveRouter(RouterBase):
         self.memory = LineupMemory()  # this lineup's costs across requests (see start)
         self.forced: set[int] = set()  # probed / explored this step: run with a probe's budget, kept whole
         self.rng = random.Random(0)
+        self.steps, self.committed, self.spent = 0, 0, 0.0  # this request: steps, tokens, one-token forwards
 
     # --- per request ---------------------------------------------------------------------------------------
     def start(self, proposers: Sequence[str], seed: int, greedy: bool = True) -> None:
@@ -81,6 +93,7 @@ class AdaptiveRouter(RouterBase):
         self.stats = [ProposerStats.fresh(cfg, float(cfg.draft_cost.get(label, 0.0))) for label in proposers]
         self.rng = random.Random(seed)
         self.forced = set()
+        self.steps, self.committed, self.spent = 0, 0, 0.0
         key = None if self.target is None else LineupKey.of(self.target, cfg.model_dump_json(), tuple(proposers))
         self.memory = recall(key)  # (no target: nothing shared)
         if self.clock.timed:
@@ -195,6 +208,7 @@ class AdaptiveRouter(RouterBase):
         a = cfg.decay
         if clock.observe(report, self.cost, a):
             mem.t1, mem.t1_plain = clock.t1, clock.t1_plain
+        self._tally(report)
         labels = self.proposers
         for j, s in enumerate(report.proposers):
             if s.asked and s.drafted and not s.fault:
@@ -212,6 +226,39 @@ class AdaptiveRouter(RouterBase):
             self._learn(j, s)
         for j in self.forced:  # (after the timings: a first probe is judged with its own cost)
             self._probed(j, report)
+
+    @property
+    def vs_plain(self) -> float | None:
+        """This request's speed so far over plain decoding's best settings' (1.0: as fast): the tokens it committed
+        per one-token forward of the settings it runs on (steps' forwards and drafts, measured when timed and
+        alone, else by the cost curve and draft costs) times :meth:`.cost.StepCost.plain`. None before a step."""
+        return self.committed / self.spent * self.cost.plain() if self.spent > 0 else None
+
+    def _tally(self, report: StepReport) -> None:
+        """Count a step into :attr:`vs_plain`, and say once per lineup when a request runs below ``PLAIN_FLOOR`` of
+        plain decoding's best settings."""
+        clock, asked = self.clock, [(j, s) for j, s in enumerate(report.proposers) if s.asked]
+        if clock.timed and clock.t1 and report.forward_s > 0 and self.cost.alone:
+            spent = (report.forward_s + sum(s.draft_s + s.feedback_s for _, s in asked)) / clock.t1
+        else:
+            spent = self.cost.verify(report.verified + 1) + sum(self.draft_cost(j) for j, _ in asked
+                                                                 if j < len(self.stats))
+        self.steps += 1
+        self.committed += report.accepted + 1
+        self.spent += spent
+        plain = self.cost.plain()
+        if self.steps < PLAIN_STEPS or plain >= 1.0 or self.memory.below_plain:
+            return
+        vs = self.vs_plain
+        if vs is not None and vs < PLAIN_FLOOR:
+            self.memory.below_plain = True
+            measured = self.target.cost if self.target is not None else None
+            log.warning("router adaptive: %s committed %.2f tokens per one-token forward over %d steps, %.2fx the "
+                        "speed of plain decoding's best settings (T(1) %.1f ms against %.1f ms on the settings it "
+                        "runs on): the machine profile chose these settings for speculation, and at this "
+                        "acceptance they do not pay; `specframe tune` shows both choices",
+                        "+".join(self.proposers) or "this lineup", self.committed / self.spent, self.steps, vs,
+                        measured.plain_t1_ms if measured else 0.0, measured.t1_ms() if measured else 0.0)
 
     def _learn(self, j: int, s: ProposerStep) -> None:
         """Proposer ``j``'s counters, draft time and depth statistics from its part ``s`` of a step."""

@@ -45,6 +45,17 @@ class StepCost:
         measured = self.target.cost if self.target is not None else None  # (read now: it follows the machine)
         return (self.curve or measured or self.linear).v(n)
 
+    def plain(self) -> float:
+        """Plain decoding's best time per token, in one-token forwards of the settings the target runs with: the
+        measured curve's :meth:`~specframe.target.cost.CostCurve.plain_share` (``plain_t1_ms / T(1)``, at most 1).
+        1.0 where these settings are plain decoding's best or nothing was measured; below 1.0 where the machine
+        profile ran speculation on other settings than plain decoding's (they won at its reference acceptance), so
+        a step on them beats plain decoding's best only where it commits more than ``1 / plain()`` tokens per
+        one-token forward. Read for :attr:`AdaptiveRouter.vs_plain`, which decides nothing: verifying nothing runs
+        on these settings too, so the ascent's reference stays their own one-token forward."""
+        measured = self.target.cost if self.target is not None else None
+        return measured.plain_share() if measured else 1.0
+
     def share(self, rows: int, width: int) -> None:
         """The next step's forward is shared by ``rows`` requests whose other rows are ``width`` tokens wide (see
         :meth:`verify`). Ignored under sampling: a sampled request decides from its seed and counts alone, so a seed

@@ -47,6 +47,7 @@ class LineupMemory:
     t1: float | None = None  # seconds of a one-token target forward (EMA); None = never measured
     t1_plain: bool = False  # t1 comes from one-token forwards (steps that verified nothing), not the curve
     labels: dict[str, LabelCosts] = field(default_factory=dict)  # per proposer label
+    below_plain: bool = False  # a request of the lineup ran slower than plain decoding's best settings (said once)
 
     def label(self, name: str) -> LabelCosts:
         """``name``'s costs, an empty entry (nothing measured) created when there are none."""

@@ -58,17 +58,22 @@ class CostCurve:
             many random draws a step makes (docs/machine.md, "What a seed pins down"). Default: ``t_ms``.
         ns: the token counts of each row, ascending, starting at 1 (default :data:`NS`); a shorter row holds the
             first ``len(row)`` of them.
+        plain_t1_ms: T(1) in ms of plain decoding's best settings on this machine (the machine profile's choice
+            for plain decoding, :attr:`specframe.target.profile.Settings.plain_t1_ms`), the reference speculation
+            must beat; None when unknown (the curve's own T(1) is then the reference).
 
     ``v(n)`` for any n >= 1 (a float) interpolates linearly between measured points and extends the last segment's
     slope past them; an empty curve is falsy and reads v(n) = 1.0.
     """
 
     def __init__(self, t_ms: Mapping[int, Sequence[float]] | None = None,
-                 fixed: Mapping[int, Sequence[float]] | None = None, ns: Sequence[int] = NS) -> None:
+                 fixed: Mapping[int, Sequence[float]] | None = None, ns: Sequence[int] = NS,
+                 plain_t1_ms: float | None = None) -> None:
         self.ns = tuple(int(n) for n in ns)
         self.t_ms: dict[int, list[float]] = {}
         self.set(t_ms or {})
         self.fixed = {int(c): list(v) for c, v in (fixed if fixed is not None else self.t_ms).items()}
+        self.plain_t1_ms = float(plain_t1_ms) if plain_t1_ms else None
 
     @classmethod
     def from_v(cls, v: Sequence[float], t1_ms: float = 1.0) -> "CostCurve":
@@ -97,6 +102,17 @@ class CostCurve:
     def t1_ms(self) -> float:
         """T(1) in ms, mean over contexts (0.0 for an empty curve)."""
         return sum(v[0] for v in self.t_ms.values()) / len(self.t_ms) if self.t_ms else 0.0
+
+    def plain_share(self) -> float:
+        """Plain decoding's best time per token in this curve's one-token forwards, ``plain_t1_ms / T(1)``, at most
+        1.0 (plain decoding's best is never slower than plain decoding on these settings, which it could have
+        chosen); 1.0 when either is unknown. Below 1.0 these settings are not plain decoding's best: speculation on
+        them pays only where it commits more than ``1 / plain_share()`` tokens per one-token forward.
+
+        Example: ``CostCurve({128: [50.0, 55.0]}, plain_t1_ms=45.0).plain_share() == 0.9``.
+        """
+        t1 = self.t1_ms()
+        return min(1.0, self.plain_t1_ms / t1) if self.plain_t1_ms and t1 > 0 else 1.0
 
     def v(self, n: float) -> float:
         return self._v(self.t_ms, n)

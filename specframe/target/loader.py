@@ -66,7 +66,8 @@ def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
 
     measured = profile.find(Candidate(settings.dtype, settings.threads, settings.prepack)) if profile else None
     curve = CostCurve(measured.t_ms if measured else None,
-                      load_independent(profile, Candidate(settings.dtype, settings.threads, settings.prepack)))
+                      load_independent(profile, Candidate(settings.dtype, settings.threads, settings.prepack)),
+                      plain_t1_ms=settings.plain_t1_ms)  # (the reference speculation must beat: the router reads it)
     target.attach_machine(settings, ThreadGovernor(settings, threads == "auto" and device == "cpu",
                                                    usable_cores()[0], profile, curve))
     return target

@@ -5,6 +5,7 @@ are then probed; a lone proposer is routed only with a measured cost or an expli
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 import pytest
@@ -160,3 +161,68 @@ def test_a_seeded_sampled_request_gives_the_same_tokens_whatever_curve_was_measu
         r = sf.generate_result(PROMPT, temperature=0.8, seed=7)
         runs.append((r.token_ids, r.metrics.target_forwards, r.metrics.drafted_nodes))
     assert runs[0] == runs[1] == runs[2]
+
+
+# --- plain decoding's best settings as the reference (issue 67, 5) --------------------------------------------------
+
+SPLIT = {128: [47.0, 50.0, 51.0, 53.0, 63.0, 92.0], 512: [52.0, 55.5, 56.5, 58.5, 69.0, 100.0]}  # bf16/2t, T(1) 49.5
+
+
+def test_the_router_reads_plain_decodings_best_t1_from_the_targets_curve():
+    """The Xeon of issue 67: speculation on bf16/2t (T(1) 49.5 ms), plain decoding's best bf16/1t/packed (44.9 ms)."""
+    assert lone_router(CostCurve(SPLIT, plain_t1_ms=44.9)).cost.plain() == pytest.approx(44.9 / 49.5)
+    assert lone_router(CostCurve(SPLIT)).cost.plain() == 1.0  # no reference: these settings are the reference
+    assert lone_router(None).cost.plain() == 1.0
+    sampling = AdaptiveRouter(AdaptiveConfig(measure="never"), info(CostCurve(SPLIT, plain_t1_ms=44.9)))
+    sampling.start(["ngram"], seed=0, greedy=False)
+    assert sampling.cost.plain() == pytest.approx(44.9 / 49.5)  # (read for vs_plain only: it decides nothing)
+
+
+def test_the_plain_reference_changes_no_decision():
+    """Verifying nothing runs on the speculative settings too, so what pays is still judged against their own
+    one-token forward: the same budgets and trims with or without the reference."""
+    draft = DraftTree.chain(list(range(1, 9)))
+    out = []
+    for plain_t1 in (None, 44.9):
+        router = lone_router(CostCurve(SPLIT, plain_t1_ms=plain_t1), probe_every=4)
+        seen = []
+        for step in range(12):
+            budgets = router.route(16, 1 << 16, [True])
+            keep = router.revise(16, 1 << 16, [True], [draft], budgets)
+            seen.append((list(budgets), list(keep), sorted(router.forced)))
+            s = ProposerStep("ngram", True, 16, 8, keep[0], (1,) * keep[0], min(keep[0], step % 3), 0, 0.0, False)
+            router.on_step(StepReport((s,), keep[0], min(keep[0], step % 3), 0.0))
+        out.append(seen)
+    assert out[0] == out[1]
+
+
+def test_a_request_below_plain_decodings_best_settings_is_said_once_per_lineup(caplog):
+    from specframe_plugins.router.adaptive import PLAIN_FLOOR, PLAIN_STEPS
+
+    # one TargetInfo, one lineup (named: the process-wide memory keys lineups by name and id)
+    target = replace(info(CostCurve(SPLIT, plain_t1_ms=44.9)), name="below-plain-once")
+    nothing = StepReport((ProposerStep("ngram", True, 16, 1, 1, (1,), 0, 0, 0.0, False),), 1, 0, 0.0)
+    router = AdaptiveRouter(AdaptiveConfig(measure="never", explore=0.0), target)
+    router.start(["ngram"], seed=0, greedy=True)
+    assert router.vs_plain is None
+    with caplog.at_level(logging.WARNING, logger="specframe"):
+        for _ in range(PLAIN_STEPS - 1):
+            router.on_step(nothing)  # one token per step for a forward over 2 tokens: below plain decoding
+        assert "plain decoding's best settings" not in caplog.text  # not judged before PLAIN_STEPS steps
+        router.on_step(nothing)
+    v2 = CostCurve(SPLIT).v(2)
+    assert router.vs_plain == pytest.approx(44.9 / 49.5 / v2) and router.vs_plain < PLAIN_FLOOR
+    assert caplog.text.count("plain decoding's best settings") == 1 and "T(1) 44.9 ms against 49.5 ms" in caplog.text
+    again = AdaptiveRouter(AdaptiveConfig(measure="never", explore=0.0), target)
+    again.start(["ngram"], seed=0, greedy=True)
+    with caplog.at_level(logging.WARNING, logger="specframe"):
+        for _ in range(PLAIN_STEPS):
+            again.on_step(nothing)
+    assert caplog.text.count("plain decoding's best settings") == 1  # said once for the lineup
+    caplog.clear()
+    same = AdaptiveRouter(AdaptiveConfig(measure="never", explore=0.0), info(CostCurve(SPLIT)))
+    same.start(["ngram"], seed=0, greedy=True)
+    with caplog.at_level(logging.WARNING, logger="specframe"):
+        for _ in range(PLAIN_STEPS):
+            same.on_step(nothing)
+    assert same.vs_plain == pytest.approx(1 / v2) and caplog.text == ""  # plain decoding's own settings: nothing to say

@@ -240,20 +240,27 @@ def test_measure_profile_times_every_candidate_and_restores_threads(tmp_path, mo
         cands.append(Candidate("float32", 1, True))
     monkeypatch.setattr(specframe.target.models, "load_model", load_model)
     monkeypatch.setattr(tune, "candidates", lambda device, cores: list(cands))
-    monkeypatch.setattr(tune, "time_forwards", functools.partial(time_forwards, contexts=(16,), repeats=1))
     quiet_machine(monkeypatch, 0.0)
     threads = torch.get_num_threads()
-    prof = tune.measure_profile(tmp_path, "tiny", "cpu")
+    measure = functools.partial(tune.measure_profile, contexts=(16,), rounds=2)
+    prof = measure(tmp_path, "tiny", "cpu")
     assert torch.get_num_threads() == threads
     assert sorted(m.candidate.label for m in prof.measured) == sorted(c.label for c in cands)
     assert all(set(m.t_ms) == {16} and len(m.t_ms[16]) == len(NS) and min(m.t_ms[16]) > 0 for m in prof.measured)
+    # two interleaved rounds each, both dtypes loaded at once (one session), the medians of the rounds
+    assert all(m.n_rounds == 2 and m.session == 0 for m in prof.measured) and prof.rounds == 2
+    assert all(m.t_ms[16] == [(a + b) / 2 for a, b in zip(*m.rounds[16])] for m in prof.measured)
     assert prof.key == fingerprint_key("tiny", "cpu") and prof.fingerprint == machine.fingerprint()
     prof.save(profile_path(prof.key))
     assert load_profile(prof.key).to_json() == prof.to_json()
+    monkeypatch.setattr(tune, "MEMORY_SHARE", 0.0)  # the second dtype does not fit beside the first: a session each
+    apart = measure(tmp_path, "tiny", "cpu")
+    assert {m.candidate.dtype: m.session for m in apart.measured} == {"float32": 1, "bfloat16": 0}
     with caplog.at_level(logging.WARNING, logger="specframe"):
-        spent = tune.measure_profile(tmp_path, "tiny", "cpu", budget_s=0.0)
-    # the budget counts timing only (not model loading): the first candidate is always measured, then it stops
-    assert len(spent.measured) == 1 and "time limit is spent" in caplog.text
+        spent = measure(tmp_path, "tiny", "cpu", budget_s=0.0)
+    # the budget counts timing only (not model loading): the first candidate is always measured (one round), then
+    # it stops
+    assert len(spent.measured) == 1 and spent.measured[0].n_rounds == 1 and "time limit is spent" in caplog.text
 
 
 def test_time_forwards_shape_and_context_clipping():

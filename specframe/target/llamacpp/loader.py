@@ -84,14 +84,18 @@ def _weights_file(source: Any, weights: str, log_line: Callable[[str], None]) ->
 def _choose_weights(source: Any, build: Any, fit: int, threads: int | str, speculative: bool, progress: Any,
                     log_line: Callable[[str], None]) -> tuple[str, str]:
     """``weights: auto``: the candidate of :data:`AUTO_WEIGHTS` with the lowest measured cost per token here
-    (:func:`specframe.target.profile.token_cost_ms` of each one's profile). Returns ``(weights, reason)``."""
-    from ..cost import REF_ACCEPT
-    from ..profile import token_cost_ms
+    (:meth:`specframe.target.profile.Measured.cost` of each one's profile), by the profile's within-noise rule: the
+    first of :data:`AUTO_WEIGHTS` (for speculation plain decoding's choice first) that the fastest does not beat
+    outside noise (:func:`specframe.target.profile.faster`, unpaired: each type has a profile of its own); and
+    speculation runs on other weights than plain decoding's only where they beat plain decoding's best T(1) and its
+    speculative cost outside noise. Returns ``(weights, reason)``."""
+    from ..profile import faster
     from .binding import LlamaModel
     from .profile import get_profile
     from .target import LlamaCppTarget
 
-    costs: dict[str, float] = {}
+    spec: dict[str, Any] = {}
+    plain: dict[str, Any] = {}
     for kind in AUTO_WEIGHTS:
         path = _weights_file(source, kind, log_line)
         probe = LlamaCppTarget(path, None, name=source.name, threads=fit, build=build, llama=LlamaModel(path))
@@ -99,15 +103,33 @@ def _choose_weights(source: Any, build: Any, fit: int, threads: int | str, specu
         try:
             profile = get_profile(probe, _profile_name(source.name, kind), progress)
             _, measured, _ = profile.choose("auto", threads, False, fit, speculative)
+            _, measured_plain, _ = profile.choose("auto", threads, False, fit, False)
         finally:
             probe.llama.close()
-        if measured is not None:
-            costs[kind] = token_cost_ms(measured.t_ms, speculative, REF_ACCEPT)
-    if not costs:
+        if measured is not None and measured_plain is not None:
+            spec[kind], plain[kind] = measured, measured_plain
+    if not spec:
         return "gguf", "nothing measured: the file's own types"
-    best = min(costs, key=costs.get)
-    return best, "fastest measured (ms per token: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(costs.items(),
-                                                                                                 key=lambda kv: kv[1])) + ")"
+
+    def pick(ms: dict[str, Any], speculative: bool, first: str | None = None) -> tuple[str, str]:
+        order = sorted(ms, key=lambda k: (k != first, AUTO_WEIGHTS.index(k)))
+        fastest = min(order, key=lambda k: ms[k].cost(speculative))
+        tied = [k for k in order if k == fastest or not faster(ms[fastest], ms[k], speculative, paired=False)]
+        listed = ", ".join(f"{k} {ms[k].cost(speculative):.1f}" for k in sorted(ms, key=lambda k: ms[k].cost(speculative)))
+        why = f"fastest measured (ms per token: {listed})"
+        if tied[0] != fastest:
+            why = f"{tied[0]}: within noise of the fastest measured, {fastest} (ms per token: {listed})"
+        return tied[0], why
+
+    best_plain, why_plain = pick(plain, False)
+    if not speculative:
+        return best_plain, why_plain
+    best, why = pick(spec, True, best_plain)
+    if best != best_plain and not (faster(spec[best], plain[best_plain], True, False, paired=False)
+                                   and faster(spec[best], spec[best_plain], True, True, paired=False)):
+        return best_plain, (f"plain decoding's weights, {best_plain}: {best} ({spec[best].cost(True):.1f} ms per "
+                            f"token at the reference acceptance) does not beat them outside noise")
+    return best, why
 
 
 def _profile_name(name: str, weights: str) -> str:
@@ -185,15 +207,18 @@ def _thread_settings(target: Any, source: Any, profile: Any, threads: int | str,
     from ..profile import Candidate, Settings
 
     weights, weights_why = target.weights, target.weights_why
+    plain = None
     if profile is not None:
         cand, _, reason = profile.choose("auto", threads, False, fit, speculative)
+        plain = profile.plain_reference("auto", threads, False, fit)
     else:
         cand, reason = Candidate(weights, int(threads) if threads != "auto" else fit, False), "as given"
     what = f"the GGUF's own tensor types ({target.llama.description})" if weights == "gguf" else \
         f"{source.gguf.name} requantized to {weights} ({weights_why})"
     settings = Settings(weights, cand.threads, False, what,
                         "as given" if threads != "auto" else f"{cores_why}; others using {others:.1f}; {reason}",
-                        "not used by llama.cpp", str(profile.path) if profile is not None and profile.path else None)
+                        "not used by llama.cpp", str(profile.path) if profile is not None and profile.path else None,
+                        *(plain or (None, None)))
     return settings, cand
 
 
@@ -204,7 +229,8 @@ def _attach_governor(target: Any, settings: Any, cand: Any, profile: Any, auto: 
     from ..profile import ThreadGovernor, load_independent, measured_threads
 
     measured = profile.find(cand) if profile is not None else None
-    curve = CostCurve(measured.t_ms if measured else None, load_independent(profile, cand))
+    curve = CostCurve(measured.t_ms if measured else None, load_independent(profile, cand),
+                      plain_t1_ms=getattr(settings, "plain_t1_ms", None))
     governor = ThreadGovernor(settings, auto, cores, profile, curve, apply=target.set_threads)
     if profile is not None and not measured_threads(profile, cand):
         governor.auto = False

@@ -10,11 +10,25 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import statistics
 import time
 from typing import Any, Callable, Iterable
 
 from ..machine import LoadMonitor, fingerprint, fingerprint_key, usable_cores
-from ..profile import CONTEXTS, NS, REPEATS, Candidate, MachineProfile, Measured, load_profile, profile_path
+from ..profile import (
+    BUDGET_S,
+    CONTEXTS,
+    NS,
+    PROFILE_VERSION,
+    REPEATS,
+    ROUNDS,
+    Candidate,
+    MachineProfile,
+    Measured,
+    interleave,
+    load_profile,
+    profile_path,
+)
 from .binding import LlamaContext
 
 log = logging.getLogger("specframe")
@@ -28,64 +42,91 @@ def profile_key(model_name: str, target: Any) -> str:
     return fingerprint_key(model_name, "cpu", "llama.cpp", target.build.version, build)
 
 
-def time_decodes(target: Any, threads: int, contexts: Iterable[int] = CONTEXTS, ns: Iterable[int] = NS,
-                 repeats: int = REPEATS, tick: Callable[[], None] = lambda: None) -> dict[int, list[float]]:
-    """Median ms of one ``llama_decode`` over n new tokens (a logits row each) after ``context`` cached tokens, for
-    each context and n, at ``threads`` threads."""
-    import random
+class _Decoder:
+    """Times decodes at ``threads`` threads: each row in a llama.cpp context of its own (prefilled anew, untimed;
+    one context at a time, so interleaving thread counts holds one KV cache)."""
 
-    ns = list(ns)
-    rng = random.Random(0)
-    ctx = LlamaContext(target.llama, target.n_ctx, max(512, max(ns)), threads, padding=target.build.row_padding)
-    out: dict[int, list[float]] = {}
-    try:
-        for length in contexts:
-            length = min(length, target.n_ctx - max(ns) - 1)
-            ids = [rng.randrange(target.vocab_size) for _ in range(length + max(ns))]
-            ctx.clear()
+    def __init__(self, target: Any, threads: int, ns: Iterable[int] = NS) -> None:
+        import random
+
+        self.target, self.threads, self.ns = target, threads, list(ns)
+        self.rng = random.Random(0)
+
+    def row(self, length: int, warm_up: bool, repeats: int = REPEATS) -> list[float]:
+        """``[T(n) for n in ns]`` after ``length`` cached tokens: the median ms of ``repeats`` decodes each, after
+        one untimed decode when ``warm_up``."""
+        target = self.target
+        ctx = LlamaContext(target.llama, target.n_ctx, max(512, max(self.ns)), self.threads,
+                           padding=target.build.row_padding)
+        try:
+            ids = [self.rng.randrange(target.vocab_size) for _ in range(length + max(self.ns))]
             for i in range(0, length, ctx.n_batch):
                 chunk = ids[i:min(i + ctx.n_batch, length)]
                 ctx.decode(chunk, list(range(i, i + len(chunk))), logits="last")
             row = []
-            for n in ns:
+            for n in self.ns:
                 times = []
-                for r in range(repeats + 1):  # the first is a warm-up
+                for r in range(repeats + int(warm_up)):
                     t0 = time.perf_counter()
                     ctx.decode(ids[length:length + n], list(range(length, length + n)))
-                    if r:
+                    if r or not warm_up:
                         times.append(time.perf_counter() - t0)
                     ctx.remove(0, length)
-                times.sort()
-                row.append(times[len(times) // 2] * 1e3)
-            out[length] = row
-            tick()
-    finally:
-        ctx.close()
+                row.append(statistics.median(times) * 1e3)
+            return row
+        finally:
+            ctx.close()
+
+
+def contexts_of(target: Any, contexts: Iterable[int] = CONTEXTS, ns: Iterable[int] = NS) -> list[int]:
+    """The context lengths measured: ``contexts`` clipped to what ``target.n_ctx`` holds besides the largest n."""
+    return [min(length, target.n_ctx - max(ns) - 1) for length in contexts]
+
+
+def time_decodes(target: Any, threads: int, contexts: Iterable[int] = CONTEXTS, ns: Iterable[int] = NS,
+                 repeats: int = 3, tick: Callable[[], None] = lambda: None) -> dict[int, list[float]]:
+    """Median ms of one ``llama_decode`` over n new tokens (a logits row each) after ``context`` cached tokens, for
+    each context and n, at ``threads`` threads (``repeats`` timed decodes after a warm-up; one thread count alone:
+    :func:`measure` interleaves)."""
+    ns = list(ns)
+    dec = _Decoder(target, threads, ns)
+    out: dict[int, list[float]] = {}
+    for length in contexts_of(target, contexts, ns):
+        out[length] = dec.row(length, True, repeats)
+        tick()
     return out
 
 
-def measure(target: Any, model_name: str, progress: Any = None) -> MachineProfile:
-    """Measure T(n) of ``target`` at 1, cores / 2 and cores threads."""
+def measure(target: Any, model_name: str, progress: Any = None, budget_s: float = BUDGET_S,
+            rounds: int = ROUNDS) -> MachineProfile:
+    """Measure T(n) of ``target`` at 1, cores / 2 and cores threads, in ``rounds`` interleaved rounds (as
+    :func:`specframe.target.profile.measure_profile`; ``budget_s`` bounds the time spent timing)."""
     cores, _ = usable_cores()
     monitor = LoadMonitor()
     monitor.sample()
     threads = sorted({1, max(1, cores // 2), cores})
-    task = progress.add_task("measuring llama.cpp on this machine", total=len(threads) * len(CONTEXTS)) \
+    task = progress.add_task("measuring llama.cpp on this machine", total=len(threads) * len(CONTEXTS) * rounds) \
         if progress else None
-    tick = (lambda: progress.advance(task)) if progress else (lambda: None)
+    tick = (lambda k: progress.advance(task, k)) if progress else (lambda k: None)
     start = time.perf_counter()
     label = getattr(target, "weights", DTYPE)  # the tensor types run: "gguf" (the file's own) or a requantization
-    measured = [Measured(Candidate(label, t, False), time_decodes(target, t, tick=tick)) for t in threads]
+    slots = [(Candidate(label, t, False), lambda: None, lambda length, warm, d=_Decoder(target, t): d.row(length, warm))
+             for t in threads]
+    got, _ = interleave(slots, contexts_of(target), rounds, budget_s, tick=tick)
+    if progress:
+        progress.update(task, completed=len(threads) * len(CONTEXTS) * rounds)
+    measured = [Measured.of_rounds(c, got[c]) for c, _, _ in slots if c in got]
     return MachineProfile(profile_key(model_name, target), model_name, "cpu", fingerprint(), measured,
-                          monitor.sample().others, time.perf_counter() - start)
+                          monitor.sample().others, time.perf_counter() - start, rounds=rounds)
 
 
 def get_profile(target: Any, model_name: str, progress: Any = None, refresh: bool = False) -> MachineProfile:
-    """The cached profile of this machine, model and build, measured (and cached) when missing or taken under load
-    (as :func:`specframe.target.profile.get_profile`)."""
+    """The cached profile of this machine, model and build, measured (and cached) when missing, or taken under load
+    or of an older format while the machine is quiet now (as :func:`specframe.target.profile.get_profile`)."""
     key = profile_key(model_name, target)
     prof = None if refresh else load_profile(key)
-    if prof is not None and (prof.others_load <= 0.3 or LoadMonitor().sample().others > 0.3):
+    if prof is not None and ((prof.others_load <= 0.3 and prof.version == PROFILE_VERSION)
+                             or LoadMonitor().sample().others > 0.3):
         return prof
     prof = measure(target, model_name, progress)
     if prof.others_load > 0.3:
