@@ -56,6 +56,7 @@ from .stats import ProposerStats
 log = logging.getLogger("specframe")
 
 PLAIN_STEPS = 32  # steps of a request before it is compared with plain decoding's best settings (vs_plain)
+NOISE_FLOOR = 0.03  # T(1) differences below this share are the machine profile's noise (profile.NOISE_FLOOR)
 PLAIN_FLOOR = 0.98  # below this share of plain decoding's best speed, a request says so (once per lineup)
 
 
@@ -247,7 +248,9 @@ class AdaptiveRouter(RouterBase):
         self.committed += report.accepted + 1
         self.spent += spent
         plain = self.cost.plain()
-        if self.steps < PLAIN_STEPS or plain >= 1.0 or self.memory.below_plain:
+        # (plain decoding's best within the profile's noise floor of these settings' T(1): the same settings, or as
+        # good as them; nothing to say)
+        if self.steps < PLAIN_STEPS or plain >= 1.0 - NOISE_FLOOR or self.memory.below_plain:
             return
         vs = self.vs_plain
         if vs is not None and vs < PLAIN_FLOOR:

@@ -528,13 +528,16 @@ def build_workload(per_category: int = 6, long: tuple[int, ...] = LONG_DEFAULT, 
     counter = counter or TokenCounter(APPROX, approx_tokens)
     m = Material.load(specbench)
     records, seen = [], set()
-    for category in CATEGORIES:
+    for c, category in enumerate(CATEGORIES):
         by_tier = []
         for tier, n in _split_counts(per_category).items():
             rng = random.Random(f"{seed}:{category}:{tier}")
             by_tier.append([_record(item, category, tier, "qualitative", f"qualitative-{category}-{tier}-{i:03d}",
                                     counter.count) for i, item in enumerate(_draw(POOLS[category](m, rng, tier), n, seen))])
-        # tiers interleaved (low, mixed, high, low, ...): the first N of a category (--limit-per-category) span them
+        # tiers interleaved, each category starting one tier further (coding low, mixed, high, ...; humanities mixed,
+        # high, low, ...): the first N of a category (--limit-per-category) span the tiers, and the first one of
+        # every category spans them across categories
+        by_tier = by_tier[c % len(by_tier):] + by_tier[: c % len(by_tier)]
         records += [r for group in itertools.zip_longest(*by_tier) for r in group if r is not None]
     records += _long_records(m, tuple(long), long_per_tier, seed, counter.count)
     settings = {"seed": seed, "per_category": per_category, "long": list(long), "long_per_tier": long_per_tier,

@@ -486,8 +486,12 @@ def _tune(model: str, device: str, refresh: bool, as_json: bool, engine: str = "
     cores, _ = usable_cores()
     others = LoadMonitor().sample().others
     fit = choose_threads(cores, others)
+    from ..target.profile import runnable_on
+
+    # (a profile from another machine, forced: a candidate this machine cannot run is not shown as the choice)
+    runnable = runnable_on(device) if engine == "transformers" else None
     for spec in (True, False):
-        c, _, why = prof.choose(max_threads=fit, speculative=spec)
+        c, _, why = prof.choose(max_threads=fit, speculative=spec, runnable=runnable)
         con.print(f"auto ({'speculative' if spec else 'plain decoding'}; others using {others:.1f} cores): "
                   f"{c.label} — {why}")
 

@@ -166,6 +166,11 @@ def test_ceilings_of_a_run_give_each_strategy_s_fraction_of_the_oracle():
     assert c["strategies"]["ngram"]["fraction_of_oracle"] == pytest.approx(1.2 / c["oracle"]["speedup"])
     assert c["strategies"]["none"]["any_path"] is None and c["entropy_bound"]["mu"] == 0.5
     assert ceilings(summary, recs, None, "none") is None
+    # a live bench: the prefill counts in its speed-ups, so the fraction is of the oracle priced end to end
+    live = [dict(r, metrics=dict(r["metrics"], prefill_s=1.0, wall_s=3.0)) for r in recs]
+    c = ceilings(summary, live, {"t_ms": [10.0, 12.0, 14.0], "v": [1.0, 1.2, 1.4]}, "none")
+    assert c["oracle"]["speedup_end_to_end"] == pytest.approx(6.0 / (2.0 + 4.0 / 2.0))  # 2 s prefill + 4 s decode / 2
+    assert c["strategies"]["ngram"]["fraction_of_oracle"] == pytest.approx(1.2 / 1.5)
 
 
 def test_the_top_k_oracle_takes_any_node_of_each_depth():
