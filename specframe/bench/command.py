@@ -310,6 +310,11 @@ def _bench_inputs(config, questions, categories, limit_per_category, max_new_tok
         found = sorted({str(p.category) for p in prompts if p.category is not None})
         has = f"the file has: {', '.join(found)}" if found else "the file's questions have no `category`"
         raise ConfigError(f"--categories {cfg.categories} match no question; {has}")
+    from .speculation_profile import read_profile
+
+    for s in cfg.strategies:  # a synthetic acceptance's profile file: read now, before any model loads
+        if s.synthetic is not None and s.synthetic.profile is not None:
+            read_profile(s.synthetic.profile)
     return cfg, chosen
 
 

@@ -51,11 +51,7 @@ class SyntheticAcceptance(BaseModel):
             from .synthetic import check_rates
 
             check_rates(self.acceptance_rates, "synthetic")
-        if self.profile is not None:
-            from .speculation_profile import read_profile
-
-            read_profile(self.profile)  # (read now: a bad file is refused before any model loads)
-        return self
+        return self  # (a profile file is read by the bench before any model loads, relative to where it runs)
 
 
 class Strategy(BaseModel):
