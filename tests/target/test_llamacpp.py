@@ -334,4 +334,6 @@ def test_a_pard_draft_drafts_its_block_beside_llamacpp(sf, prompts, tmp_path):
         got = sf.generate_result(ids, proposers=[{"name": "draft-model", "model": str(tmp_path / "pard"), "k": 4,
                                                   "schedule": "constant"}], max_new_tokens=32, router="none")
         assert got.token_ids == _peer_tokens(sf, ids, 32)
-        assert got.metrics.drafted_nodes >= 4 * (got.metrics.target_forwards - 1) - 4
+        # a step drafts 4 unless fewer than 5 tokens are left (then tokens left - 1: the last steps only, their
+        # budgets strictly decreasing), so at most 1 + 2 + 3 + 4 drafts are lost: drafted >= 4 * forwards - 10
+        assert got.metrics.drafted_nodes >= 4 * got.metrics.target_forwards - 10
