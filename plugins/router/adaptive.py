@@ -58,6 +58,7 @@ log = logging.getLogger("specframe")
 PLAIN_STEPS = 32  # steps of a request before it is compared with plain decoding's best settings (vs_plain)
 NOISE_FLOOR = 0.03  # T(1) differences below this share are the machine profile's noise (profile.NOISE_FLOOR)
 PLAIN_FLOOR = 0.98  # below this share of plain decoding's best speed, a request says so (once per lineup)
+CALIBRATE_STEP = 1  # a timed request alone verifies nothing at this step when its lineup has no one-token time yet
 
 
 class AdaptiveRouter(RouterBase):
@@ -132,6 +133,9 @@ class AdaptiveRouter(RouterBase):
     # --- decision ------------------------------------------------------------------------------------------
     def route(self, budget: int, max_nodes: int, available: Sequence[bool]) -> list[int]:
         cfg, stats = self.config, self.stats
+        if self.calibrates():
+            self.forced = set()
+            return [0] * len(available)
         free = [ok and self.draft_cost(j) <= cfg.free_cost for j, ok in enumerate(available)]
         # the costly proposers are weighed without the free ones, whose drafts revise() will weigh once known
         _, nodes = self.allocate(budget, max_nodes, [ok and not f for ok, f in zip(available, free)])
@@ -160,6 +164,17 @@ class AdaptiveRouter(RouterBase):
                 if ok and not stats[j].measured and nodes[j] > probe:
                     nodes[j] = probe
         return nodes
+
+    def calibrates(self) -> bool:
+        """This step verifies nothing to time a one-token forward: a timed request, alone, at step
+        :data:`CALIBRATE_STEP` (the first step's forward can carry first-call costs), while no step of this lineup
+        has verified nothing. Until then a step's measured time is read through the cost curve, so a curve flatter
+        than the machine (a profile measured elsewhere or under other load; issue 67: a 2-core Xeon's v(8) ~ 1.2 on
+        an AVX2 EPYC where v(8) ~ 3.1) would price every draft node too low and hide the excess: with the one-token
+        time known, what a forward costs beyond the curve is charged to the nodes' proposers
+        (:meth:`.cost.Clock.added`), so the ledger leaves out what does not pay there. One step per lineup
+        (:mod:`.memory` keeps the time for the next request)."""
+        return (self.clock.timed and self.cost.alone and not self.clock.t1_plain and self.steps == CALIBRATE_STEP)
 
     def revise(self, budget: int, max_nodes: int, available: Sequence[bool],
                drafts: Sequence[DraftTree | None], budgets: Sequence[int]) -> list[int]:

@@ -9,15 +9,20 @@ specframe measures T(n) where it runs, for n in :data:`NS` at the contexts :data
 version), model and device, and caches it as JSON under ``$SPECFRAME_CACHE/machine/``. ``specframe tune`` builds
 or shows it explicitly.
 
-Measuring (:func:`measure_profile`): :data:`ROUNDS` interleaved rounds. Each round times every candidate once at
-every point (round-robin, the order rotated by one candidate per round; :data:`REPEATS` timed forwards per point,
-their median), so a drift of the machine's speed during the measurement hits every candidate alike; the first
-round adds one warm-up forward per point. A point's value T(n) is the median of its rounds, and its spread the
-distribution-free confidence interval of that median (:func:`median_ci`). Both dtypes' models are kept loaded
+Measuring (:func:`measure_profile`): :data:`ROUNDS` interleaved rounds. Each round times every candidate once
+(round-robin, the order rotated by one candidate per round; :data:`REPEATS` timed forwards per point, their median),
+so a drift of the machine's speed during the measurement hits every candidate alike. The first round times every
+point of :data:`NS` (the whole curve the router reads) after one warm-up forward per point; the later rounds time
+only the points a choice is priced on (:data:`DECISIVE_NS`, n <= 16: a forward over 16 tokens commits 99.99 % of
+what any longer one does at the reference acceptance), which cost about a tenth of a whole round on an AVX2 CPU, so
+a slow machine still gets the rounds a spread needs (one whole round of six candidates took ~100 s on a 2-core AVX2
+EPYC). A point's value T(n) is the median of the rounds that timed it, and its spread the distribution-free
+confidence interval of that median (:func:`median_ci`). Both dtypes' models are kept loaded
 at once when memory allows (else each dtype's candidates are interleaved among themselves: a ``session`` each),
 and a model's plain and pre-packed layouts are the same weights with the linear modules swapped. :data:`BUDGET_S`
 bounds the time spent timing: a candidate the first round could not reach is not measured, and rounds stop when
-it is spent (a profile of one round has no spread).
+it is spent (a profile of one round has no spread). Costs and their ratios (:meth:`Measured.costs`,
+:func:`cost_ratio`) are priced on the decisive points of every round alike.
 
 Choosing (:meth:`MachineProfile.choose`): a candidate's cost per committed token is ``min_n T(n) / E(n)`` with
 ``E(n) = (1 - a^n) / (1 - a)`` the expected tokens committed by a forward over n tokens when each draft node is
@@ -61,7 +66,8 @@ READABLE_VERSIONS = (1, 2)  # a version-1 file is read as one round (no spread) 
 CONTEXTS = (128, 512)  # KV-cache lengths measured
 ROUNDS = 5  # interleaved rounds: every candidate timed once per round at every point
 REPEATS = 1  # timed forwards per point and round (their median is the round's value)
-BUDGET_S = 90.0  # stop timing after this long (what was measured is kept; see the module docstring)
+BUDGET_S = 150.0  # stop timing after this long (what was measured is kept; see the module docstring)
+DECISIVE_NS = tuple(n for n in NS if n <= 16)  # the points every round times (the first round: all of NS)
 NOISE_FLOOR = 0.03  # a cost ratio within 3 % of 1 is within noise however tight its interval (drift the rounds
 # cannot see: two measurements 10 minutes apart differed by 17-33 % per step on a quiet 2-core Xeon, issue 67)
 CONFIDENCE = 0.95  # of the interval of a median (:func:`median_ci`), where the rounds allow it
@@ -131,9 +137,10 @@ class Measured:
 
     @classmethod
     def of_rounds(cls, candidate: Candidate, rounds: dict[int, list[list[float]]], session: int = 0) -> "Measured":
-        """From per-round rows (context -> ``[row of round 1, row of round 2, ...]``, the same count per context):
-        ``t_ms`` is each point's median over the rounds."""
-        t_ms = {c: [statistics.median(col) for col in zip(*rows)] for c, rows in rounds.items()}
+        """From per-round rows (context -> ``[row of round 1, row of round 2, ...]``, the same count per context;
+        a row may stop short of :data:`NS`, as the later rounds' do at :data:`DECISIVE_NS`): ``t_ms`` is each
+        point's median over the rounds that timed it."""
+        t_ms = {c: [statistics.median(col) for col in _columns(rows)] for c, rows in rounds.items()}
         return cls(candidate, t_ms, {c: [list(r) for r in rows] for c, rows in rounds.items()}, session)
 
     @property
@@ -148,12 +155,13 @@ class Measured:
         return [{c: rows[r] for c, rows in self.rounds.items()} for r in range(self.n_rounds)]
 
     def costs(self, speculative: bool, accept: float = REF_ACCEPT) -> list[float]:
-        """ms per committed token (:func:`token_cost_ms`) of each round."""
-        return [token_cost_ms(curve, speculative, accept) for curve in self.round_curves()]
+        """ms per committed token (:func:`token_cost_ms` on the :data:`DECISIVE_NS` points) of each round."""
+        return [token_cost_ms(_decisive(curve), speculative, accept) for curve in self.round_curves()]
 
     def cost(self, speculative: bool, accept: float = REF_ACCEPT) -> float:
-        """ms per committed token of the median row ``t_ms`` (what candidates are ranked by)."""
-        return token_cost_ms(self.t_ms, speculative, accept)
+        """ms per committed token of the median row ``t_ms`` on the :data:`DECISIVE_NS` points (what candidates
+        are ranked by)."""
+        return token_cost_ms(_decisive(self.t_ms), speculative, accept)
 
     def spread(self) -> dict[int, list[list[float]]]:
         """Each point's confidence interval (:func:`median_ci` over its rounds): context -> ``[[lo per n],
@@ -162,9 +170,19 @@ class Measured:
             return {c: [list(row), list(row)] for c, row in self.t_ms.items()}
         out = {}
         for c, rows in self.rounds.items():
-            cis = [median_ci(col) for col in zip(*rows)]
+            cis = [median_ci(col) for col in _columns(rows)]
             out[c] = [[lo for lo, _ in cis], [hi for _, hi in cis]]
         return out
+
+
+def _columns(rows: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Each point's values over the rows that reach it (rows may stop short; the first is the longest)."""
+    return [[row[i] for row in rows if len(row) > i] for i in range(max((len(r) for r in rows), default=0))]
+
+
+def _decisive(curve: dict[int, Sequence[float]]) -> dict[int, Sequence[float]]:
+    """``curve`` cut to the :data:`DECISIVE_NS` points."""
+    return {c: row[:len(DECISIVE_NS)] for c, row in curve.items()}
 
 
 def cost_ratio(a: Measured, b: Measured, a_speculative: bool, b_speculative: bool, accept: float = REF_ACCEPT,
@@ -274,8 +292,8 @@ class MachineProfile:
         """Read :meth:`to_json`'s output, or a version-1 file (one median per point, read as one round).
 
         Raises:
-            ValueError: another version, other token counts than :data:`NS`, no candidates, or rounds whose counts
-                differ between contexts.
+            ValueError: another version, other token counts than :data:`NS`, no candidates, rounds whose counts
+                differ between contexts, or a round's row shorter than :data:`DECISIVE_NS` or longer than :data:`NS`.
             KeyError, TypeError, AttributeError: a document of another shape.
         """
         version = doc.get("version")
@@ -288,6 +306,8 @@ class MachineProfile:
             rounds = {int(k): [[float(x) for x in row] for row in rows] for k, rows in c.get("t_rounds", {}).items()}
             if len({len(rows) for rows in rounds.values()}) > 1:
                 raise ValueError(f"{cand.label}: rounds differ between contexts")
+            if any(not len(DECISIVE_NS) <= len(row) <= len(NS) for rows in rounds.values() for row in rows):
+                raise ValueError(f"{cand.label}: a round times fewer points than {DECISIVE_NS} or more than {NS}")
             measured.append(Measured(cand, t_ms, rounds, int(c.get("session", 0))))
         if not measured:
             raise ValueError("no candidates")
@@ -494,14 +514,14 @@ class _Bench:
             setattr(parent, name, pre if packed else plain)
 
     @torch.inference_mode()
-    def row(self, ctx: int, repeats: int, warm_up: bool) -> list[float]:
-        """``[T(n) for n in ns]`` after ``ctx`` cached tokens: the median ms of ``repeats`` forwards each (after
-        one untimed forward when ``warm_up``)."""
+    def row(self, ctx: int, repeats: int, warm_up: bool, points: int | None = None) -> list[float]:
+        """``[T(n) for n in ns[:points]]`` (None: all) after ``ctx`` cached tokens: the median ms of ``repeats``
+        forwards each (after one untimed forward when ``warm_up``)."""
         from .kv_cache import rollback
 
         cache, ids = self.caches[ctx]
         row = []
-        for n in self.ns:
+        for n in self.ns[:points]:
             block = ids[:, ctx: ctx + n]
             times = []
             for r in range(repeats + int(warm_up)):
@@ -540,7 +560,8 @@ def interleave(slots: Sequence[tuple[Candidate, Callable[[], None], Callable[[in
 
     Args:
         slots: ``(candidate, select, row)``: ``select()`` makes the candidate the one that runs (threads, layout);
-            ``row(context, warm_up)`` times one row ``[T(n) for n in NS]`` ms.
+            ``row(context, first)`` times one row of ms: in the first round (``first``) warmed up and over all of
+            :data:`NS`, later over :data:`DECISIVE_NS`.
         contexts: the contexts each round times.
         budget_s: seconds of timing allowed in all (``spent_s`` of it already spent): a slot the first round
             reaches after that is not measured; later rounds stop there.
@@ -611,7 +632,8 @@ def measure_profile(directory: Path, model_name: str, device: str, progress: Any
                 torch.set_num_threads(c.threads)
                 bench.use(c.prepack)
 
-            slots.append((c, select, lambda ctx, warm, bench=bench: bench.row(ctx, REPEATS, warm)))
+            slots.append((c, select, lambda ctx, first, bench=bench: bench.row(
+                ctx, REPEATS, first, None if first else len(DECISIVE_NS))))
         ctxs = next(iter(loaded.values())).contexts
         got, spent = interleave(slots, ctxs, rounds, budget_s, spent, tick)
         measured.extend(Measured.of_rounds(c, got[c], session) for c, _, _ in slots if c in got)

@@ -104,6 +104,9 @@ def test_router_cost_curve_from_a_bench_profile(tmp_path):
     assert router.allocate(16, 24, [True])[1] == [2]
     assert router.route(16, 24, [True]) == [2]  # not measured yet: a probe's budget (2 nodes add no cost here)
     router.on_step(StepReport((step("a", 1, 1, draft_s=1e-6),), 1, 1, forward_s=0.1))
+    assert router.route(16, 24, [True]) == [0]  # step 1 times a one-token forward (no lineup has one yet)
+    router.on_step(StepReport((step("a", 0, 0, asked=False),), 0, 0, forward_s=0.1))
+    assert router.clock.t1_plain and router.clock.t1 == pytest.approx(0.1)
     assert router.route(16, 24, [True]) == [16]  # measured free to draft: drafts fully ...
     assert router.revise(16, 24, [True], [chain(list(range(8)))], [16]) == [2]  # ... and keeps what pays
     assert AdaptiveRouter(AdaptiveConfig()).cost.verify(11) == pytest.approx(1.3)  # the linear default
@@ -456,7 +459,8 @@ def test_the_ledger_verdict_carries_over_and_needs_less_evidence_in_the_next_req
     config = AdaptiveConfig(measure="auto", explore=0.0, cost_slope=0.5, ledger_steps=8, ledger_steps_known=4,
                             probe_every=64, probe_share=1.0, keep_tolerance=0.0)
     first, asked = _request(config, target, 0, accepted=0, draft_s=0.001)
-    assert col(first, "judge_after") == [8] and asked[:8] == [True] * 8 and not any(asked[8:])  # the prior's optimism
+    # the prior's optimism: 8 drafting steps (step 1 of the lineup's first request times a one-token forward)
+    assert col(first, "judge_after") == [8] and asked[:9] == [True, False] + [True] * 7 and not any(asked[9:])
     second, asked = _request(config, target, 1, accepted=0, draft_s=0.001)
     assert col(second, "judge_after") == [4] and asked[:4] == [True] * 4 and not any(asked[4:])  # the same verdict, sooner
     assert col(second, "probation") == [False]  # (free: no probation)
@@ -477,13 +481,55 @@ def test_a_costly_proposer_the_last_request_left_out_starts_on_probation():
     config = AdaptiveConfig(measure="auto", explore=0.0, cost_slope=0.0, ledger_steps=8, ledger_steps_known=4,
                             probe_every=8, probe_backoff=2.0, probe_share=1.0)
     _, asked = _request(config, target, 0, accepted=0, draft_s=0.01)
-    assert asked[:8] == [True] * 8 and asked.count(True) < 12
+    assert asked[:9] == [True, False] + [True] * 7 and asked.count(True) < 12  # (step 1: the one-token time)
     second, asked = _request(config, target, 1, accepted=0, draft_s=0.01)
     assert col(second, "probation") == [True]
     assert [i for i, a in enumerate(asked) if a] == [0, 16]  # probes only: the first step, then 2 x 8 steps later
     paying, asked = _request(config, target, 2, accepted=2, draft_s=0.01)
     assert asked[0] and col(paying, "probation") == [False] and all(asked)  # its first probe paid: in from then on
     off = config.model_copy(update={"probation": False})
-    _request(off, target, 0, accepted=0, draft_s=0.01)
+    _request(off, target, 0, accepted=0, draft_s=0.01)  # (its lineup has the one-token time already)
     second, asked = _request(off, target, 1, accepted=0, draft_s=0.01)
     assert col(second, "probation") == [False] and asked[:4] == [True] * 4  # without probation: the shorter ledger alone
+
+
+def _steep_request(config, target, seed, greedy=True, steps=40):
+    """A lone free proposer drafting up to 8 nodes (1 accepted) on a machine where a forward over 1 + n tokens costs
+    1 + 2.1 n / 8 one-token forwards (10 ms; v(9) = 3.1), while the router's curve is flat: returns the router and
+    the steps it drafted in."""
+    router = AdaptiveRouter(config, target)
+    router.start(["ngram"], seed=seed, greedy=greedy)
+    asked = []
+    for _ in range(steps):
+        b = router.route(8, 16, [True])[0]
+        asked.append(b > 0)
+        n = min(b, 8)
+        router.on_step(StepReport((step("ngram", n, min(n, 1), asked=b > 0, budget=b, draft_s=1e-4),), n,
+                                  min(n, 1), 0.010 * (1 + 2.1 * n / 8)))
+    return router, asked
+
+
+def test_a_timed_request_times_one_token_so_a_curve_flatter_than_the_machine_is_repriced():
+    """Issue 67: a profile from another machine (flat curve) on one where v(9) = 3.1. Step 1 verifies nothing; from
+    then on the forward's excess over the curve (2.1 one-token forwards) is charged to the drafts, which commit 2
+    tokens for 3.1 forwards: the ledger leaves the proposer out but for probes. Without that step nothing reads the
+    excess and every step drafts."""
+    target = a_target()
+    config = AdaptiveConfig(measure="auto", explore=0.0, cost_slope=0.0, ledger_steps=8, probe_every=16)
+    router, asked = _steep_request(config, target, 0)
+    assert asked[:2] == [True, False] and router.clock.t1 == pytest.approx(0.010) and router.clock.t1_plain
+    assert col(router, "fwd_cost")[0] > 1.0 and ledger.losing(router.stats[0])  # its nodes cost more than it gains
+    assert sum(asked) <= 10  # step 0, 8 ledger steps, then probes only (16 steps apart)
+    again, asked = _steep_request(config, target, 1)
+    assert asked[1] and sum(asked) < 10  # the lineup's time carried over: no second calibration, judged sooner
+    sampled, asked = _steep_request(config, target, 0, greedy=False)  # untimed: no step spent on timing
+    assert all(asked) and not sampled.clock.t1_plain
+    import specframe_plugins.router.adaptive as adaptive_module
+
+    old = adaptive_module.CALIBRATE_STEP
+    try:  # the rule off: the flat curve prices the 8 nodes at nothing and the drafts keep coming
+        adaptive_module.CALIBRATE_STEP = -1
+        blind, asked = _steep_request(config, a_target(), 0)
+    finally:
+        adaptive_module.CALIBRATE_STEP = old
+    assert all(asked) and not blind.clock.t1_plain

@@ -247,9 +247,13 @@ def test_measure_profile_times_every_candidate_and_restores_threads(tmp_path, mo
     assert torch.get_num_threads() == threads
     assert sorted(m.candidate.label for m in prof.measured) == sorted(c.label for c in cands)
     assert all(set(m.t_ms) == {16} and len(m.t_ms[16]) == len(NS) and min(m.t_ms[16]) > 0 for m in prof.measured)
-    # two interleaved rounds each, both dtypes loaded at once (one session), the medians of the rounds
+    # two interleaved rounds each, both dtypes loaded at once (one session); the first round times all of NS, the
+    # second the decisive points: those are the medians of both rounds, the rest the first round's
     assert all(m.n_rounds == 2 and m.session == 0 for m in prof.measured) and prof.rounds == 2
-    assert all(m.t_ms[16] == [(a + b) / 2 for a, b in zip(*m.rounds[16])] for m in prof.measured)
+    assert all([len(r) for r in m.rounds[16]] == [len(NS), len(tune.DECISIVE_NS)] for m in prof.measured)
+    d = len(tune.DECISIVE_NS)
+    assert all(m.t_ms[16][:d] == [(a + b) / 2 for a, b in zip(*m.rounds[16])] for m in prof.measured)
+    assert all(m.t_ms[16][d:] == m.rounds[16][0][d:] for m in prof.measured)
     assert prof.key == fingerprint_key("tiny", "cpu") and prof.fingerprint == machine.fingerprint()
     prof.save(profile_path(prof.key))
     assert load_profile(prof.key).to_json() == prof.to_json()

@@ -14,7 +14,7 @@ import logging
 import pytest
 
 import specframe.target.profile as tune
-from specframe.target.cost import NS, CostCurve
+from specframe.target.cost import NS, CostCurve, expected_tokens
 from specframe.target.machine import LoadMonitor, LoadSample
 from specframe.target.profile import (
     NOISE_FLOOR,
@@ -72,6 +72,24 @@ def test_measured_rounds_give_the_medians_and_each_points_interval():
     assert m.costs(False) == [10.0, 12.0, 11.0] and m.cost(False) == 11.0
     one = Measured(SPEC, {128: [10.0, 20.0]})  # no rounds: one round, its interval the point
     assert one.n_rounds == 1 and one.round_curves() == [one.t_ms] and one.spread() == {128: [[10.0, 20.0]] * 2}
+
+
+def test_later_rounds_time_the_decisive_points_and_costs_are_priced_on_them_alone():
+    d = len(tune.DECISIVE_NS)
+    assert tune.DECISIVE_NS == (1, 2, 4, 8, 16) and NS[:d] == tune.DECISIVE_NS
+    first = [10.0, 11.0, 12.0, 14.0, 18.0, 1.0, 1.0, 1.0]  # (the points past 16 deliberately cheap: never priced)
+    m = Measured.of_rounds(SPEC, {128: [first, [12.0, 13.0, 14.0, 16.0, 20.0], [8.0, 9.0, 10.0, 12.0, 16.0]]})
+    assert m.t_ms == {128: [10.0, 11.0, 12.0, 14.0, 18.0, 1.0, 1.0, 1.0]} and m.n_rounds == 3
+    assert m.spread() == {128: [[8.0, 9.0, 10.0, 12.0, 16.0, 1.0, 1.0, 1.0],
+                                [12.0, 13.0, 14.0, 16.0, 20.0, 1.0, 1.0, 1.0]]}
+    # speculative: min over n <= 16 of T(n) / E(n), E at the reference acceptance 0.6 (E(8) = 2.458)
+    assert m.cost(True) == pytest.approx(min(t / expected_tokens(n, 0.6) for n, t in zip(tune.DECISIVE_NS, first)))
+    assert m.costs(False) == [10.0, 12.0, 8.0]
+    doc = MachineProfile("k", "tiny", "cpu", {}, [m], 0.0, 1.0, rounds=3).to_json()
+    assert MachineProfile.from_json(doc).measured[0].rounds == m.rounds
+    doc["candidates"][0]["t_rounds"]["128"][1] = [12.0, 13.0]  # shorter than the decisive points
+    with pytest.raises(ValueError, match="fewer points"):
+        MachineProfile.from_json(doc)
 
 
 def test_rounds_of_one_session_pair_up_so_a_drift_that_hits_all_alike_cancels():
