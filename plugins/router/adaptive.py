@@ -93,6 +93,7 @@ class AdaptiveRouter(RouterBase):
             log.warning("router adaptive: draft_cost names %s, not among the proposers %s; those costs are ignored",
                         unknown, list(proposers))
         self.stats = [ProposerStats.fresh(cfg, float(cfg.draft_cost.get(label, 0.0))) for label in proposers]
+        self.cost.points = {}  # (a timed request starts from its lineup's: _resume)
         self.rng = random.Random(seed)
         self.forced = set()
         self.steps, self.committed, self.spent = 0, 0, 0.0
@@ -105,6 +106,7 @@ class AdaptiveRouter(RouterBase):
         """Start from the costs and verdicts an earlier request of this lineup measured (:mod:`.memory`)."""
         cfg, mem, clock = self.config, self.memory, self.clock
         clock.t1, clock.t1_plain = mem.t1, mem.t1_plain
+        self.cost.points = dict(mem.points)
         for label, st in zip(self.proposers, self.stats):
             known = mem.labels.get(label)
             if known is None:
@@ -172,8 +174,9 @@ class AdaptiveRouter(RouterBase):
         than the machine (a profile measured elsewhere or under other load; issue 67: a 2-core Xeon's v(8) ~ 1.2 on
         an AVX2 EPYC where v(8) ~ 3.1) would price every draft node too low and hide the excess: with the one-token
         time known, what a forward costs beyond the curve is charged to the nodes' proposers
-        (:meth:`.cost.Clock.added`), so the ledger leaves out what does not pay there. One step per lineup
-        (:mod:`.memory` keeps the time for the next request)."""
+        (:meth:`.cost.Clock.added`) and the curve is re-priced by the measured forwards (:meth:`.cost.StepCost.learn`),
+        so the ascent trims what does not pay there. One step per lineup (:mod:`.memory` keeps the time and the
+        correction for the next request)."""
         return (self.clock.timed and self.cost.alone and not self.clock.t1_plain and self.steps == CALIBRATE_STEP)
 
     def revise(self, budget: int, max_nodes: int, available: Sequence[bool],
@@ -224,6 +227,9 @@ class AdaptiveRouter(RouterBase):
         a = cfg.decay
         if clock.observe(report, self.cost, a):
             mem.t1, mem.t1_plain = clock.t1, clock.t1_plain
+        if clock.timed and clock.t1_plain and clock.t1 and self.cost.alone and report.verified and report.forward_s > 0:
+            self.cost.learn(report.verified + 1, report.forward_s / clock.t1, a)  # re-price the curve (.cost)
+            mem.points = dict(self.cost.points)
         self._tally(report)
         labels = self.proposers
         for j, s in enumerate(report.proposers):

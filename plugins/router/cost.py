@@ -4,7 +4,12 @@ forward's share (batched decoding), a probe's node budget, and the measured cloc
 
 The curve ``v(n)`` (target forward time for ``n`` tokens over the time for one) is the configured one
 (:func:`.config.load_cost_curve`), else the target's measured one (``TargetInfo.cost``), else the linear default
-``1 + cost_slope * (n - 1)``. Under sampling no measured curve is read: which drafts a step verifies decides how many
+``1 + cost_slope * (n - 1)``; a timed request alone re-prices it from its own steps (:meth:`StepCost.learn`): each
+width bucket (n in 2, 3-4, 5-8, 9-16, ...) keeps the moving averages of its forwards' width and measured
+``forward_s / t1``, and v(n) is the line through (1, 1) and those points, past the widest the curve's shape from
+there. A curve measured on another machine or under other load (issue 67: a 2-core Xeon's flat curve on an AVX2
+EPYC where v(9) ~ 3.1) is so corrected within a few steps: the ascent then trims drafts to what pays here, and
+probes stay small. Under sampling no measured curve is read: which drafts a step verifies decides how many
 random draws it makes, so a curve measured under whatever load the measurement met (then followed by the thread
 governor) would give a seed other tokens elsewhere or later.
 
@@ -15,6 +20,7 @@ proposers draw from the request's generator — so with timings a seed would no 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from specframe import ProposerStep, StepReport, TargetInfo
@@ -37,13 +43,42 @@ class StepCost:
         self.target = target
         self.greedy = True  # under sampling only the configured curve or the linear default is read
         self.rows, self.width = 1, 1  # a shared forward: rows (this request's included), the others' width
+        self.points: dict[int, tuple[float, float]] = {}  # width bucket -> (width, measured v): see learn; greedy
 
     def v(self, n: float) -> float:
-        """v(n) of one forward over ``n`` tokens."""
+        """v(n) of one forward over ``n`` tokens: the curve's, or under greedy decoding with forwards measured
+        (:meth:`learn`) the line through (1, 1) and the measured points, past the widest point the curve's shape
+        scaled to it."""
         if not self.greedy:
             return (self.curve or self.linear).v(n)
+        if n <= 1 or not self.points:
+            return self._curve_v(n)
+        pts = [(1.0, 1.0), *sorted(self.points.values())]
+        for (n0, v0), (n1, v1) in zip(pts, pts[1:]):
+            if n <= n1:
+                return v0 + (v1 - v0) * (n - n0) / (n1 - n0) if n1 > n0 else v1
+        n_last, v_last = pts[-1]
+        return v_last * self._curve_v(n) / self._curve_v(n_last)
+
+    def _curve_v(self, n: float) -> float:
         measured = self.target.cost if self.target is not None else None  # (read now: it follows the machine)
         return (self.curve or measured or self.linear).v(n)
+
+    @staticmethod
+    def bucket(n: float) -> int:
+        """The width bucket of a forward over ``n`` tokens: ceil(log2 n) (1: n = 2; 2: 3-4; 3: 5-8; ...)."""
+        return math.ceil(math.log2(max(float(n), 1.0)))
+
+    def learn(self, n: int, v_measured: float, decay: float) -> None:
+        """A forward over ``n`` > 1 tokens measured at ``v_measured`` one-token forwards (``forward_s / t1``): its
+        bucket's point (width, v) moves towards ``(n, v_measured)`` (moving averages, weight ``decay`` on the past;
+        a bucket's first measurement is taken as it is)."""
+        if n <= 1 or v_measured <= 0:
+            return
+        b = self.bucket(n)
+        old = self.points.get(b)
+        self.points[b] = (float(n), v_measured) if old is None else \
+            (decay * old[0] + (1 - decay) * n, decay * old[1] + (1 - decay) * v_measured)
 
     def plain(self) -> float:
         """Plain decoding's best time per token, in one-token forwards of the settings the target runs with: the

@@ -1,7 +1,7 @@
 """What the router remembers across requests: costs, which belong to the machine, not the request.
 
-Costs outlive a request: the draft seconds and the forward cost measured per proposer label and the one-token
-forward time carry over to the next request of the same lineup (target, router settings, proposer labels) in the
+Costs outlive a request: the draft seconds and the forward cost measured per proposer label, the one-token
+forward time and the cost curve's measured correction (:meth:`.cost.StepCost.learn`) carry over to the next request of the same lineup (target, router settings, proposer labels) in the
 process, whichever router instance serves it (acceptance statistics start afresh), so a proposer an earlier request
 found costly is not drafted unmeasured again, and its first probe waits its cost per drafted step / ``probe_share``
 steps. The ledger's verdict carries over too (see :mod:`.ledger`). Kept per process, not per router instance: the
@@ -48,6 +48,7 @@ class LineupMemory:
     t1_plain: bool = False  # t1 comes from one-token forwards (steps that verified nothing), not the curve
     labels: dict[str, LabelCosts] = field(default_factory=dict)  # per proposer label
     below_plain: bool = False  # a request of the lineup ran slower than plain decoding's best settings (said once)
+    points: dict[int, tuple[float, float]] = field(default_factory=dict)  # measured (width, v) per width bucket
 
     def label(self, name: str) -> LabelCosts:
         """``name``'s costs, an empty entry (nothing measured) created when there are none."""

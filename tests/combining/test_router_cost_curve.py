@@ -122,7 +122,8 @@ def test_a_lone_proposer_is_routed_only_with_a_measured_cost_or_an_explicit_rout
 
     whole = run(None)  # no cost curve, no router: drafts verified whole
     assert whole > 0
-    assert run(CostCurve.linear(0.0)) == whole  # a flat measured curve keeps them whole
+    untimed = {"name": "adaptive", "measure": "never"}  # (timed, the router re-prices the curve from this machine)
+    assert run(CostCurve.linear(0.0), router=untimed) == whole  # a flat measured curve keeps them whole
     steep = run(CostCurve.linear(2.0))  # nothing pays: only the probes are verified
     assert steep < whole
     assert run(CostCurve.linear(2.0), router="none") == whole  # `router: none` turns it off
