@@ -17,6 +17,8 @@ __all__ = [  # the error classes (first_line is a helper of the package's own)
     "UnknownMergePolicyError",
     "UnknownRouterError",
     "UnknownConstraintEngineError",
+    "UnknownToolParserError",
+    "UnknownReasoningParserError",
     "PluginError",
     "PluginLoadError",
     "PluginContractError",
@@ -81,6 +83,14 @@ class UnknownRouterError(UnknownNameError):
 
 class UnknownConstraintEngineError(UnknownNameError):
     """No installed plugin provides a constraint engine of that name."""
+
+
+class UnknownToolParserError(UnknownNameError):
+    """No installed plugin provides a tool-call parser of that name."""
+
+
+class UnknownReasoningParserError(UnknownNameError):
+    """No installed plugin provides a reasoning parser of that name."""
 
 
 class PluginError(SpecframeError):

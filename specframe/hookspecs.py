@@ -4,7 +4,8 @@ Two kinds of hooks:
 
 - **registration** (``specframe_register_proposers``, ``specframe_register_verifiers``,
   ``specframe_register_merge_policies``, ``specframe_register_routers``,
-  ``specframe_register_constraint_engines``): called once when a
+  ``specframe_register_constraint_engines``, ``specframe_register_tool_parsers``,
+  ``specframe_register_reasoning_parsers``): called once when a
   :class:`specframe.registry.Registry` is built; the decode loop then calls the registered classes' methods
   directly, never a hook.
 - **observation** (``specframe_observe_step``, ``specframe_observe_request``): events for metrics or logging
@@ -112,6 +113,39 @@ def specframe_register_constraint_engines(register: Callable[[type], None]) -> N
 
     Dispatch: every implementation is called; return values are ignored.
     When called: once, when a registry is built. A duplicate name raises ``DuplicateRegistrationError`` when used.
+    """
+
+
+@hookspec
+def specframe_register_tool_parsers(register: Callable[[type], None]) -> None:
+    """Register tool-call parser classes: a model family's tool-call text -> OpenAI ``tool_calls``.
+
+    :param register: call ``register(cls)`` once per class. ``cls.name`` selects it (``--tool-call-parser NAME``;
+        vLLM's parser name where vLLM has the format), ``cls`` subclasses
+        :class:`specframe.contracts.tool_parsing.ToolParser` (importable from :mod:`specframe.services`): ``trigger``
+        (the text opening a call, or None), ``end``, ``priority`` (detection order), ``detect(chat_template)``,
+        ``parse(text) -> (content, calls)``, ``streaming()``, ``call_grammar(tools)``. Text in, text out: a parser
+        never sees tokens, and never raises on model output (a malformed call stays in the content).
+
+    Dispatch: every implementation is called; return values are ignored.
+    When called: once, when a registry is built. A duplicate name raises ``DuplicateRegistrationError`` when used;
+    a class that breaks the contract leaves the plugin out (see :func:`specframe_register_proposers`).
+    """
+
+
+@hookspec
+def specframe_register_reasoning_parsers(register: Callable[[type], None]) -> None:
+    """Register reasoning parser classes: a reasoning model's thinking (``<think>...</think>``, gpt-oss's analysis
+    channel) returned apart from its answer (``reasoning_content``).
+
+    :param register: call ``register(cls)`` once per class. ``cls.name`` selects it (``--reasoning-parser NAME``),
+        ``cls`` subclasses :class:`specframe.contracts.reasoning.ReasoningParser` (importable from
+        :mod:`specframe.services`): ``start``, ``end``, ``starts_inside``, ``priority``, ``detect(chat_template)``,
+        ``split(text) -> (reasoning, content)``, ``streaming()``.
+
+    Dispatch: every implementation is called; return values are ignored.
+    When called: once, when a registry is built. A duplicate name raises ``DuplicateRegistrationError`` when used;
+    a class that breaks the contract leaves the plugin out (see :func:`specframe_register_proposers`).
     """
 
 

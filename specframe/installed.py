@@ -108,6 +108,11 @@ def component_summary(cls: type, skip: str) -> dict[str, Any]:
     }
 
 
+def parser_summary(cls: type) -> dict[str, Any]:
+    """A tool-call or reasoning parser (text formats have no config)."""
+    return {"name": cls.name, "class": f"{cls.__module__}.{cls.__qualname__}", "summary": _doc(cls)}
+
+
 def plugin_summary(info: PluginInfo) -> dict[str, Any]:
     return {
         "plugin": info.name,
@@ -118,6 +123,8 @@ def plugin_summary(info: PluginInfo) -> dict[str, Any]:
         "verifiers": [verifier_summary(c) for c in info.verifiers],
         "merge_policies": [component_summary(c, "name") for c in info.merge_policies],
         "routers": [component_summary(c, "name") for c in info.routers],
+        "tool_parsers": [parser_summary(c) for c in info.tool_parsers],
+        "reasoning_parsers": [parser_summary(c) for c in info.reasoning_parsers],
         "observes": list(info.observes),
         "error": info.error,  # why it is left out (it failed to load); null = loaded
         "conflicts": list(info.conflicts),  # names another plugin registers too (refused when used)
@@ -164,6 +171,9 @@ def render_text(doc: dict[str, Any]) -> str:
             for c in p.get(key, []):
                 lines.append(f"  {kind} {c['name']}: {c['summary']}")
                 lines += _options(c["config"])
+        for kind, key in (("tool parser", "tool_parsers"), ("reasoning parser", "reasoning_parsers")):
+            for c in p.get(key, []):
+                lines.append(f"  {kind} {c['name']}: {c['summary']}")
         if p["observes"]:
             lines.append(f"  observes: {', '.join(p['observes'])}")
     return "\n".join(lines)

@@ -1,5 +1,6 @@
 """The plugin registry: a pluggy manager that finds plugins through entry points and collects the proposer,
-verifier, merge policy and router classes they register, with the distribution each came from.
+verifier, merge policy, router, constraint engine, tool-call parser and reasoning parser classes they register, with
+the distribution each came from.
 
 Plugins are found in the entry-point group ``specframe``; built-in plugins (``specframe_plugins.*``) are declared
 there too. ``SPECFRAME_PLUGINS=ngram,specframe-recall`` loads only the named entry points or distributions (the
@@ -38,7 +39,9 @@ from .errors import (
     UnknownMergePolicyError,
     UnknownNameError,
     UnknownProposerError,
+    UnknownReasoningParserError,
     UnknownRouterError,
+    UnknownToolParserError,
     UnknownVerifierError,
 )
 from .grammar import llguidance_engine
@@ -62,6 +65,8 @@ class PluginInfo:
     merge_policies: list[type] = field(default_factory=list)
     routers: list[type] = field(default_factory=list)
     constraint_engines: list[type] = field(default_factory=list)
+    tool_parsers: list[type] = field(default_factory=list)
+    reasoning_parsers: list[type] = field(default_factory=list)
     observes: list[str] = field(default_factory=list)  # observer hooks it implements
     error: str | None = None  # why the plugin is left out (import error, contract break); None = loaded
     conflicts: list[str] = field(default_factory=list)  # names it registers that another plugin registers too
@@ -82,6 +87,8 @@ class Registry:
     merge_policies: dict[str, type] = field(default_factory=dict)
     routers: dict[str, type] = field(default_factory=dict)
     constraint_engines: dict[str, type] = field(default_factory=dict)
+    tool_parsers: dict[str, type] = field(default_factory=dict)
+    reasoning_parsers: dict[str, type] = field(default_factory=dict)
     origin: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, name) -> plugin description
     plugins: list[PluginInfo] = field(default_factory=list)
     conflicts: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, name) -> why it is refused
@@ -130,6 +137,27 @@ class Registry:
         """The constraint engine class registered as ``name`` (raises ``UnknownConstraintEngineError``, else as
         :meth:`proposer`)."""
         return self._lookup("constraint engine", self.constraint_engines, name, UnknownConstraintEngineError)
+
+    def tool_parser(self, name: str) -> type:
+        """The tool-call parser class registered as ``name`` (raises ``UnknownToolParserError``, else as
+        :meth:`proposer`)."""
+        return self._lookup("tool parser", self.tool_parsers, name, UnknownToolParserError)
+
+    def reasoning_parser(self, name: str) -> type:
+        """The reasoning parser class registered as ``name`` (raises ``UnknownReasoningParserError``, else as
+        :meth:`proposer`)."""
+        return self._lookup("reasoning parser", self.reasoning_parsers, name, UnknownReasoningParserError)
+
+    def tool_parser_for_template(self, chat_template: str | None) -> type | None:
+        """The tool-call parser whose ``detect`` accepts ``chat_template``, highest ``priority`` first (ties by
+        name); None when none does (no template, or no ``generic`` fallback installed). A name two plugins register
+        is skipped."""
+        return _detect(self, "tool parser", self.tool_parsers, chat_template)
+
+    def reasoning_parser_for_template(self, chat_template: str | None) -> type | None:
+        """The reasoning parser whose ``detect`` accepts ``chat_template`` (as :meth:`tool_parser_for_template`);
+        None for a model that does not reason."""
+        return _detect(self, "reasoning parser", self.reasoning_parsers, chat_template)
 
     def observers(self) -> Observers | None:
         """The observer hook implementations for one new request, or None when no plugin implements one.
@@ -302,6 +330,35 @@ def _check_constraint_engine(cls: type, where: str) -> None:
                                   "is missing")
 
 
+def _check_text_parser(cls: type, kind: str, methods: tuple[str, ...], where: str) -> None:
+    for method in methods:
+        if not callable(getattr(cls, method, None)):
+            raise PluginContractError(f"{kind} {getattr(cls, 'name', None)!r} from {where}: method `{method}` is "
+                                      "missing (subclass the base class in specframe.services)")
+    if not isinstance(getattr(cls, "priority", None), int):
+        raise PluginContractError(f"{kind} {cls.name!r} from {where}: class attribute `priority` must be an int")
+
+
+def _check_tool_parser(cls: type, where: str) -> None:
+    _check_text_parser(cls, "tool parser", ("detect", "parse", "call_end", "call_grammar", "streaming"), where)
+    trigger = getattr(cls, "trigger", "")
+    if not (trigger is None or (isinstance(trigger, str) and trigger)):
+        raise PluginContractError(f"tool parser {cls.name!r} from {where}: `trigger` must be a non-empty string "
+                                  "(the text opening a call) or None (the grammar applies from the first token)")
+
+
+def _check_reasoning_parser(cls: type, where: str) -> None:
+    _check_text_parser(cls, "reasoning parser", ("detect", "split", "streaming"), where)
+
+
+def _detect(reg: "Registry", kind: str, table: dict[str, type], chat_template: str | None) -> type | None:
+    if not chat_template:
+        return None
+    ranked = sorted(table.items(), key=lambda item: (-item[1].priority, item[0]))
+    return next((cls for name, cls in ranked if (kind, name) not in reg.conflicts and cls.detect(chat_template)),
+                None)
+
+
 def _check_component(cls: type, kind: str, base: type, methods: tuple[str, ...], where: str) -> None:
     """Merge policies and routers: a config model deriving from ``base`` that forbids unknown options, methods."""
     name = getattr(cls, "name", None)
@@ -343,6 +400,9 @@ def _collect(reg: Registry, info: PluginInfo, plugin: object) -> None:
         ("router", "specframe_register_routers", reg.routers, info.routers, _check_router),
         ("constraint engine", "specframe_register_constraint_engines", reg.constraint_engines,
          info.constraint_engines, _check_constraint_engine),
+        ("tool parser", "specframe_register_tool_parsers", reg.tool_parsers, info.tool_parsers, _check_tool_parser),
+        ("reasoning parser", "specframe_register_reasoning_parsers", reg.reasoning_parsers, info.reasoning_parsers,
+         _check_reasoning_parser),
     ):
         for impl in getattr(hook, hook_name).get_hookimpls():
             if impl.plugin is not plugin:

@@ -22,6 +22,11 @@ since they pull in transformers, safetensors, ctypes or the engine):
   ``DecodeState.sampling``'s warp to a drafter's logits), ``block_tree`` (a block proposer's chain and per-slot
   candidates as one tree, best paths first);
 - the target's cost curve v(n): ``CostCurve`` (the type of ``TargetInfo.cost``), ``v_at``;
+- tool calls and reasoning in a model's own text (a server's ``tool_choice: auto`` and ``reasoning_content``):
+  ``ToolParser``, ``StreamingToolParser``, ``ToolCall``, ``ToolCallDelta``, ``ContentDelta`` and the format helpers
+  ``call_from_json``, ``calls_from_json``, ``decode_json_prefix``, ``json_arguments``, ``new_call_id``,
+  ``join_content``, ``tool_call_schema``, ``lark_json``, ``lark_literal``;
+  ``ReasoningParser``, ``StreamingReasoningParser``, ``ReasoningDelta`` (see docs/tool-calling.md);
 - what requests share: ``shared(key, build)`` (weights loaded once per process), ``folder_key`` (the key's folder
   part);
 - a draft model's KV cache: ``new_cache``, ``cache_length``, ``rollback``, ``compact``;
@@ -48,6 +53,25 @@ from importlib import import_module
 from typing import Any
 
 from .block_drafts import block_tree
+from .contracts.reasoning import ReasoningDelta, ReasoningParser, StreamingReasoningParser
+from .contracts.tool_formats import (
+    call_from_json,
+    calls_from_json,
+    decode_json_prefix,
+    json_arguments,
+    lark_json,
+    lark_literal,
+    tool_call_schema,
+)
+from .contracts.tool_parsing import (
+    ContentDelta,
+    StreamingToolParser,
+    ToolCall,
+    ToolCallDelta,
+    ToolParser,
+    join_content,
+    new_call_id,
+)
 from .sampling import probs_from_logits
 from .shared_weights import folder_key, shared
 from .target.cost import CostCurve, v_at
@@ -81,6 +105,9 @@ _LAZY = {
 
 __all__ = [
     "CostCurve", "TokenTrie", "block_tree", "children_of", "folder_key", "node_depths", "probs_from_logits", "shared", "v_at",
+    "ContentDelta", "ReasoningDelta", "ReasoningParser", "StreamingReasoningParser", "StreamingToolParser", "ToolCall",
+    "ToolCallDelta", "ToolParser", "call_from_json", "calls_from_json", "decode_json_prefix", "join_content",
+    "json_arguments", "lark_json", "lark_literal", "new_call_id", "tool_call_schema",
     *_LAZY,
 ]
 

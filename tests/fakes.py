@@ -119,12 +119,13 @@ def build_bpe_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
 
-def build_bpe_model(tokenizer: PreTrainedTokenizerFast, seed: int = 3):
+def build_bpe_model(tokenizer: PreTrainedTokenizerFast, seed: int = 3, max_positions: int = 512):
     """A tiny random llama over ``tokenizer`` with EOS (id 0), whose LM head is its embedding (x4): it likes to repeat
     itself, so ngram and lookahead draft and get accepted."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=BPE_EOS)
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+                      eos_token_id=BPE_EOS)
     model = LlamaForCausalLM(cfg).float().eval()
     with torch.no_grad():
         model.lm_head.weight.copy_(model.model.embed_tokens.weight * 4)

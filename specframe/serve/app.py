@@ -29,6 +29,7 @@ from ..errors import ConstraintError, SpecframeError, first_line
 from .metrics import ServerMetrics
 from .schemas import ChatRequest, CompletionRequest, unanswered_tool_message
 from .structured import StructuredRequestError, chat_logprobs, completion_logprobs, request_constraint, tool_calls
+from .tool_calling import AutoStream, Formats, Plan, answer_parts, plan, template_messages, with_system
 
 __all__ = ["create_app", "error_body"]
 
@@ -51,7 +52,8 @@ class _Refused(Exception):
 
 
 def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | None = None,
-               max_tokens_limit: int = 4096, max_pending: int = 64, drain_s: float = 55.0) -> FastAPI:
+               max_tokens_limit: int = 4096, max_pending: int = 64, drain_s: float = 55.0,
+               tool_parser: str | None = None, reasoning_parser: str | None = None) -> FastAPI:
     """The app serving ``sf`` (a loaded :class:`~specframe.api.Specframe` with ``batch_size`` >= 1).
 
     Args:
@@ -64,10 +66,19 @@ def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | No
             object (``code: "server_shutting_down"``) and ``[DONE]``; a request that does not stream is answered 503
             with that error object then (counted from ``app.state.begin_shutdown()``, which the host calls at the
             shutdown signal).
+        tool_parser, reasoning_parser: the tool-call and reasoning formats by name (None: the ones whose ``detect``
+            accepts the model's chat template; :mod:`specframe.serve.tool_calling`).
+
+    Raises:
+        UnknownToolParserError, UnknownReasoningParserError: a parser name no installed plugin registers.
     """
     app = FastAPI(title="specframe", docs_url=None, redoc_url=None)
-    server = _Server(sf, model_name or sf.config.model, allowed, max_tokens_limit, max_pending, drain_s)
+    template = getattr(getattr(sf.target, "tokenizer", None), "chat_template", None)
+    formats = Formats.choose(sf.registry, template if isinstance(template, str) else None, tool_parser,
+                             reasoning_parser)
+    server = _Server(sf, model_name or sf.config.model, allowed, max_tokens_limit, max_pending, drain_s, formats)
     app.state.begin_shutdown = server.begin_shutdown
+    app.state.formats = formats
     metrics = server.metrics
     _error_handlers(app, metrics)
 
@@ -101,7 +112,8 @@ def create_app(sf: Any, *, model_name: str | None = None, allowed: set[str] | No
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request) -> Any:
-        return await server.serve(body, request, server.chat_prompt(body), chat=True)
+        prompt, p = server.chat_prompt(body)
+        return await server.serve(body, request, prompt, chat=True, plan_=p)
 
     return app
 
@@ -148,8 +160,9 @@ class _Server:
     batch loop and back (:meth:`serve`)."""
 
     def __init__(self, sf: Any, name: str, allowed: set[str] | None, max_tokens_limit: int, max_pending: int,
-                 drain_s: float) -> None:
+                 drain_s: float, formats: Formats | None = None) -> None:
         self.sf, self.name, self.allowed = sf, name, allowed
+        self.formats = formats or Formats()
         self.max_tokens_limit, self.max_pending, self.drain_s = max_tokens_limit, max_pending, drain_s
         self.metrics = ServerMetrics()
         self.created = int(time.time())
@@ -170,11 +183,13 @@ class _Server:
         with self._count:
             self.in_flight -= 1
 
-    def chat_prompt(self, body: ChatRequest) -> list[int]:
-        """The token ids of a chat body under the model's chat template.
+    def chat_prompt(self, body: ChatRequest) -> tuple[list[int], Plan]:
+        """The token ids of a chat body under the model's chat template, and the request's plan (its constraint and
+        how its answer is read: :func:`specframe.serve.tool_calling.plan`).
 
         Raises:
-            _Refused: 400, the model has no chat template; a tool message that answers no call.
+            _Refused: 400, the model has no chat template; a tool message that answers no call; structured-output
+                fields that cannot be served together.
         """
         unanswered = unanswered_tool_message(body.messages)
         if unanswered is not None:
@@ -182,9 +197,19 @@ class _Server:
         tok = getattr(self.sf.target, "tokenizer", None)
         if tok is None or not getattr(tok, "chat_template", None):
             raise _Refused(400, f"model {self.name} has no chat template: use /v1/completions", "messages")
+        try:
+            p = plan(body, self.formats, added=dict(tok.get_added_vocab()) if hasattr(tok, "get_added_vocab") else None)
+        except StructuredRequestError as exc:
+            raise _Refused(400, str(exc), exc.param) from None
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-        return list(tok.apply_chat_template([m.for_template() for m in body.messages], tools=tools,
-                                            add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+        if p.auto is not None and p.auto.trigger is None:
+            tools = None  # (the template does not know tools: the system line lists them)
+        messages = with_system(template_messages([m.for_template() for m in body.messages], p.auto), p.system)
+        ids = list(tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                                           return_dict=True)["input_ids"])
+        if p.reasoning is not None:  # (did the template open the reasoning in the prompt?)
+            p.reasoning = self.formats.reasoning.for_prompt(tok.decode(ids[-16:]))
+        return ids, p
 
     def _admit(self, body: Any, prompt: list[int]) -> None:
         """Refuse what this server will not decode (each a 4xx with the OpenAI error object).
@@ -220,12 +245,16 @@ class _Server:
                                code="rate_limit_exceeded", kind="rate_limit_error")
             self.in_flight += 1
 
-    async def serve(self, body: Any, request: Request, prompt: Any, chat: bool) -> Any:
-        """One request: refused (:meth:`_admit`), or submitted to the batch loop and answered whole or streamed."""
-        try:
-            constraint, calls = request_constraint(body)
-        except StructuredRequestError as exc:
-            raise _Refused(400, str(exc), exc.param) from None
+    async def serve(self, body: Any, request: Request, prompt: Any, chat: bool, plan_: Plan | None = None) -> Any:
+        """One request: refused (:meth:`_admit`), or submitted to the batch loop and answered whole or streamed.
+        ``plan_``: a chat request's plan (:meth:`chat_prompt`); a completion's is its ``response_format`` alone."""
+        if plan_ is None:
+            try:
+                constraint, calls = request_constraint(body)
+            except StructuredRequestError as exc:
+                raise _Refused(400, str(exc), exc.param) from None
+            plan_ = Plan(constraint, calls)
+        constraint, calls = plan_.constraint, plan_.calls
         if isinstance(prompt, str):
             prompt = await run_in_threadpool(self.sf.encode, prompt, False)  # (the raw prompt: no chat template)
         self._admit(body, prompt)
@@ -259,18 +288,18 @@ class _Server:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         endpoint = request.url.path
         if not body.stream:
-            return await self._whole(rid, chat, future, request, cancel, endpoint, calls)
+            return await self._whole(rid, chat, future, request, cancel, endpoint, plan_)
         include_usage = body.stream_options.include_usage if body.stream_options else True
         # on SIGTERM a stream in flight runs to its end (sse-starlette would cut it at once), for drain_s at most:
         # sse-starlette sets `stopping` at the signal, and a stream still going near the bound ends cleanly
         stopping = anyio.Event()
-        return EventSourceResponse(self._events(rid, chat, future, pieces, cancel, include_usage, endpoint, calls,
+        return EventSourceResponse(self._events(rid, chat, future, pieces, cancel, include_usage, endpoint, plan_,
                                                 stopping),
                                    ping=15, sep="\n", shutdown_event=stopping,
                                    shutdown_grace_period=self.drain_s)
 
     async def _whole(self, rid: str, chat: bool, future: Any, request: Request, cancel: threading.Event,
-                     endpoint: str, calls: Any = None) -> Any:
+                     endpoint: str, p: Plan) -> Any:
         """The answer of a request that does not stream, or 499 when its client goes away first."""
         waiter = asyncio.ensure_future(asyncio.wrap_future(future))
         waiter.add_done_callback(_retrieve)
@@ -296,15 +325,22 @@ class _Server:
             raise _Refused(400, first_line(exc) or type(exc).__name__) from None
         self.metrics.finished(result)
         self.metrics.requests.labels(endpoint, "200").inc()
-        return self._response(rid, chat, result, calls)
+        return self._response(rid, chat, result, p)
 
     async def _events(self, rid: str, chat: bool, future: Any, pieces: asyncio.Queue, cancel: threading.Event,
-                      include_usage: bool, endpoint: str, calls: Any = None,
+                      include_usage: bool, endpoint: str, p: Plan,
                       stopping: anyio.Event | None = None) -> AsyncIterator[str]:
         """The SSE events of a streamed request: its text pieces as the loop thread sends them, the finish chunk,
         the usage chunk and ``[DONE]``; an error after the stream started goes in the stream. A stream still going
         ``drain_s - DRAIN_MARGIN_S`` seconds after ``stopping`` is set (the server shutting down) is cancelled and
-        ends with an error object (``code: "server_shutting_down"``) and ``[DONE]``, never cut mid-event."""
+        ends with an error object (``code: "server_shutting_down"``) and ``[DONE]``, never cut mid-event. Under
+        ``auto`` or with a reasoning parser the pieces are read as they come (:class:`AutoStream`): reasoning,
+        content and ``tool_calls`` deltas; a forced call (``required`` / named) is sent whole at the end."""
+        reader = AutoStream(p) if chat and p.calls is None and (p.auto or p.reasoning) else None
+
+        def deltas(piece: str) -> list[Any]:
+            return reader.feed(piece) if reader is not None else [piece]
+
         done = asyncio.wrap_future(future)
         done.add_done_callback(_retrieve)  # a stream the client left still ends its future: nobody reads it
         watch = asyncio.ensure_future(stopping.wait()) if stopping is not None else None
@@ -319,7 +355,8 @@ class _Server:
                 await asyncio.wait(waits, timeout=None if deadline is None else max(0.0, deadline - time.monotonic()),
                                    return_when=asyncio.FIRST_COMPLETED)
                 if getter.done():
-                    yield json.dumps(self._chunk(rid, chat, getter.result(), None))
+                    for d in deltas(getter.result()):
+                        yield json.dumps(self._chunk(rid, chat, d, None))
                     continue
                 getter.cancel()
                 if not done.done():
@@ -333,7 +370,8 @@ class _Server:
                         return
                     continue
                 while not pieces.empty():  # pieces the loop thread queued before the request finished
-                    yield json.dumps(self._chunk(rid, chat, pieces.get_nowait(), None))
+                    for d in deltas(pieces.get_nowait()):
+                        yield json.dumps(self._chunk(rid, chat, d, None))
                 break
             try:
                 result = done.result()
@@ -350,12 +388,9 @@ class _Server:
                 self.metrics.requests.labels(endpoint, "500").inc()
                 finished = True
                 return
-            answer = self._answer(chat, result, calls)
-            if answer.get("tool_calls"):
-                yield json.dumps(self._chunk(rid, chat, {"tool_calls": [{"index": 0, **c} for c in answer["tool_calls"]]},
-                                             None))
-            elif calls is not None and result.text:  # a call cut short: its text, as the whole answer would have it
-                yield json.dumps(self._chunk(rid, chat, {"content": result.text}, None))
+            answer = self._answer(chat, result, p)
+            for d in _last_deltas(answer, reader, p):
+                yield json.dumps(self._chunk(rid, chat, d, None))
             yield json.dumps(self._chunk(rid, chat, "" if not chat else {}, answer["finish_reason"],
                                          answer.get("logprobs")))
             if include_usage:
@@ -389,20 +424,29 @@ class _Server:
         return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
                 "model": self.name, "choices": [choice]}
 
-    def _answer(self, chat: bool, result: Any, calls: Any) -> dict[str, Any]:
-        """``finish_reason``, ``logprobs`` and the answer: ``tool_calls`` (a complete call, finish ``tool_calls``) or
-        ``content`` (text; also a call cut by max_tokens, with finish ``length``)."""
+    def _answer(self, chat: bool, result: Any, p: Plan) -> dict[str, Any]:
+        """``finish_reason``, ``logprobs`` and the answer: ``reasoning_content`` (a reasoning model's), then
+        ``tool_calls`` (complete calls, finish ``tool_calls``) or ``content`` (text; also a call cut by max_tokens,
+        finish ``length``, or a malformed one under ``auto``, finish ``stop``)."""
         tok = getattr(self.sf.target, "tokenizer", None)
         logprobs = chat_logprobs(result, tok) if chat else completion_logprobs(result, tok)
-        made = tool_calls(result.text, calls) if calls is not None and result.finish_reason == "stop" else None
+        reasoning, content, made = answer_parts(result.text, p)
+        if p.calls is not None:
+            made = (tool_calls(content, p.calls) or []) if result.finish_reason == "stop" else []
+        out: dict[str, Any] = {"content": content, "finish_reason": result.finish_reason, "logprobs": logprobs}
+        if reasoning is not None:
+            out["reasoning_content"] = reasoning
         if made:
-            return {"tool_calls": made, "content": None, "finish_reason": "tool_calls", "logprobs": logprobs}
-        return {"content": result.text, "finish_reason": result.finish_reason, "logprobs": logprobs}
+            out.update(tool_calls=made, content=None if p.calls is not None else (content or None),
+                       finish_reason="tool_calls")
+        return out
 
-    def _response(self, rid: str, chat: bool, result: Any, calls: Any = None) -> dict[str, Any]:
-        answer = self._answer(chat, result, calls)
+    def _response(self, rid: str, chat: bool, result: Any, p: Plan) -> dict[str, Any]:
+        answer = self._answer(chat, result, p)
         if chat:
             message = {"role": "assistant", "content": answer["content"]}
+            if answer.get("reasoning_content") is not None:
+                message["reasoning_content"] = answer["reasoning_content"]
             if answer.get("tool_calls"):
                 message["tool_calls"] = answer["tool_calls"]
             choice = {"index": 0, "message": message, "logprobs": answer["logprobs"],
@@ -412,6 +456,21 @@ class _Server:
                       "finish_reason": answer["finish_reason"]}
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": self.name, "choices": [choice], "usage": _usage(result)}
+
+
+def _last_deltas(answer: dict[str, Any], reader: AutoStream | None, p: Plan) -> list[dict[str, Any]]:
+    """A stream's deltas once its text is complete: what the reader held back (``auto`` / reasoning), or a forced
+    call (``required`` / named) whole, with the reasoning before it."""
+    if reader is not None:
+        return reader.finish()
+    if p.calls is None:
+        return []
+    out = [{"reasoning_content": answer["reasoning_content"]}] if answer.get("reasoning_content") else []
+    if answer.get("tool_calls"):
+        out.append({"tool_calls": [{"index": i, **c} for i, c in enumerate(answer["tool_calls"])]})
+    elif answer.get("content"):  # a call cut short: its text, as the whole answer would have it
+        out.append({"content": answer["content"]})
+    return out
 
 
 async def _until_disconnected(request: Request) -> None:

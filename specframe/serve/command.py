@@ -27,17 +27,26 @@ def serve(
     drain: float = typer.Option(
         55.0, "--drain-seconds", help="On SIGTERM / Ctrl-C, seconds streams in flight may take to finish; one still "
         "going then ends with an error object (code server_shutting_down) and [DONE]."),
+    tool_parser: Optional[str] = typer.Option(
+        None, "--tool-call-parser", help="The model's tool-call format for tool_choice auto (hermes, xlam, "
+        "llama3_json, mistral, pythonic, qwen3_xml, openai, generic, or a plugin's; default: detected from the "
+        "chat template, generic when none matches)."),
+    reasoning_parser: Optional[str] = typer.Option(
+        None, "--reasoning-parser", help="The model's reasoning format, returned as reasoning_content (deepseek_r1, "
+        "qwen3, openai_gptoss, or a plugin's; default: detected from the chat template)."),
 ) -> None:
     """Serve the OpenAI API (completions, chat, streaming) over the batched engine (docs/serving.md)."""
     from ..cli.console import fail
 
     try:
-        _serve(config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name, drain)
+        _serve(config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name, drain,
+               (tool_parser, reasoning_parser))
     except SpecframeError as exc:
         fail(str(exc))
 
 
-def _serve(config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name, drain) -> None:
+def _serve(config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name, drain,
+           parsers=(None, None)) -> None:
     if not 1 <= batch_size <= 256:
         raise ConfigError(f"--batch-size must be in [1, 256], got {batch_size}")
     if max_pending < 1 or max_tokens < 1:
@@ -55,7 +64,8 @@ def _serve(config, model, host, port, batch_size, max_pending, max_tokens, allow
                           "pip install 'specframe[serve]'") from None
     sock = _listen(host, port)  # before the model loads: a port in use is one error line, not a loaded model's exit
     try:
-        _load_and_run(sock, config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name, drain)
+        _load_and_run(sock, config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name, drain,
+                      parsers)
     finally:
         sock.close()
 
@@ -86,7 +96,7 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def _load_and_run(sock, config, model, host, port, batch_size, max_pending, max_tokens, allow, served_name,
-                  drain) -> None:
+                  drain, parsers=(None, None)) -> None:
     from ..cli.console import err, load_with_progress
     from ..config import load_config
     from ..registry import build_registry
@@ -96,14 +106,23 @@ def _load_and_run(sock, config, model, host, port, batch_size, max_pending, max_
     cfg = load_config(config, registry=registry, model=model, batch_size=batch_size)
     for name in allow or ():
         registry.proposer(name)  # an unknown name: one error line listing what is installed
+    tool_parser, reasoning_parser = parsers
+    if tool_parser:
+        registry.tool_parser(tool_parser)  # (likewise, before the model loads)
+    if reasoning_parser:
+        registry.reasoning_parser(reasoning_parser)
     resolve_model(cfg.model)
     sf = load_with_progress(cfg, registry)
     from .app import create_app
 
     app = create_app(sf, model_name=served_name, allowed=set(allow) if allow else None, max_tokens_limit=max_tokens,
-                     max_pending=max_pending, drain_s=drain)
+                     max_pending=max_pending, drain_s=drain, tool_parser=tool_parser,
+                     reasoning_parser=reasoning_parser)
     err.print(f"serving {served_name or cfg.model} on http://{host}:{port} (batch {batch_size}; OpenAI API: "
               "/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)", markup=False, soft_wrap=True)
+    f = app.state.formats
+    err.print(f"tool calls: {f.tool.name if f.tool else 'none'} ({f.why.get('tool')}); reasoning: "
+              f"{f.reasoning.name if f.reasoning else 'none'} ({f.why.get('reasoning')})", markup=False)
     # uvicorn turns SIGTERM / SIGINT into a graceful shutdown, then hands the signal back to the handler that was
     # there before it started: with a no-op one there, a drained server ends here and the process exits 0.
     previous = {sig: signal.signal(sig, _drained) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -296,6 +296,10 @@ class ChatRequest(_Common):
             raise ValueError("top_logprobs needs logprobs: true")
         if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
             raise ValueError("tool_choice needs tools")
+        names = [t.function.name for t in self.tools or ()]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"tool names must differ: {', '.join(twice)} is given more than once")
         if isinstance(self.tool_choice, NamedToolChoice) and self.tools and \
                 self.tool_choice.function.name not in {t.function.name for t in self.tools}:
             raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools")

@@ -5,9 +5,8 @@
 - ``tools`` + ``tool_choice`` -> a constraint on the answer, returned as OpenAI ``tool_calls``: a named function
   (``{"type": "function", "function": {"name": ...}}``) constrains the answer to that function's ``parameters``
   schema; ``required`` to ``{"name": <one of the tools>, "arguments": <its parameters>}``; ``none`` leaves the
-  answer free. ``auto`` (OpenAI's default when tools are given) needs a parser of the model's own tool-call format
-  to tell a call from text, which specframe does not have: it is refused with a 400 saying what to send instead.
-  One call per answer (``parallel_tool_calls`` is accepted and has no effect).
+  answer free. One call per answer here. ``auto`` (OpenAI's default when tools are given) reads the model's own
+  tool-call format and is planned by :mod:`specframe.serve.tool_calling`, which calls this for everything else.
 - ``logprobs``: each token's log-probability (and ``top_logprobs`` alternatives) from the verification forward,
   raw logits (:class:`specframe.decode.engine.TokenLogprob`), in the chat (``{"content": [...]}``) and the
   completions (``tokens`` / ``token_logprobs`` / ``top_logprobs`` / ``text_offset``) shapes. A stream carries them
@@ -46,8 +45,8 @@ def request_constraint(body: Any) -> tuple[Optional[dict[str, Any]], Optional[To
     answer is a tool call.
 
     Raises:
-        StructuredRequestError: ``tool_choice`` auto (or tools without a tool_choice), or both a tool call and a
-            ``response_format`` other than text.
+        StructuredRequestError: ``tool_choice`` auto (or tools without a tool_choice: plan those with
+            :func:`specframe.serve.tool_calling.plan`), or both a tool call and a ``response_format`` other than text.
     """
     fmt = body.response_format
     constraint: Optional[dict[str, Any]] = None
@@ -61,9 +60,9 @@ def request_constraint(body: Any) -> tuple[Optional[dict[str, Any]], Optional[To
         return constraint, None
     if choice is None or choice == "auto":
         raise StructuredRequestError(
-            "tool_choice auto (OpenAI's default when tools are given) needs a parser of this model's own tool-call "
-            "format, which specframe serve does not have: set tool_choice to \"required\" or {\"type\": \"function\", "
-            "\"function\": {\"name\": ...}} (the answer is then constrained to a call), or to \"none\"", "tool_choice")
+            "tool_choice auto (OpenAI's default when tools are given) needs a tool-call parser of this model's "
+            "format: set tool_choice to \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}} (the "
+            "answer is then constrained to a call), or to \"none\"", "tool_choice")
     if constraint is not None:
         raise StructuredRequestError("a tool call and a response_format constrain the same answer: give one of them",
                                      "response_format")

@@ -113,7 +113,8 @@ def test_a_misspelt_hook_leaves_the_plugin_out_naming_it(fake_dist, caplog):
     assert "unknown hook 'specframe_register_proposer'" in error
     assert ("known hooks: specframe_observe_request, specframe_observe_step, "
             "specframe_register_constraint_engines, specframe_register_merge_policies, "
-            "specframe_register_proposers, specframe_register_routers, specframe_register_verifiers") in error
+            "specframe_register_proposers, specframe_register_reasoning_parsers, specframe_register_routers, "
+            "specframe_register_tool_parsers, specframe_register_verifiers") in error
     assert reg.plugin_manager.get_plugin("typo") is None
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "specframe"]
     assert warning.startswith("plugin typo (specframe-typo 0.3) is left out: unknown hook")
