@@ -4,7 +4,8 @@ forward's share (batched decoding), a probe's node budget, and the measured cloc
 
 The curve ``v(n)`` (target forward time for ``n`` tokens over the time for one) is the configured one
 (:func:`.config.load_cost_curve`), else the target's measured one (``TargetInfo.cost``), else the linear default
-``1 + cost_slope * (n - 1)``; a timed request alone re-prices it from its own steps (:meth:`StepCost.learn`): each
+``1 + cost_slope * (n - 1)``; a timed request alone re-prices a measured or default one (never a configured one)
+from its own steps (:meth:`StepCost.learn`): each
 width bucket (n in 2, 3-4, 5-8, 9-16, ...) keeps the moving averages of its forwards' width and measured
 ``forward_s / t1``, and v(n) is the line through (1, 1) and those points, past the widest the curve's shape from
 there. A curve measured on another machine or under other load (issue 67: a 2-core Xeon's flat curve on an AVX2
@@ -51,7 +52,7 @@ class StepCost:
         scaled to it."""
         if not self.greedy:
             return (self.curve or self.linear).v(n)
-        if n <= 1 or not self.points:
+        if n <= 1 or not self.points or self.curve is not None:
             return self._curve_v(n)
         pts = [(1.0, 1.0), *sorted(self.points.values())]
         for (n0, v0), (n1, v1) in zip(pts, pts[1:]):
@@ -72,8 +73,9 @@ class StepCost:
     def learn(self, n: int, v_measured: float, decay: float) -> None:
         """A forward over ``n`` > 1 tokens measured at ``v_measured`` one-token forwards (``forward_s / t1``): its
         bucket's point (width, v) moves towards ``(n, v_measured)`` (moving averages, weight ``decay`` on the past;
-        a bucket's first measurement is taken as it is)."""
-        if n <= 1 or v_measured <= 0:
+        a bucket's first measurement is taken as it is). A curve the router's config gives (``cost_curve``,
+        ``cost_profile``) is the user's word: it is not re-priced."""
+        if n <= 1 or v_measured <= 0 or self.curve is not None:
             return
         b = self.bucket(n)
         old = self.points.get(b)

@@ -68,6 +68,7 @@ class PythonicToolParser(ToolParser):
 
     name = "pythonic"
     trigger = "["
+    ban_on_none = False  # ("[" is everyday text: tool_choice none bans nothing)
     priority = 6
 
     @classmethod

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .tool_parsing import ContentDelta, _held_prefix
+from .tool_parsing import ContentDelta, held_prefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +136,7 @@ class StreamingReasoningParser:
                     out.append(ReasoningDelta(self._buf[:at]))
                 self._buf, self._state, self._strip = self._buf[at + size:], "content", True
             else:
-                keep = 0 if final else max(_held_prefix(self._buf, m) for m in (p.end, *p.implicit_ends))
+                keep = 0 if final else max(held_prefix(self._buf, m) for m in (p.end, *p.implicit_ends))
                 if len(self._buf) > keep:
                     out.append(ReasoningDelta(self._buf[:len(self._buf) - keep]))
                     self._buf = self._buf[len(self._buf) - keep:]

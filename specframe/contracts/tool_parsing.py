@@ -96,6 +96,8 @@ class ToolParser:
             ``[{`` list, a fenced ```` ```json ```` block.
         separators: characters that may stand between two calls and are not content (``";"`` for llama3_json).
         priority: detection order, highest first; the fallback ``generic`` is lowest.
+        ban_on_none: ``tool_choice: "none"`` bans :attr:`trigger` from the output (:meth:`none_grammar`); False
+            where the trigger is common text (pythonic's ``[``).
 
     A whole completion is cut into *regions*: each starts at the earliest :attr:`trigger` or opener and ends where
     :meth:`call_end` says (or at the end of the output); :meth:`parse_region` reads one region, by default as
@@ -112,6 +114,7 @@ class ToolParser:
     openers: ClassVar[tuple[str, ...]] = ()
     separators: ClassVar[str] = ""
     priority: ClassVar[int] = 0
+    ban_on_none: ClassVar[bool] = True  # tool_choice "none" bans the trigger (pythonic's "[" is common text: no)
 
     def __init__(self, tools: Sequence[dict[str, Any]] | None = None) -> None:
         self.tools = list(tools or [])
@@ -213,6 +216,17 @@ class ToolParser:
             grammar_rules(spec, "sf_body"),
         ])}
 
+    def none_grammar(self, trigger_token: int | None = None) -> dict[str, Any] | None:
+        """The constraint of ``tool_choice: "none"``: any text without :attr:`trigger` (None for a format without
+        one, or whose trigger is common text, :attr:`ban_on_none` False: nothing to ban). ``trigger_token`` as in
+        :meth:`auto_grammar`: an added token, which free text cannot hold anyway (the engine reads it as special)."""
+        if self.trigger is None or not self.ban_on_none:
+            return None
+        if trigger_token is not None:
+            return {"grammar": "start: SF_TEXT?\n" + r"SF_TEXT: /(.|\n)+/"}
+        banned = re.escape(self.trigger).replace("/", "\\/")
+        return {"grammar": "start: SF_TEXT?\n" + rf"SF_TEXT: /(.|\n)+/ & ~/(.|\n)*{banned}(.|\n)*/"}
+
     def streaming(self) -> "StreamingToolParser":
         """A fresh per-request streaming parser."""
         return StreamingToolParser(self)
@@ -248,7 +262,7 @@ def join_content(pieces: list[str], found_calls: bool, separators: str = "") -> 
     return "".join(p for p in pieces if not junk.fullmatch(p)).strip()
 
 
-def _held_prefix(text: str, marker: str) -> int:
+def held_prefix(text: str, marker: str) -> int:
     """How many characters at the end of ``text`` could begin ``marker`` (hold them back: the marker may follow)."""
     for n in range(min(len(marker) - 1, len(text)), 0, -1):
         if marker.startswith(text[-n:]):
@@ -317,7 +331,7 @@ class StreamingToolParser:
                 events.append(ContentDelta(self._buf[:at]))
             self._buf, self._in_call = self._buf[at:], True
             return True
-        keep = 0 if final else max(_held_prefix(self._buf, m) for m in self.parser.markers)
+        keep = 0 if final else max(held_prefix(self._buf, m) for m in self.parser.markers)
         if len(self._buf) > keep:
             events.append(ContentDelta(self._buf[:len(self._buf) - keep]))
             self._buf = self._buf[len(self._buf) - keep:]

@@ -14,7 +14,9 @@ Per request (:func:`plan`):
   once the trigger is accepted. For the ``generic`` envelope (no trigger) the envelope's schema applies from the
   first token, and a system line (the parser's ``SYSTEM_HINT`` and the tools) tells the model the format. A
   ``response_format`` beside ``auto`` is the constraint instead (calls are still parsed out of the text).
-- ``required`` / a named function / ``none``: as before (:func:`specframe.serve.structured.request_constraint`).
+- ``required`` / a named function: as before (:func:`specframe.serve.structured.request_constraint`); ``none``: the
+  format's trigger is banned (``ToolParser.none_grammar``: free text that cannot hold it), unless a
+  ``response_format`` constrains the answer.
 - A reasoning model: the constraint starts after the reasoning's end marker (``</think>``): the reasoning is a lazy
   lexeme ending at it, so a draft that accepts the end marker moves the grammar on in the same step.
 
@@ -111,6 +113,9 @@ def plan(body: Any, formats: Formats, prompt_text: Optional[str] = None, added: 
             system = (hint or "") + "\nTools: " + json.dumps([t["function"] for t in entries], ensure_ascii=False)
         return Plan(_after_reasoning(constraint, reasoning, added), None, parser, reasoning, system)
     constraint, calls = request_constraint(body)
+    if tools and choice == "none" and constraint is None and formats.tool is not None:
+        parser = formats.tool([t.model_dump(exclude_none=True) for t in tools])
+        constraint = parser.none_grammar((added or {}).get(parser.trigger or ""))  # (the trigger banned)
     return Plan(_after_reasoning(constraint, reasoning, added), calls, None, reasoning)
 
 

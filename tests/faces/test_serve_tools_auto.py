@@ -142,10 +142,12 @@ def test_hermes_calls_under_auto_parse_and_equal_plain_decoding(hermes, stream):
     assert spec["accepted"] > 0  # a call's forced tokens came from the grammar proposer
 
 
-def test_none_and_required_still_work_beside_auto(hermes):
+def test_none_bans_the_trigger_and_required_still_works_beside_auto(hermes):
+    """The biased model writes ``<tool_call>`` first whenever it may: under ``none`` it may not."""
     r = httpx.post(hermes + "/v1/chat/completions", json={"messages": MESSAGES, "tools": TOOLS, "max_tokens": 8,
                                                           "tool_choice": "none"}).json()
-    assert r["choices"][0]["message"].get("tool_calls") is None
+    assert r["choices"][0]["message"].get("tool_calls") is None and "<tool_call>" not in r["choices"][0]["message"][
+        "content"]
     r = httpx.post(hermes + "/v1/chat/completions", json={"messages": MESSAGES, "tools": TOOLS, "max_tokens": 40,
                                                           "tool_choice": "required"}).json()
     assert r["choices"][0]["finish_reason"] in ("tool_calls", "length")

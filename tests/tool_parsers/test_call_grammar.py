@@ -81,9 +81,22 @@ def test_the_qwen3_xml_grammar_writes_the_template_layout_with_typed_values(regi
     assert [(c.name, json.loads(c.arguments)) for c in parser.parse(call)[1]] == [("add", {"a": 12})]
 
 
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_none_bans_the_trigger_as_text(registry, engine, name):
+    parser = registry.tool_parser(name)(TOOLS)
+    spec = parser.none_grammar()
+    if parser.trigger is None:
+        assert spec is None  # (generic: nothing to ban)
+        return
+    assert _accepts(engine, spec, "Plain words, no call.") and _accepts(engine, spec, "")
+    assert not _accepts(engine, spec, "Sure: " + CALLS[name][0] % ARGS)
+
+
 @pytest.mark.parametrize("name", ["pythonic", "openai"])
 def test_formats_without_a_grammar_say_so(registry, name):
     assert registry.tool_parser(name)().call_grammar(TOOLS) is None
+    if name == "pythonic":
+        assert registry.tool_parser(name)().none_grammar() is None  # its "[" is everyday text
     assert registry.tool_parser(name)().auto_grammar(TOOLS) is None
 
 
