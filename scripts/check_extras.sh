@@ -53,6 +53,7 @@ EOF
     echo "constraint tests on llguidance $got (the floor of specframe's requirement):"
     PYTHONPATH="$TMP/llg" "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
         tests/decode/test_constraints.py tests/faces/test_serve_structured.py \
-        tests/faces/test_reports_round6_schemas.py 2>&1 | tail -3
+        tests/faces/test_reports_round6_schemas.py tests/tool_parsers/test_call_grammar.py \
+        tests/faces/test_serve_tools_auto.py tests/faces/test_serve_reasoning.py 2>&1 | tail -3
     exit "${PIPESTATUS[0]}"
 fi
