@@ -235,6 +235,24 @@ def wait_healthy(url: str, tries: int, pause: float) -> bool:
     return False
 
 
+def join_chat_stream(chunks) -> tuple[str, dict, list, str | None]:
+    """Join an openai client's streamed chat chunks as a client does: ``(content, {index: {"name", "arguments"}},
+    logprob entries, finish_reason)``."""
+    content, calls, logprobs, finish = "", {}, [], None
+    for chunk in chunks:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for call in choice.delta.tool_calls or []:
+            calls.setdefault(call.index, {"name": call.function.name, "arguments": ""})
+            calls[call.index]["arguments"] += call.function.arguments or ""
+        if choice.logprobs is not None and choice.logprobs.content:
+            logprobs += choice.logprobs.content
+        finish = choice.finish_reason or finish
+    return content, calls, logprobs, finish
+
+
 def live_server(app):
     """Serve ``app`` with uvicorn on a free localhost port in a thread: a context manager giving its URL once
     ``/health`` answers, stopped on exit."""

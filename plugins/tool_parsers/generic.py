@@ -25,6 +25,7 @@ class GenericToolParser(ToolParser):
 
     name = "generic"
     trigger = None
+    system_hint = SYSTEM_HINT
     priority = -100
 
     @classmethod

@@ -98,6 +98,8 @@ class ToolParser:
         priority: detection order, highest first; the fallback ``generic`` is lowest.
         ban_on_none: ``tool_choice: "none"`` bans :attr:`trigger` from the output (:meth:`none_grammar`); False
             where the trigger is common text (pythonic's ``[``).
+        system_hint: for a format no chat template teaches (``generic``): the system line a server adds, before
+            the tools' list, to tell the model the format.
 
     A whole completion is cut into *regions*: each starts at the earliest :attr:`trigger` or opener and ends where
     :meth:`call_end` says (or at the end of the output); :meth:`parse_region` reads one region, by default as
@@ -115,6 +117,7 @@ class ToolParser:
     separators: ClassVar[str] = ""
     priority: ClassVar[int] = 0
     ban_on_none: ClassVar[bool] = True  # tool_choice "none" bans the trigger (pythonic's "[" is common text: no)
+    system_hint: ClassVar[str | None] = None  # a system line a server adds where the template does not teach tools
 
     def __init__(self, tools: Sequence[dict[str, Any]] | None = None) -> None:
         self.tools = list(tools or [])

@@ -198,7 +198,7 @@ class _Server:
         if tok is None or not getattr(tok, "chat_template", None):
             raise _Refused(400, f"model {self.name} has no chat template: use /v1/completions", "messages")
         try:
-            p = plan(body, self.formats, added=dict(tok.get_added_vocab()) if hasattr(tok, "get_added_vocab") else None)
+            p = plan(body, self.formats, added=dict(tok.get_added_vocab()) if hasattr(tok, "get_added_vocab") else {})
         except StructuredRequestError as exc:
             raise _Refused(400, str(exc), exc.param) from None
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
@@ -207,8 +207,8 @@ class _Server:
         messages = with_system(template_messages([m.for_template() for m in body.messages], p.auto), p.system)
         ids = list(tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
                                            return_dict=True)["input_ids"])
-        if p.reasoning is not None:  # (did the template open the reasoning in the prompt?)
-            p.reasoning = self.formats.reasoning.for_prompt(tok.decode(ids[-16:]))
+        if p.reasoning is not None:  # did the template open the reasoning in the prompt? (the constraint follows it)
+            p = plan(body, self.formats, tok.decode(ids[-16:]), added=p.added)
         return ids, p
 
     def _admit(self, body: Any, prompt: list[int]) -> None:

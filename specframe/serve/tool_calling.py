@@ -12,7 +12,7 @@ Per request (:func:`plan`):
   the call, then free again (any number of calls): one llguidance Lark grammar whose head is a lazy lexeme ending at
   the trigger (llguidance docs/syntax.md, "Tool calling"), so the grammar proposer drafts a call's forced tokens
   once the trigger is accepted. For the ``generic`` envelope (no trigger) the envelope's schema applies from the
-  first token, and a system line (the parser's ``SYSTEM_HINT`` and the tools) tells the model the format. A
+  first token, and a system line (the parser's ``system_hint`` and the tools) tells the model the format. A
   ``response_format`` beside ``auto`` is the constraint instead (calls are still parsed out of the text).
 - ``required`` / a named function: as before (:func:`specframe.serve.structured.request_constraint`); ``none``: the
   format's trigger is banned (``ToolParser.none_grammar``: free text that cannot hold it), unless a
@@ -79,6 +79,7 @@ class Plan:
     auto: Any = None
     reasoning: Any = None
     system: Optional[str] = None
+    added: dict[str, int] = field(default_factory=dict)  # the tokenizer's added tokens the grammars were built with
 
 
 def plan(body: Any, formats: Formats, prompt_text: Optional[str] = None, added: Optional[dict[str, int]] = None) -> Plan:
@@ -104,38 +105,25 @@ def plan(body: Any, formats: Formats, prompt_text: Optional[str] = None, added: 
                 "tool_choice")
         entries = [t.model_dump(exclude_none=True) for t in tools]
         parser = formats.tool(entries)
-        constraint, _ = request_constraint(_without_tools(body))
+        constraint, _ = request_constraint(_ResponseFormat(body))
         if constraint is None:
             constraint = parser.auto_grammar(entries, (added or {}).get(parser.trigger or ""))
         system = None
         if parser.trigger is None:  # a format the template does not teach: say it, and list the tools
-            hint = getattr(type(parser), "SYSTEM_HINT", None) or getattr(_module_of(parser), "SYSTEM_HINT", None)
-            system = (hint or "") + "\nTools: " + json.dumps([t["function"] for t in entries], ensure_ascii=False)
-        return Plan(_after_reasoning(constraint, reasoning, added), None, parser, reasoning, system)
+            system = (parser.system_hint or "") + "\nTools: " + json.dumps([t["function"] for t in entries], ensure_ascii=False)
+        return Plan(_after_reasoning(constraint, reasoning, added), None, parser, reasoning, system, dict(added or {}))
     constraint, calls = request_constraint(body)
     if tools and choice == "none" and constraint is None and formats.tool is not None:
         parser = formats.tool([t.model_dump(exclude_none=True) for t in tools])
         constraint = parser.none_grammar((added or {}).get(parser.trigger or ""))  # (the trigger banned)
-    return Plan(_after_reasoning(constraint, reasoning, added), calls, None, reasoning)
+    return Plan(_after_reasoning(constraint, reasoning, added), calls, None, reasoning, added=dict(added or {}))
 
 
-def _module_of(obj: Any) -> Any:
-    import sys
-
-    return sys.modules.get(type(obj).__module__)
-
-
-class _NoTools:
-    """A body's view without tools (its response_format only)."""
+class _ResponseFormat:
+    """A body's ``response_format`` alone (no tools), as :func:`request_constraint` reads a body."""
 
     def __init__(self, body: Any) -> None:
-        self.response_format = body.response_format
-        self.tools = None
-        self.tool_choice = None
-
-
-def _without_tools(body: Any) -> Any:
-    return _NoTools(body)
+        self.response_format, self.tools, self.tool_choice = body.response_format, None, None
 
 
 def _after_reasoning(constraint: Optional[dict[str, Any]], reasoning: Any,

@@ -319,7 +319,11 @@ PYTHON = _snippets("python") + [
 
 @pytest.mark.parametrize("where, code", PYTHON, ids=[w for w, _ in PYTHON])
 def test_every_python_snippet_compiles(where, code):
-    compile(code, where, "exec")
+    try:
+        compiled = compile(code, where, "exec")
+    except SyntaxError as exc:
+        pytest.fail(f"{where}: {exc}")
+    assert compiled.co_filename == where
 
 
 def test_every_toml_snippet_parses():

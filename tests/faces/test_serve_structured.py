@@ -17,7 +17,7 @@ jsonschema = pytest.importorskip("jsonschema")
 import specframe  # noqa: E402
 from specframe.target.hf import Target  # noqa: E402
 
-from tests.fakes import build_bpe_model, build_bpe_tokenizer, live_server  # noqa: E402
+from tests.fakes import build_bpe_model, build_bpe_tokenizer, join_chat_stream, live_server  # noqa: E402
 
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
             "{% if tools %}tools: {{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}\n"
@@ -63,19 +63,7 @@ def _spec(name):
 
 
 def _streamed(client, **kwargs):
-    content, calls, logprobs, finish = "", {}, [], None
-    for chunk in client.chat.completions.create(stream=True, **kwargs):
-        if not chunk.choices:
-            continue
-        choice = chunk.choices[0]
-        content += choice.delta.content or ""
-        for call in choice.delta.tool_calls or []:
-            calls.setdefault(call.index, {"name": call.function.name, "arguments": ""})
-            calls[call.index]["arguments"] += call.function.arguments or ""
-        if choice.logprobs is not None and choice.logprobs.content:
-            logprobs += choice.logprobs.content
-        finish = choice.finish_reason or finish
-    return content, calls, logprobs, finish
+    return join_chat_stream(client.chat.completions.create(stream=True, **kwargs))
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -22,7 +22,7 @@ from specframe.contracts.constraint import ConstraintSpec  # noqa: E402
 from specframe.errors import UnknownToolParserError  # noqa: E402
 from specframe.target.hf import Target  # noqa: E402
 
-from tests.fakes import build_bpe_model, build_bpe_tokenizer, live_server  # noqa: E402
+from tests.fakes import build_bpe_model, build_bpe_tokenizer, join_chat_stream, live_server  # noqa: E402
 
 PLAIN_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                   "{% if add_generation_prompt %}assistant: {% endif %}")
@@ -91,16 +91,7 @@ def _ask(url, stream, proposers, **kw):
         calls = [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls or []]
         assert all(t.id.startswith("call_") and t.type == "function" for t in c.message.tool_calls or [])
         return c.message.content, calls, c.finish_reason
-    content, calls, finish = "", {}, None
-    for chunk in client.chat.completions.create(stream=True, **kwargs):
-        if not chunk.choices:
-            continue
-        ch = chunk.choices[0]
-        content += ch.delta.content or ""
-        for t in ch.delta.tool_calls or []:
-            calls.setdefault(t.index, {"name": t.function.name, "arguments": ""})
-            calls[t.index]["arguments"] += t.function.arguments or ""
-        finish = ch.finish_reason or finish
+    content, calls, _, finish = join_chat_stream(client.chat.completions.create(stream=True, **kwargs))
     return content or None, [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())], finish
 
 
