@@ -33,7 +33,6 @@ layers.
 from __future__ import annotations
 
 import heapq
-import math
 from typing import Any, Literal, Optional
 
 import torch
@@ -174,23 +173,41 @@ class EagleProposer(ProposerBase):
         self._done, self._last = t_f, a[:, -1]
         return True
 
-    def _level(self, parents_a: Tensor, tokens: list[int], positions: list[int], ancestors: list[list[int]],
+    def _level(self, parents_a: Tensor, tokens: list[int] | Tensor, positions: list[int], ancestors: list[list[int]],
                n_tree: int) -> Tensor:
         """One drafter pass over ``m`` tree entries (``parents_a [m, H]``, their tokens and positions), written to the
         cache after the committed entries and the ``n_tree`` tree entries of earlier levels; entry ``r`` attends to
-        every committed entry, to the tree entries ``ancestors[r]`` (indices in the order written) and to itself."""
+        every committed entry, to the tree entries ``ancestors[r]`` (indices in the order written) and to itself.
+
+        ``tokens``: ``m`` ints, or an ``[m]`` int64 tensor (a token sampled on the device stays there). One copy to
+        the device per pass: the tokens (when ints), the positions and the ``[m, n_tree + m]`` tree block of the
+        mask, packed in one int64 tensor; the committed block (all True) is filled on the device."""
         dev = self.target.device
-        m, base = len(tokens), self._done
-        mask = torch.zeros((m, base + n_tree + m), dtype=torch.bool, device=dev)
-        mask[:, :base] = True
-        rows = [r for r, anc in enumerate(ancestors) for _ in anc]
-        if rows:
-            mask[rows, [base + j for anc in ancestors for j in anc]] = True
-        mask[range(m), range(base + n_tree, base + n_tree + m)] = True
-        tok = torch.tensor([tokens], dtype=torch.int64, device=dev)
-        pos = torch.tensor([positions], dtype=torch.int64, device=dev)
-        a, _ = self.drafter.step(parents_a[None], tok, pos, mask, self._kv, base + n_tree)
+        m, base, width = len(positions), self._done, n_tree + len(positions)
+        block = [0] * (m * width)  # [m, n_tree + m] row-major: entry r may attend to tree entry j
+        for r, anc in enumerate(ancestors):
+            for j in anc:
+                block[r * width + j] = 1
+            block[r * width + n_tree + r] = 1
+        host_tokens = not isinstance(tokens, Tensor)
+        packed = torch.tensor((list(tokens) if host_tokens else []) + list(positions) + block, dtype=torch.int64,
+                              device=dev)
+        if host_tokens:
+            tok, packed = packed[:m], packed[m:]
+        else:
+            tok = tokens if tokens.device == dev else tokens.to(dev)
+        pos, tree = packed[:m], packed[m:].view(m, width).bool()
+        mask = torch.cat([torch.ones((m, base), dtype=torch.bool, device=dev), tree], 1)
+        a, _ = self.drafter.step(parents_a[None], tok.reshape(1, m), pos[None], mask, self._kv, base + n_tree)
         return a[0]
+
+    @staticmethod
+    def _read_scored(values: Tensor, ids: Tensor) -> tuple[list, list]:
+        """``values`` float and ``ids`` int64 of one shape (``[k]`` or ``[m, k]``) as nested Python lists, in one
+        host read: both travel as float64 (exact for float32 scores and for token ids below 2**53)."""
+        both = torch.stack([values.double(), ids.double()]).tolist()
+        ints = [int(x) for x in both[1]] if values.dim() == 1 else [[int(x) for x in row] for row in both[1]]
+        return both[0], ints
 
     # --- drafting ----------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -215,10 +232,10 @@ class EagleProposer(ProposerBase):
         best node to expand, the levels below cannot change the tree (the same tree, fewer drafter passes)."""
         logp = torch.log_softmax(self.drafter.logits(self._last).float(), -1)[0]  # [S]
         top = logp.topk(min(k, logp.numel()))
-        tm = self.token_map
+        tm = self.token_map  # [S] on the device: head index -> target token id, mapped before the host read
+        scores, ids = self._read_scored(top.values, tm[top.indices])
         # node: (score, token, parent node or -1, depth); nodes are created parents first
-        nodes: list[tuple[float, int, int, int]] = [
-            (float(s), int(tm[i]), -1, 1) for s, i in zip(top.values.tolist(), top.indices.tolist())]
+        nodes: list[tuple[float, int, int, int]] = [(s, t, -1, 1) for s, t in zip(scores, ids)]
         frontier = list(range(len(nodes)))
         out_a: dict[int, Tensor] = {}  # node -> drafter output of its entry
         entry_of: dict[int, int] = {}  # node -> index of its entry among tree entries
@@ -246,11 +263,12 @@ class EagleProposer(ProposerBase):
             n_entries += len(frontier)
             lp = torch.log_softmax(self.drafter.logits(a).float(), -1)  # [m, S]
             best = lp.topk(min(k, lp.shape[-1]), dim=-1)
+            scores, ids = self._read_scored(best.values, tm[best.indices])  # the level's one host read
             new = []
             for r, i in enumerate(frontier):
-                for s, j in zip(best.values[r].tolist(), best.indices[r].tolist()):
+                for s, t in zip(scores[r], ids[r]):
                     new.append(len(nodes))
-                    nodes.append((nodes[i][0] + s, int(tm[j]), i, level + 1))
+                    nodes.append((nodes[i][0] + s, t, i, level + 1))
             frontier = new
         # the most likely nodes overall; a parent is at least as likely as its children, and ties go to the
         # shallower node, so the chosen set contains every chosen node's ancestors
@@ -262,24 +280,36 @@ class EagleProposer(ProposerBase):
         return DraftTree.from_lists(ids, parents)
 
     def _sampled_chain(self, state: DecodeState, depth: int) -> DraftTree:
+        """A chain of up to ``depth`` tokens sampled from q. Per token one host read (q's sanity check, which decides
+        whether to go on); the tokens stay on the device until the chain ends (one read), and q rows are moved to
+        the host once, stacked."""
         v, dev = self.target.vocab_size, self.target.device
         a_prev, length = self._last, int(state.tokens.shape[1])
-        drafted: list[int] = []
+        drafted: list[Tensor] = []  # [1] int64 each, on the generator's device
         probs: list[Tensor] = []
         for d in range(depth):
             sub = self.drafter.logits(a_prev).float()[0]  # [S]
             full = torch.full((v,), float("-inf"), dtype=torch.float32, device=dev).index_copy_(0, self.token_map, sub)
             q = probs_from_logits(full, state.sampling)
-            if not bool(torch.isfinite(q).all()) or not math.isclose(float(q.sum()), 1.0, rel_tol=1e-3):
+            if not bool(_usable(q)):
                 break  # a degenerate warp (e.g. top-k over tokens the head cannot draft): draft what we have
-            tok = int(torch.multinomial(q.to(state.generator.device), 1, generator=state.generator))
+            qg = q if q.device == state.generator.device else q.to(state.generator.device)
+            tok = torch.multinomial(qg, 1, generator=state.generator)
             drafted.append(tok)
-            probs.append(q.cpu())
+            probs.append(q)
             if d + 1 < depth:
-                a_prev = self._level(a_prev, [tok], [length - 1 + d], [list(range(d))], d)
+                a_prev = self._level(a_prev, tok, [length - 1 + d], [list(range(d))], d)
         if not drafted:
             return DraftTree.empty(state.tokens.shape[0])
-        return DraftTree.chain(drafted, torch.stack(probs))
+        q_rows = torch.stack(probs)
+        return DraftTree.chain(torch.cat(drafted).tolist(), q_rows if q_rows.device.type == "cpu" else q_rows.cpu())
+
+
+def _usable(q: Tensor) -> Tensor:
+    """``q [V]`` float32 -> a 0-dim bool tensor on q's device: every entry finite and the sum within a relative
+    1e-3 of 1, computed as ``math.isclose(float(q.sum()), 1.0, rel_tol=1e-3)`` does (float32 sum, then float64)."""
+    total = q.sum().double()
+    return torch.isfinite(q).all() & ((total - 1.0).abs() <= 1e-3 * torch.clamp(total.abs(), min=1.0))
 
 
 @hookimpl

@@ -171,8 +171,9 @@ def sampling_tree(
 
 
 def _result(num_accepted: Tensor, next_token: Tensor) -> VerifyResult:
-    accepted = tuple(tuple(range(a)) for a in num_accepted.tolist())
-    return VerifyResult(accepted_nodes=accepted, next_token=tuple(next_token.tolist()))
+    """``[B]`` accepted counts and ``[B]`` next tokens read in one host sync."""
+    counts, tokens = torch.stack([num_accepted.to(torch.int64), next_token.to(torch.int64)]).tolist()
+    return VerifyResult(accepted_nodes=tuple(tuple(range(a)) for a in counts), next_token=tuple(tokens))
 
 
 def _greedy(draft: DraftTree, target_logits: Tensor) -> VerifyResult:

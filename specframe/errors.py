@@ -26,6 +26,7 @@ __all__ = [  # the error classes (first_line is a helper of the package's own)
     "CacheError",
     "PromptTooLongError",
     "PromptsFileError",
+    "DeviceError",
     "DraftError",
     "ProposerTimeoutError",
     "TraceError",
@@ -120,6 +121,11 @@ class PromptTooLongError(SpecframeError, ValueError):
 
 class PromptsFileError(SpecframeError, ValueError):
     """A prompts file is missing, empty or malformed; the message names the file and line."""
+
+
+class DeviceError(SpecframeError, RuntimeError):
+    """The target's device failed a verification forward: out of device memory, or tensors on two devices. Never
+    treated as a refused draft (which would silently turn speculation off): the request stops with this error."""
 
 
 class DraftError(SpecframeError, ValueError):

@@ -45,20 +45,28 @@ def tree_position_ids(parent: list[int], past_len: int, device: torch.device | s
 
 
 def tree_attention_mask(parent: list[int], past_len: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> Tensor:
-    """``[1, 1, N + 1, past_len + N + 1]`` additive mask (0 = attend, dtype's min = masked).
+    """``[1, 1, N + 1, past_len + N + 1]`` additive mask (0 = attend, dtype's min = masked), on ``device``.
 
     Row 0 (newest token) sees the past and itself; row ``i + 1`` sees the past, the newest token, the ancestors
     of node ``i`` and node ``i`` itself.
+
+    Only the ``[N + 1, N + 1]`` block over the newest token and the nodes is built on the host and copied (one
+    small copy); the past columns (all 0) are filled on ``device``, so the copy does not grow with ``past_len``.
     """
     n = len(parent)
-    allowed = torch.zeros((n + 1, past_len + n + 1), dtype=torch.bool)
-    allowed[:, : past_len + 1] = True
+    block = [[False] * (n + 1) for _ in range(n + 1)]  # [N + 1, N + 1]: row sees column (newest token, nodes)
+    block[0][0] = True
     for i, p in enumerate(parent):
+        row = block[i + 1]
         if p >= 0:
-            allowed[i + 1, past_len + 1 :] = allowed[p + 1, past_len + 1 :]
-        allowed[i + 1, past_len + 1 + i] = True
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-    return mask[None, None].to(device)
+            row[:] = block[p + 1]
+        else:
+            row[0] = True
+        row[i + 1] = True
+    sees = torch.tensor(block, dtype=torch.bool, device=device)
+    tail = torch.zeros((n + 1, n + 1), dtype=dtype, device=device).masked_fill_(~sees, torch.finfo(dtype).min)
+    past = torch.zeros((n + 1, past_len), dtype=dtype, device=device)
+    return torch.cat([past, tail], 1)[None, None]
 
 
 class TokenTrie:

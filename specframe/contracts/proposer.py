@@ -33,6 +33,12 @@ class DraftTree:
 
     Node ``i`` continues the path to ``parent[b, i]``; ``-1`` means it continues the last committed token.
     Parents come before children (``parent[b, i] < i``).
+
+    Where a draft lives: on any device. The engine reads a draft's structure (``token_ids``, ``parent``) on the
+    host — :meth:`on_host`, one copy per draft when the proposer made it on an accelerator, the one host sync the
+    draft costs — merges and checks it there, and copies the step's ids to the target's device once, for the
+    verification forward; ``draft_probs`` stay where they were made and the verifier moves them to the target's
+    logits (one copy when they differ). A drafter on the target's GPU therefore returns its tensors as they are.
     """
 
     token_ids: Tensor  # [B, N] int64, node tokens
@@ -111,6 +117,26 @@ class DraftTree:
         expected = torch.arange(-1, n - 1, dtype=self.parent.dtype, device=self.parent.device)
         same = (self.parent == expected).all(0)
         return self.truncate(n if bool(same.all()) else int(same.to(torch.int64).argmin()))
+
+    def on_host(self) -> "DraftTree":
+        """This draft with ``token_ids`` and ``parent`` on the CPU (one stacked copy, so one host sync, when they
+        live elsewhere; ``self`` when they are already there); ``draft_probs`` stay on their device."""
+        ids, parent = self.token_ids, self.parent
+        if ids.device.type == "cpu" and parent.device.type == "cpu":
+            return self
+        if ids.shape == parent.shape and ids.dtype == parent.dtype and ids.device == parent.device:
+            both = torch.stack([ids, parent]).cpu()
+            return DraftTree(both[0], both[1], self.draft_probs)
+        return DraftTree(ids.cpu(), parent.cpu(), self.draft_probs)
+
+    def to(self, device: torch.device | str) -> "DraftTree":
+        """This draft with every tensor on ``device`` (``self`` when they are all there already)."""
+        dev = torch.device(device)
+        tensors = [t for t in (self.token_ids, self.parent, self.draft_probs) if t is not None]
+        if all(t.device == dev for t in tensors):
+            return self
+        probs = None if self.draft_probs is None else self.draft_probs.to(dev)
+        return DraftTree(self.token_ids.to(dev), self.parent.to(dev), probs)
 
     def truncate(self, max_nodes: int) -> "DraftTree":
         """The first ``max_nodes`` nodes; in topological order that prefix is still a valid tree."""

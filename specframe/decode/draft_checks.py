@@ -56,12 +56,15 @@ def check_draft(draft: DraftTree, vocab_size: int, trees_ok: bool, batch: int | 
             raise DraftError("draft_probs must be a floating [B, N, V] tensor")
         if tuple(probs.shape) != (ids.shape[0], n, vocab_size):
             raise DraftError(f"draft_probs must have shape {(ids.shape[0], n, vocab_size)}, got {tuple(probs.shape)}")
-        sums = probs.float().sum(-1)
         tol = _prob_tolerance(probs.dtype)
-        if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
+        # every rule in one reading (one host sync where draft_probs live on an accelerator)
+        off = (probs.float().sum(-1) - 1).abs().max()
+        finite = torch.isfinite(probs).all() & ~(probs < 0).any()
+        zero = (probs.gather(2, ids[..., None].to(probs.device)) <= 0).any()
+        finite_ok, worst, has_zero = torch.stack([finite.float(), off.float(), zero.float()]).tolist()
+        if not finite_ok:
             raise DraftError("draft_probs must be finite and >= 0")
-        if not bool(torch.allclose(sums, torch.ones_like(sums), atol=tol, rtol=0)):
-            worst = float((sums - 1).abs().max())
+        if not worst <= tol:
             raise DraftError(f"each draft_probs row must sum to 1 (±{tol:g}); one is off by {worst:.3g}")
-        if bool((probs.gather(2, ids[..., None].to(probs.device)) <= 0).any()):
+        if has_zero:
             raise DraftError("a drafted token has draft probability 0: it cannot have been sampled from draft_probs")

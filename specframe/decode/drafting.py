@@ -24,9 +24,12 @@ import logging
 import time
 from typing import Any, Sequence
 
+import torch
+
 from ..contracts import DecodeState, DraftTree, TargetModel, VerifyOutcome
 from ..contracts.combining import MergePolicyBase, ProposerStep, StepReport
 from ..errors import ProposerTimeoutError
+from ..target.device_sync import clock
 from .draft_checks import check_draft
 from .isolation import FaultGuard, Guard, UnbuiltProposer
 from .lineup import Lineup
@@ -78,6 +81,7 @@ class Drafting:
         self.writer, self.isolation, self.greedy = writer, lineup.isolation, greedy
         self.constraint = constraint  # each draft is cut to the prefix it allows (see _allowed)
         self.vocab_size = int(target.vocab_size)
+        self.device = getattr(target, "device", None)  # drafting's time waits for the target device's queued work
         self.merged_trees_ok = lineup.verifies_trees and bool(target.supports_trees)
         self.slots: list[_Slot] = []
         for p, label, caps in zip(lineup.proposers, lineup.labels, lineup.capabilities):
@@ -174,16 +178,17 @@ class Drafting:
         try:
             with s.guard.call("propose"):
                 draft = s.proposer.propose(state, budget)
-                elapsed = time.perf_counter() - t0
+                if isinstance(draft, DraftTree):  # its structure is read on the host (DraftTree: where it lives)
+                    draft = _tensors_checked(draft).truncate(budget).on_host()
+                elapsed = clock(self.device) - t0
                 if timeout is not None and elapsed > timeout:
                     raise ProposerTimeoutError(f"propose took {elapsed:.3f} s, over the {timeout:g} s time limit")
-                draft = draft.truncate(budget) if isinstance(draft, DraftTree) else draft
                 check_draft(draft, self.vocab_size, s.trees_ok or s.branches, 1)
                 # a proposer that declares trees, where the target or verifier takes chains only: its leading chain
                 # (one that does not declare them drafted a chain: check_draft refuses anything else)
                 out = draft.leading_chain() if s.branches and not s.trees_ok else draft
         finally:
-            s.draft_s = time.perf_counter() - t0
+            s.draft_s = clock(self.device) - t0
         return out
 
     # --- 5. feedback (the engine's step 5) -----------------------------------------------------------------
@@ -310,6 +315,14 @@ def clipped_once(label: str, block: int, limit: int) -> None:
     _CLIPPED.add((label, block, limit))
     log.warning("proposer %r drafts blocks of %d tokens but a step verifies at most %d draft nodes here "
                 "(the merge policy's max_nodes): each block is clipped to its first %d", label, block - 1, limit, limit)
+
+
+def _tensors_checked(draft: DraftTree) -> DraftTree:
+    """``draft`` if its ids and parents are tensors (what :func:`check_draft` then checks in full); raises the
+    contract's error before they are moved or sliced otherwise."""
+    if not isinstance(draft.token_ids, torch.Tensor) or not isinstance(draft.parent, torch.Tensor):
+        check_draft(draft, 1, True)  # raises DraftError naming the field
+    return draft
 
 
 def _count_depths(depths: Any) -> tuple[int, ...]:

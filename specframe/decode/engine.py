@@ -34,8 +34,9 @@ from ..contracts.combining import MergePolicy, Router
 from ..contracts.constraint import Constraint, ConstraintView
 from ..contracts.optional import optional
 from ..contracts.scoring import Scored, ScorerFactory
-from ..errors import ConfigError, PromptTooLongError, first_line
+from ..errors import ConfigError, DeviceError, PromptTooLongError, first_line
 from ..sampling import SamplingParams, check_logprobs
+from ..target.device_sync import clock
 from .drafting import Drafting
 from .isolation import REFUSED, IsolationPolicy
 from .lineup import Lineup, proposer_labels
@@ -208,6 +209,25 @@ def default_scorer(target: TargetModel) -> ScorerFactory:
     return (lambda t, layers, hidden: own(layers, hidden)) if own is not None else TargetScorer
 
 
+_TWO_DEVICES = ("Expected all tensors to be on the same device", "Expected tensor for argument")
+
+
+def _device_error(exc: Exception, nodes: int, target: TargetModel) -> DeviceError | None:
+    """The named error for a verification forward that failed on its device (out of device memory, or tensors on
+    two devices), or None for any other failure (a shape or mask the target refuses: a refused draft)."""
+    where = getattr(target, "device", "the target's device")
+    if isinstance(exc, torch.OutOfMemoryError):
+        return DeviceError(
+            f"the target's forward on {where} ran out of device memory verifying {1 + nodes} tokens "
+            f"({first_line(exc)}): lower the draft's size (the merge policy's max_nodes, a proposer's num_nodes or "
+            "draft length), run fewer requests at once, or free memory on the device")
+    if isinstance(exc, RuntimeError) and any(m in str(exc) for m in _TWO_DEVICES):
+        return DeviceError(
+            f"the target's forward on {where} got tensors on two devices ({first_line(exc)}): a proposer's draft "
+            "is moved by the engine, so this is a tensor the target or a scorer made on another device")
+    return None
+
+
 class Request:
     """One request's state and loop: the public stepping API every host drives (made by :meth:`Engine.request`).
 
@@ -238,6 +258,7 @@ class Request:
         self.e = engine
         self.between_steps = between_steps
         target = engine.target
+        self.device = getattr(target, "device", None)  # step times wait for its queued work (device_sync)
         generator = torch.Generator(device=target.device)
         generator.manual_seed(seed)
         self.sampling = sampling
@@ -323,7 +344,7 @@ class Request:
         # each step also commits one target token, so the draft may hold remaining - 1
         budget = self.stops.max_new_tokens - len(self.stops.generated) - 1
         merged = self.drafting.propose(self.state, budget if cap is None else min(cap, budget))
-        return merged, t0, time.perf_counter()
+        return merged, t0, clock(self.device)
 
     @property
     def newest(self) -> torch.Tensor:
@@ -334,7 +355,7 @@ class Request:
         """Step calls 2-6 on the draft :meth:`draft` returned."""
         # 2. one target forward over [newest committed token] + the draft's nodes
         merged, scored = self._score(merged)
-        t2 = time.perf_counter()
+        t2 = clock(self.device)  # the forward's kernels have run (CUDA queues them: device_sync)
         forward_s = t2 - t1 if scored.seconds is None else scored.seconds
         raw = logits = scored.logits  # under a constraint: each row masked by the grammar state along its path
         if self.constraint is not None:
@@ -365,6 +386,9 @@ class Request:
         try:
             return merged, self.scorer.score(newest, merged.tree)
         except Exception as exc:
+            device_error = _device_error(exc, merged.tree.num_nodes, self.e.target)
+            if device_error is not None:
+                raise device_error from exc  # never a refused draft: that would turn speculation off unseen
             if not merged.tree.num_nodes:
                 raise  # the target fails on its own: not a draft's doing
             merged = self._draft_refused(merged, exc)

@@ -168,8 +168,8 @@ def _q_rows(drafts: Sequence[DraftTree], tokens: Sequence[int], rows: Sequence[t
     (proposer, own node)) and a one-hot row for each deterministic node; None when no node is stochastic."""
     if all(src is None for src in rows):
         return None
-    vocab = next(int(d.draft_probs.shape[-1]) for d in drafts if d.draft_probs is not None)
-    probs = torch.zeros((1, len(tokens), vocab), dtype=torch.float32)
+    first = next(d.draft_probs for d in drafts if d.draft_probs is not None)
+    probs = torch.zeros((1, len(tokens), int(first.shape[-1])), dtype=torch.float32, device=first.device)
     for m, (tok, src) in enumerate(zip(tokens, rows)):
         if src is None:
             probs[0, m, tok] = 1.0  # deterministic node: one-hot q

@@ -21,6 +21,7 @@ import contextlib
 import threading
 from typing import Any, ClassVar, Iterator, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -46,8 +47,9 @@ PROBE_FIRST_TOKENS = 4
 
 def unpack_bitmask(bitmask: Tensor, vocab: int) -> Tensor:
     """``bitmask [R, ceil(V / 32)] int32`` (bit ``t % 32`` of word ``t // 32`` set: token ``t`` allowed, llguidance's
-    and xgrammar's layout) -> ``[R, V] bool``."""
-    bits = (bitmask.unsqueeze(-1) >> _SHIFTS) & 1
+    and xgrammar's layout) -> ``[R, V] bool``, on ``bitmask``'s device."""
+    shifts = _SHIFTS if bitmask.device.type == "cpu" else torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab].bool()
 
 
@@ -60,11 +62,11 @@ class LLGuidanceConstraint:
         self._words = (vocab + 31) // 32
 
     # --- walking a draft ------------------------------------------------------------------------------------
-    def _walk(self, draft: DraftTree) -> Iterator[tuple[int, bool]]:
-        """``(node, allowed)`` for each node in order; while a node is yielded as allowed, the matcher stands
-        after its path. The matcher is back at the committed state when the walk ends (or is closed)."""
+    def _walk(self, tokens: list[int], parents: list[int]) -> Iterator[tuple[int, bool]]:
+        """``(node, allowed)`` for each node of a draft (``tokens``, ``parents``: its ``[N]`` lists) in order; while a
+        node is yielded as allowed, the matcher stands after its path. The matcher is back at the committed state
+        when the walk ends (or is closed)."""
         m = self.matcher
-        tokens, parents = draft.token_ids[0].tolist(), draft.parent[0].tolist()
         ok = [False] * len(tokens)
         path: list[int] = []  # the allowed nodes the matcher consumed, root first
         try:
@@ -108,7 +110,7 @@ class LLGuidanceConstraint:
         return m.validate_tokens([token]) == 1 or (token in self.eos and m.is_accepting())
 
     def allowed_prefix(self, draft: DraftTree) -> int:
-        for i, allowed in self._walk(draft):
+        for i, allowed in self._walk(draft.token_ids[0].tolist(), draft.parent[0].tolist()):
             if not allowed:
                 return i
         return draft.num_nodes
@@ -121,25 +123,32 @@ class LLGuidanceConstraint:
         self.matcher.unsafe_compute_mask_ptr(word.data_ptr(), word.numel() * word.element_size())
 
     def mask(self, draft: DraftTree, logits: Tensor) -> Tensor:
+        """See :meth:`Constraint.mask`. The rows' packed bitmask (``[N + 1, ceil(V / 32)]`` int32, 1/32 of a bool
+        mask's size at 4 bytes per word) is filled on the host, in a NumPy buffer (llguidance writes it; no tensor is
+        read), copied to ``logits``' device once and unpacked there (the arithmetic of
+        ``llguidance.torch.apply_token_bitmask_inplace``, without its ``torch.compile``); unreachable rows get every
+        bit set."""
         n = draft.num_nodes
         self._raise_if_error()
-        bitmask = torch.zeros((n + 1, self._words), dtype=torch.int32)
+        words = np.zeros((n + 1, self._words), dtype=np.int32)
+        bitmask = torch.from_numpy(words)  # shares the buffer: llguidance fills it through the tensor's pointer
         self._fill(bitmask, 0)
         self._raise_if_error()
-        reached = [True] + [False] * n  # rows whose path the grammar allows (and that are not after an EOS)
-        tokens = draft.token_ids[0].tolist()
-        for i, allowed in self._walk(draft):
+        reached = np.zeros(n + 1, dtype=bool)  # rows whose path the grammar allows (and that are not after an EOS)
+        reached[0] = True
+        tokens, parents = draft.token_ids[0].tolist(), draft.parent[0].tolist()
+        for i, allowed in self._walk(tokens, parents):
             if allowed and tokens[i] not in self.eos:
                 self._fill(bitmask, i + 1)
                 reached[i + 1] = True
-        allowed = unpack_bitmask(bitmask, self.vocab)
-        if not bool(allowed[0].any()):
+        if not words[0].any():
             raise ConstraintError(f"the {self.kind} constraint admits no token here (the grammar cannot go on)")
-        allowed[torch.tensor([not r for r in reached])] = True  # unreachable rows: left as they are
+        words[~reached] = -1  # unreachable rows: every bit set, left as they are
         width = logits.shape[-1]
         if width != self.vocab:
             raise ConstraintError(f"the target's logits have {width} columns, the constraint was built for {self.vocab}")
-        return logits.masked_fill(~allowed.to(logits.device).unsqueeze(0), float("-inf"))
+        allowed = unpack_bitmask(bitmask.to(logits.device), self.vocab)  # [N + 1, V] bool, on the logits' device
+        return logits.masked_fill(~allowed.unsqueeze(0), float("-inf"))
 
     def commit(self, tokens: Sequence[int]) -> None:
         for token in tokens:

@@ -33,6 +33,7 @@ from torch import Tensor
 from ..contracts import DraftTree
 from ..contracts.scoring import Scored
 from ..token_tree import node_depths
+from .device_sync import clock
 
 __all__ = ["TransformersBatch"]
 
@@ -190,12 +191,12 @@ class TransformersBatch:
                 raise
             self._crop(w)
             plain = self._run([(r, t, DraftTree.empty()) for r, t, _ in items])
-            self.forward_s = time.perf_counter() - t0
+            self.forward_s = clock(self.target.device) - t0
             for (row, _, draft), res in zip(items, plain):
                 res = replace(res, seconds=self.forward_s)
                 row.results = [exc, res] if draft.num_nodes else [res]
             return
-        self.forward_s = time.perf_counter() - t0
+        self.forward_s = clock(self.target.device) - t0  # the kernels have run (device_sync)
         for (row, _, _), res in zip(items, results):
             row.results = [replace(res, seconds=self.forward_s)]
 
@@ -204,9 +205,12 @@ class TransformersBatch:
         b, w = len(items), self.width
         sizes = [1 + d.num_nodes for _, _, d in items]
         n = max(sizes)
+        # what the host knows, packed for one copy: [B, n, 3 + n] int64 = ids, positions, real query (not
+        # padding), then the [n, n] block over the step's own columns (newest token, nodes, padding)
         ids = torch.zeros((b, n), dtype=torch.int64)
         pos = torch.zeros((b, n), dtype=torch.int64)
-        allowed = torch.zeros((b, n, w + n), dtype=torch.bool)
+        real = torch.zeros((b, n), dtype=torch.int64)
+        blocks = torch.zeros((b, n, n), dtype=torch.bool)
         parents: list[list[int] | None] = []
         for r, (row, newest, draft) in enumerate(items):
             m = draft.num_nodes
@@ -220,8 +224,8 @@ class TransformersBatch:
             pos[r, 0] = row.length
             pos[r, 1 : 1 + m] = torch.tensor(depth, dtype=torch.int64) + row.length
             pos[r, 1 + m :] = row.length  # padding queries: any position (their output is dropped)
-            allowed[r, : 1 + m, :w] = self.valid[r]
-            block = allowed[r, :, w:]
+            real[r, : 1 + m] = 1  # real queries see the row's valid past
+            block = blocks[r]
             block[0, 0] = True
             for i in range(m):
                 p = parent[i] if is_tree else i - 1
@@ -232,14 +236,19 @@ class TransformersBatch:
                 block[i + 1, i + 1] = True
             for i in range(1 + m, n):
                 block[i, i] = True  # a padding query sees itself only (no row of the mask is all masked)
+        packed = torch.cat([ids[..., None], pos[..., None], real[..., None], blocks.long()], -1).to(device)
+        # the [B, n, W + n] mask is built on the device from that and the valid columns ([B, W] bool, the other copy)
+        past = self.valid.to(device)[:, None, :] & packed[..., 2:3].bool()  # [B, n, W]
+        allowed = torch.cat([past, packed[..., 3:].bool()], -1)
         dtype = target.dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+        mask = mask[:, None]
         rows = [row for row, _, _ in items]
         layers = sorted({i for row in rows for i in row.layers})
         want_hidden = any(row.want_hidden for row in rows)
-        out = target.model(input_ids=ids.to(device), cache=self.cache, use_cache=True,
-                           output_hidden_states=bool(want_hidden or layers), attention_mask=mask.to(device),
-                           position_ids=pos.to(device))
+        out = target.model(input_ids=packed[..., 0].contiguous(), cache=self.cache, use_cache=True,
+                           output_hidden_states=bool(want_hidden or layers), attention_mask=mask,
+                           position_ids=packed[..., 1].contiguous())
         self.valid = torch.cat([self.valid, torch.zeros((b, n), dtype=torch.bool)], 1)
         results = []
         for r, (row, _, _) in enumerate(items):

@@ -158,13 +158,16 @@ def compact(cache: DynamicCache, base_len: int, keep: list[int]) -> None:
     if keep == list(range(len(keep))):  # a prefix (always so for chains): a crop suffices
         rollback(cache, base_len + len(keep))
         return
-    for layer in cache.layers:
-        if not _holds_anything(layer) or layer.keys is None:
-            continue  # (a cross-attention layer with no image, a layer a layer-skip draft never ran)
+    # (layers without keys: a cross-attention layer with no image, a layer a layer-skip draft never ran)
+    layers = [layer for layer in cache.layers if _holds_anything(layer) and layer.keys is not None]
+    if not layers:
+        return
+    idx = torch.tensor(keep, dtype=torch.long, device=layers[0].keys.device)  # [len(keep)], made once per compact
+    for layer in layers:
         keys, values = layer.keys, layer.values
         offset = keys.shape[-2] - n  # this layer's first draft position
-        idx = torch.tensor(keep, dtype=torch.long, device=keys.device) + offset
-        layer.keys = torch.cat([keys[..., :offset, :], keys.index_select(-2, idx)], dim=-2)
-        layer.values = torch.cat([values[..., :offset, :], values.index_select(-2, idx)], dim=-2)
+        at = idx if idx.device == keys.device else idx.to(keys.device)  # (a model split over devices)
+        layer.keys = torch.cat([keys[..., :offset, :], keys[..., offset:, :].index_select(-2, at)], dim=-2)
+        layer.values = torch.cat([values[..., :offset, :], values[..., offset:, :].index_select(-2, at)], dim=-2)
         if hasattr(layer, "cumulative_length"):
             layer.cumulative_length -= n - len(keep)
