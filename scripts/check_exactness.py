@@ -2,6 +2,7 @@
 
     python scripts/check_exactness.py --limit 20 --max-new-tokens 128 --dtype float32 --proposer ngram --proposer none
     python scripts/check_exactness.py --proposer ngram+medusa      # "+": proposers combined in one verification pass
+    python scripts/check_exactness.py --device cuda --dtype bfloat16  # on a GPU (cuda:N: GPU N); reference there too
     python scripts/check_exactness.py --prepack on --proposer ngram  # pre-packed weights (reference: the packed model)
     python scripts/check_exactness.py --proposer '{"name": "eagle", "checkpoint": "DIR"}'   # a proposer with options
     python scripts/check_exactness.py --model gemma3-270m --limit-per-category 4 --limit 24 --router none \
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 import specframe
+from specframe.errors import SpecframeError
 from specframe.io.prompts import read_prompts
 
 DEFAULT_QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "specbench" / "question.jsonl"
@@ -51,7 +53,9 @@ def main() -> int:
                     help="First N questions of each category (the bench's dev set with 5), before --skip / --limit.")
     ap.add_argument("--skip", type=int, default=0, help="Leave out the first N of the --limit questions (resume).")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default="float32", help="bfloat16 | float16 | float32 | auto (default float32).")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N: where the target (and the transformers "
+                    "reference) runs (default cpu).")
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--proposer", action="append", default=None)
     ap.add_argument("--prepack", choices=["on", "off", "auto"], default="auto",
@@ -62,10 +66,16 @@ def main() -> int:
     args = ap.parse_args()
     proposers = args.proposer or ["ngram", "none"]
 
-    sf = specframe.load(model=args.model, dtype=args.dtype, prepack={"on": True, "off": False}.get(args.prepack, "auto"),
-                        threads=args.threads if args.threads == "auto" else int(args.threads))
+    try:
+        sf = specframe.load(model=args.model, dtype=args.dtype, device=args.device,
+                            prepack={"on": True, "off": False}.get(args.prepack, "auto"),
+                            threads=args.threads if args.threads == "auto" else int(args.threads))
+    except SpecframeError as exc:  # (a bad --device or --dtype, no CUDA device: one line, not a traceback)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     st = sf.target.settings
-    print(f"target: {st.dtype}, {st.threads} threads, prepack {'on' if st.prepack else 'off'}", file=sys.stderr)
+    print(f"target: {st.dtype} on {sf.target.device}, {st.threads} threads, prepack {'on' if st.prepack else 'off'}",
+          file=sys.stderr)
     model = sf.target.model
     prompts = read_prompts(args.questions)
     if args.limit_per_category:
@@ -78,7 +88,8 @@ def main() -> int:
         ids = sf.encode(p.text)
         with torch.inference_mode():
             ref = model.generate(
-                torch.tensor([ids], device=model.device), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                torch.tensor([ids], device=model.device),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=model.device),
                 do_sample=False, max_new_tokens=args.max_new_tokens,
             )[0, len(ids):].tolist()
         row = {"question_id": p.question_id, "hf_tokens": len(ref)}
@@ -103,7 +114,7 @@ def main() -> int:
         print(json.dumps(row), flush=True)
     total = len(prompts) * len(proposers)
     print(f"{total - mismatches}/{total} (question, proposer) pairs token-identical to transformers greedy "
-          f"({args.dtype}, {args.max_new_tokens} new tokens)", file=sys.stderr)
+          f"({st.dtype} on {sf.target.device}, {args.max_new_tokens} new tokens)", file=sys.stderr)
     return 1 if mismatches else 0
 
 

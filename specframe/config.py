@@ -235,6 +235,14 @@ class LlamaCppSettings(BaseModel):
     _numbers = model_validator(mode="before")(classmethod(numbers_as_numbers))
 
 
+def _device_name(v: Any) -> Any:
+    """The ``device`` field's check: cpu, cuda or cuda:N (whether that GPU exists is checked at load)."""
+    index = v[5:] if isinstance(v, str) and v.startswith("cuda:") else None
+    if v not in ("cpu", "cuda") and not (index and index.isascii() and index.isdigit()):
+        raise ValueError(f"device must be cpu, cuda or cuda:N (N a GPU index, e.g. cuda:1), got {v!r}")
+    return v
+
+
 class SpecframeConfig(BaseModel):
     """A config file's own fields, checked before plugins are loaded (plugin entries are mappings here): the first
     check of :func:`load_config` and the fields :func:`typed_config_model` is built from."""
@@ -242,11 +250,12 @@ class SpecframeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str = Field("smollm2-135m-instruct", description="Built-in model name, model directory or .gguf file.")
-    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="auto = the fastest measured on this machine (profile: `specframe tune`); on CUDA bf16 "
-        "where supported."
+        "where the GPU computes it natively (compute capability 8.0+), else float16."
     )
-    device: Literal["cpu", "cuda"] = Field("cpu", description="Where the target runs.")
+    device: Annotated[str, BeforeValidator(_device_name)] = Field(
+        "cpu", description="Where the target runs: cpu, cuda (the current GPU) or cuda:N (GPU N).")
     engine: Literal["transformers", "llama.cpp"] = Field(
         "transformers", description="What runs the target: transformers (any HF model; the exactness reference) or "
         "llama.cpp (a GGUF on llama.cpp's CPU kernels; docs/llamacpp.md).")

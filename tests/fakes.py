@@ -1,6 +1,7 @@
 """The tests' one fakes module: what several test modules build, fake or compare against, in one place.
 
-- tiny randomly initialised HF causal LMs (float32, CPU) and a word-level tokenizer whose vocabulary matches them,
+- tiny randomly initialised HF causal LMs (float32, on :func:`test_device`: the CPU unless ``--device`` or
+  ``SPECFRAME_TEST_DEVICE`` says otherwise) and a word-level tokenizer whose vocabulary matches them,
   a byte-level BPE pair for structured output, and references for plain greedy decoding;
 - checks every test shares (the metrics that must agree, one user-error line), a live server;
 - for combining: drafts, step reports, scripted proposers, an HF draft folder, merge policies by name;
@@ -39,7 +40,7 @@ from specframe.sampling import SamplingParams, probs_from_logits
 from specframe.target.cost import CostCurve
 from specframe.target.hf import Target
 from specframe.target.profile import Candidate, MachineProfile, Measured
-from specframe.testing.tiny import tiny_target
+from specframe.testing.tiny import default_device, tiny_target
 from specframe_plugins.autoregressive import NoneConfig, NoProposer
 from specframe_plugins.merge_policies import ConfidenceConfig, ConfidencePolicy, PriorityConfig, PriorityPolicy
 
@@ -49,6 +50,18 @@ torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 SPECBENCH = ROOT.parent / "shared" / "specbench" / "question.jsonl"  # Spec-Bench's questions, beside the checkout
 NAME = "specframe-test-tiny-no-shipped-weights"  # a target name no shipped weights are ever found for
+
+
+# --- the device tests run on ------------------------------------------------------------------------------------------
+
+
+def test_device() -> torch.device:
+    """The device the tests' models live on: ``$SPECFRAME_TEST_DEVICE`` (tests/conftest.py sets it from ``--device``,
+    which wins), else the CPU. A function, read at each call, so builders called outside fixtures follow it too."""
+    return default_device()
+
+
+test_device.__test__ = False  # not a test, wherever a test module imports it
 
 
 # --- tiny models and tokenizers ---------------------------------------------------------------------------------------
@@ -89,7 +102,8 @@ def tiny_config(arch: str, **overrides):
 
 
 def build_model(arch: str, seed: int = 0, **overrides):
-    """A tiny random causal LM in float32, eval mode, with no EOS (tests that need one set it)."""
+    """A tiny random causal LM in float32, eval mode, on :func:`test_device`, with no EOS (tests that need one set
+    it). The weights are drawn on the CPU, then moved: a seed gives the same weights on every device."""
     torch.manual_seed(seed)
     cfg = tiny_config(arch, **overrides)
     cls = LlamaForCausalLM if arch == "llama" else Qwen2ForCausalLM
@@ -97,7 +111,7 @@ def build_model(arch: str, seed: int = 0, **overrides):
     model.generation_config.eos_token_id = None
     model.generation_config.bos_token_id = None
     model.generation_config.pad_token_id = 0
-    return model
+    return model.to(test_device())
 
 
 BPE_EOS = 0
@@ -121,7 +135,7 @@ def build_bpe_tokenizer() -> PreTrainedTokenizerFast:
 
 def build_bpe_model(tokenizer: PreTrainedTokenizerFast, seed: int = 3, max_positions: int = 512):
     """A tiny random llama over ``tokenizer`` with EOS (id 0), whose LM head is its embedding (x4): it likes to repeat
-    itself, so ngram and lookahead draft and get accepted."""
+    itself, so ngram and lookahead draft and get accepted. On :func:`test_device`."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
@@ -131,7 +145,7 @@ def build_bpe_model(tokenizer: PreTrainedTokenizerFast, seed: int = 3, max_posit
         model.lm_head.weight.copy_(model.model.embed_tokens.weight * 4)
     model.generation_config.eos_token_id = BPE_EOS
     model.generation_config.pad_token_id = BPE_EOS
-    return model
+    return model.to(test_device())
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -571,7 +585,7 @@ class SelfDraft(ProposerBase):
     provides_draft_probs = True
 
     def _logits(self, tokens: list[int]) -> torch.Tensor:
-        return self.target.model(input_ids=torch.tensor([tokens])).logits[0, -1]
+        return self.target.model(input_ids=torch.tensor([tokens], device=self.target.device)).logits[0, -1]
 
     def propose(self, state, budget):
         tokens, ids, qs = state.tokens[0].tolist(), [], []
@@ -603,12 +617,12 @@ class OtherModelDraft(SelfDraft):
 
     def __init__(self, config, target) -> None:
         super().__init__(config, target)
-        self.draft_model = tiny_target(seed=1).model
+        self.draft_model = tiny_target(seed=1, device=target.device).model
 
     def propose(self, state, budget):
         tokens, ids, qs = state.tokens[0].tolist(), [], []
         for _ in range(min(self.config.k, budget)):
-            logits = self.draft_model(input_ids=torch.tensor([tokens + ids])).logits[0, -1]
+            logits = self.draft_model(input_ids=torch.tensor([tokens + ids], device=self.target.device)).logits[0, -1]
             q = probs_from_logits(logits, state.sampling)
             sampled = torch.softmax(logits / self.config.sample_temperature, -1)
             ids.append(int(torch.multinomial(sampled, 1, generator=state.generator)))
@@ -704,7 +718,7 @@ class UndeclaredProbs(ProposerBase):
 
     def propose(self, state, budget):
         v = self.target.vocab_size
-        return DraftTree.chain([1], torch.full((1, v), 1.0 / v))
+        return DraftTree.chain([1], torch.full((1, v), 1.0 / v, device=self.target.device))
 
 
 class BadFeedbackConfig(ProposerConfig):

@@ -29,6 +29,8 @@ with the config's merge policy and router) for every row. What carries over and 
 - **Feedback.** The number of a row's committed tokens is ``1 + accepted``: each proposer gets its
   :class:`~specframe.contracts.VerifyOutcome` and attribution as in the engine; the merge policy and router see the
   step's wall time since the last call (vLLM's forward + sampling for the whole batch) as the forward time.
+- **Device.** A proposer that runs a model (``draft-model``) runs it on vLLM's device in that worker (its GPU,
+  :func:`vllm_device`), in vLLM's dtype; token-only proposers (ngram, retrieval) run on the host either way.
 - **Hidden states.** ``custom_class`` receives token ids only: proposers that read the target's hidden states
   (``needs_hidden_states`` or ``feature_layers``: medusa, eagle) are refused with :class:`VllmIntegrationError`.
 
@@ -172,6 +174,28 @@ class _Target:
         self.eos_token_ids = info.eos_token_ids
 
 
+def vllm_device(vllm_config: Any) -> torch.device:
+    """The device vLLM runs the model on in this worker, for the proposers that run models of their own (e.g.
+    ``draft-model``: its draft then runs beside the target, not on the host).
+
+    vLLM's ``device_config.device`` is ``torch.device("cuda")`` without an index (each worker sets its own GPU as the
+    current CUDA device before it builds the proposer), so ``cuda`` is read as ``cuda:<current device>``. A CPU
+    build, a device config without a device, or a device type torch cannot place a model on from here (``tpu``,
+    ``neuron``, ...) gives the CPU.
+    """
+    dc = getattr(vllm_config, "device_config", None)
+    dev = getattr(dc, "device", None) or getattr(dc, "device_type", None)
+    try:
+        dev = torch.device(dev) if dev is not None else torch.device("cpu")
+    except (RuntimeError, TypeError):
+        dev = torch.device("cpu")
+    if dev.type == "cuda":
+        return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
+    if dev.type != "cpu":
+        log.warning("specframe: vLLM runs on %s; proposers that run a model run it on the CPU", dev.type)
+    return torch.device("cpu")
+
+
 def _target_info(vllm_config: Any) -> TargetInfo:
     mc = vllm_config.model_config
     tokenizer = None
@@ -187,7 +211,7 @@ def _target_info(vllm_config: Any) -> TargetInfo:
         eos.update(v if isinstance(v, (list, tuple)) else ([v] if v is not None else []))
     return TargetInfo(
         vocab_size=int(mc.get_vocab_size()), eos_token_ids=frozenset(int(e) for e in eos),
-        max_context=int(mc.max_model_len), device=torch.device("cpu"), dtype=mc.dtype, name=str(mc.model),
+        max_context=int(mc.max_model_len), device=vllm_device(vllm_config), dtype=mc.dtype, name=str(mc.model),
         tokenizer=tokenizer, supports_trees=False)
 
 

@@ -5,7 +5,9 @@ to decoding one token, and it differs by machine far more than by model (docs/ma
 v(n) reads it here, as a :class:`CostCurve`:
 
 - the machine profile (:mod:`specframe.target.profile`) measures T(n) at :data:`NS` and the loader hands the
-  chosen settings' curve to the target (``TargetInfo.cost``), where routers read it;
+  chosen settings' curve to the target (``TargetInfo.cost``), where routers read it; for a CUDA target the loader
+  measures T(n) once per GPU model, dtype and model (:func:`specframe.target.profile.cuda_cost_curve`, timed by
+  :func:`time_points`) and hands that curve over the same way;
 - ``specframe bench`` measures T(1..N) with :func:`measure` and predicts speedups with :func:`predicted_speedup`;
 - replay models the time of a recorded forward with :meth:`CostCurve.seconds` from a trace's manifest;
 - a router configured with a curve of its own (``cost_curve``) or none at all uses :meth:`CostCurve.from_v` or
@@ -17,7 +19,6 @@ Pure arithmetic, no model (:func:`measure` imports torch when called).
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any, Callable, Mapping, Sequence
 
 from ..contracts.optional import optional
@@ -167,39 +168,61 @@ def predicted_speedup(tau: float, verified_per_step: float, draft_s_per_step: fl
 
 def measure(target: Any, token_ids: list[int], context: int = 512, max_tokens: int = 32, repeats: int = 5,
             progress: Callable[[], None] | None = None) -> dict[str, Any]:
-    """Time target forwards of n = 1..max_tokens new tokens over a ``context``-position cache.
+    """Time target forwards of n = 1..max_tokens new tokens over a ``context``-position cache (:func:`time_points`:
+    synchronised with the target's device, so on CUDA a time is the forward's work, not its kernel launches).
 
     Args:
-        target: a :class:`specframe.target.hf.Target` (or any target with ``new_cache``, ``forward`` and, for a KV
-            state of its own, ``rollback(cache, length)``).
+        target: a :class:`specframe.target.hf.Target` (or any target with ``new_cache``, ``forward``, ``device`` and,
+            for a KV state of its own, ``rollback(cache, length)``).
         token_ids: real text tokens, cycled to fill the context and the scored block.
 
     Returns:
         ``{"context", "repeats", "t_ms": [T(1)..T(N)] (median ms), "v": [v(1)..v(N)]}``.
     """
+    t_ms = time_points(target, token_ids, context, range(1, max_tokens + 1), repeats, progress)
+    return {"context": context, "repeats": repeats, "t_ms": t_ms, "v": [t / t_ms[0] for t in t_ms]}
+
+
+def time_points(target: Any, token_ids: list[int], context: int, ns: Sequence[int], repeats: int = 5,
+                progress: Callable[[], None] | None = None) -> list[float]:
+    """Median ms of one target forward over n new tokens after a ``context``-position cache, for each n of ``ns``.
+
+    One prefill of ``context`` tokens, then per n one warm-up forward and ``repeats`` timed ones, each rolled back
+    to ``context``. Every clock read waits for the target's device (:func:`specframe.target.device_sync.clock`:
+    a no-op on the CPU), so on CUDA a time covers the forward's kernels, not only their launches, and no earlier
+    work (the prefill, a warm-up, a rollback) is counted in it. ``token_ids`` are cycled to fill the context and
+    the block; ``progress`` is called after each n.
+
+    Raises:
+        ValueError: ``ns`` empty or ``repeats`` < 1.
+    """
     import torch
 
+    from .device_sync import clock
     from .kv_cache import rollback as kv_rollback
 
-    need = context + max_tokens
+    if not ns or repeats < 1:
+        raise ValueError(f"time_points needs token counts and repeats >= 1, got ns={list(ns)}, repeats={repeats}")
+    need = context + max(ns)
     ids = (token_ids * (need // max(len(token_ids), 1) + 1))[:need]
     rollback = optional(target, "rollback") or kv_rollback  # (an engine with its own KV state: llama.cpp)
+    device = target.device
     with torch.inference_mode():
-        seq = torch.tensor([ids], device=target.device)
+        seq = torch.tensor([ids], device=device)
         cache = target.new_cache()
         target.forward(seq[:, :context], cache)
         t_ms = []
-        for n in range(1, max_tokens + 1):
+        for n in ns:
             block = seq[:, context: context + n]
             target.forward(block, cache)  # warm-up for this shape
             rollback(cache, context)
             times = []
             for _ in range(repeats):
-                t0 = time.perf_counter()
+                t0 = clock(device)  # (waits for the warm-up, the prefill and the last rollback)
                 target.forward(block, cache)
-                times.append(time.perf_counter() - t0)
+                times.append(clock(device) - t0)
                 rollback(cache, context)
             t_ms.append(statistics.median(times) * 1e3)
             if progress is not None:
                 progress()
-    return {"context": context, "repeats": repeats, "t_ms": t_ms, "v": [t / t_ms[0] for t in t_ms]}
+    return t_ms

@@ -21,11 +21,15 @@ def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
     ``dtype``, ``threads`` and ``prepack`` set to ``auto`` are chosen from this machine's measured profile
     (:mod:`specframe.target.profile`; measured once when ``dtype`` is auto, with a bar on ``progress``); the chosen settings
     and reasons are ``target.settings``, the live cost curve v(n) is ``target.info.cost``, and
-    ``target.governor`` keeps the thread count within the free cores during a run. A cache entry that fails to
-    load is rebuilt once.
+    ``target.governor`` keeps the thread count within the free cores during a run. On CUDA (``device`` ``cuda`` or
+    ``cuda:N``) dtype ``auto`` is bf16 where the GPU computes it natively, else fp16, and ``target.info.cost`` is
+    this GPU's measured curve (:func:`specframe.target.profile.cuda_cost_curve`: measured once per GPU model, dtype
+    and model, then cached; only a cached one when ``measure`` is False). A cache entry that fails to load is
+    rebuilt once.
 
     Raises:
-        ConfigError: bad device or dtype name, or ``prepack`` asked for where it is not available; an unknown engine.
+        ConfigError: bad device or dtype name, CUDA asked for where there is none, or ``prepack`` asked for where it
+            is not available; an unknown engine.
     """
     if engine == "llama.cpp":
         from .llamacpp.loader import load_llamacpp_target
@@ -42,15 +46,15 @@ def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
     from .state_target import make_target
 
     check_device(device)
-    if dtype not in ("auto", "bfloat16", "float32"):
-        resolve_dtype(dtype, device)  # raises the one-line error
+    if dtype != "auto":
+        resolve_dtype(dtype, device)  # a bad name: the one-line error, before anything loads
     source = resolve_model(name_or_path)
     directory = model_directory(source, log)
     settings, profile, _ = resolve_settings(directory, source.name, device, dtype, threads, prepack, speculative,
                                             progress, measure)
     if device == "cpu":
         torch.set_num_threads(settings.threads)
-    torch_dtype = torch.bfloat16 if settings.dtype == "bfloat16" else torch.float32
+    torch_dtype = resolve_dtype(settings.dtype, device)
     try:
         model, tok = load_model(directory, torch_dtype, device)
     except (OSError, ValueError, RuntimeError):
@@ -68,6 +72,10 @@ def load_target(name_or_path: str, dtype: str = "auto", device: str = "cpu",
     curve = CostCurve(measured.t_ms if measured else None,
                       load_independent(profile, Candidate(settings.dtype, settings.threads, settings.prepack)),
                       plain_t1_ms=settings.plain_t1_ms)  # (the reference speculation must beat: the router reads it)
+    if profile is None and torch.device(device).type == "cuda":  # this GPU's measured curve (no CPU profile there)
+        from .profile import cuda_cost_curve
+
+        curve = cuda_cost_curve(target, source.name, settings.dtype, measure, log_line=log) or curve
     target.attach_machine(settings, ThreadGovernor(settings, threads == "auto" and device == "cpu",
                                                    usable_cores()[0], profile, curve))
     return target

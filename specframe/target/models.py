@@ -22,6 +22,7 @@ by the draft's and the target's content (a few seconds), then loaded like any mo
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import importlib.util
@@ -422,30 +423,68 @@ def model_directory(source: ModelSource, log: Callable[[str], None] = lambda s: 
     return entry
 
 
+DTYPE_NAMES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}  # explicit dtypes
+
+
+def cuda_native_bf16(device: str | torch.device = "cuda") -> bool:
+    """Whether the CUDA GPU ``device`` (``cuda``: the current one, ``cuda:N``) computes bf16 natively: compute
+    capability 8.0 or later (A100, H100, RTX 30xx/40xx; not T4 or V100, where torch only emulates it, slower than
+    fp16). Asks ``torch.cuda.is_bf16_supported(including_emulation=False)`` of that GPU where the installed torch takes
+    the argument (2.4 and later), else reads its compute capability.
+
+    Raises:
+        RuntimeError: what torch raises when there is no such CUDA device.
+    """
+    dev = torch.device(device)
+    try:
+        with torch.cuda.device(dev) if dev.index is not None else contextlib.nullcontext():
+            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # a torch without including_emulation (before 2.4): the capability says it
+        major, _ = torch.cuda.get_device_capability(dev)
+        return major >= 8
+
+
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    """``auto`` -> bfloat16 where the device computes it natively, else float32.
+    """The torch dtype of a dtype name: ``bfloat16``, ``float16``, ``float32``, or ``auto``: on CUDA (``cuda``,
+    ``cuda:N``) bfloat16 where that GPU computes it natively (:func:`cuda_native_bf16`), else float16 (T4, V100:
+    their tensor cores run fp16, and fp32 is several times slower); on the CPU bfloat16 where it has AVX-512 BF16 or
+    AMX, else float32.
 
     Raises:
         ConfigError: unknown dtype name.
     """
-    if dtype == "float32":
-        return torch.float32
-    if dtype == "bfloat16":
-        return torch.bfloat16
+    if dtype in DTYPE_NAMES:
+        return DTYPE_NAMES[dtype]
     if dtype != "auto":
-        raise ConfigError(f"dtype must be bfloat16, float32 or auto, got {dtype!r}")
-    if device == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+        raise ConfigError(f"dtype must be bfloat16, float16, float32 or auto, got {dtype!r}")
+    if torch.device(device).type == "cuda":
+        return torch.bfloat16 if cuda_native_bf16(device) else torch.float16
     is_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     is_amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     return torch.bfloat16 if (is_bf16() or is_amx()) else torch.float32
 
 
 def check_device(device: str) -> None:
-    if device not in ("cpu", "cuda"):
-        raise ConfigError(f"device must be cpu or cuda, got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device cuda was asked for but no CUDA device is available: use device cpu")
+    """Refuse a device specframe cannot run a target on, before anything loads.
+
+    ``device``: ``cpu``, ``cuda`` (the current GPU) or ``cuda:N`` (GPU N of those visible to this process,
+    ``CUDA_VISIBLE_DEVICES`` applied).
+
+    Raises:
+        ConfigError: another name; CUDA asked for where none is available, or ``cuda:N`` past the GPUs visible.
+    """
+    device = str(device)
+    if device == "cpu":
+        return
+    index = device[5:] if device.startswith("cuda:") else None
+    if device != "cuda" and not (index and index.isascii() and index.isdigit()):
+        raise ConfigError(f"device must be cpu, cuda or cuda:N (N a GPU index, e.g. cuda:1), got {device!r}")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device {device} was asked for but no CUDA device is available: use device cpu")
+    count = torch.cuda.device_count()
+    if index is not None and int(index) >= count:
+        raise ConfigError(f"device {device}: this process sees {count} CUDA device{'s' if count != 1 else ''} "
+                          f"(cuda:0 to cuda:{count - 1}; CUDA_VISIBLE_DEVICES applies): use one of them")
 
 
 def load_model(directory: Path, dtype: torch.dtype, device: str, tokenizer: bool = True):

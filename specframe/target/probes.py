@@ -9,8 +9,14 @@ vocabulary), each a few forwards of at most 4 tokens:
 - :func:`tree_forward_obstacle`: one tree-masked forward must give each branch's logits as a chain. A model that
   fails it verifies chains.
 
-Numbers are compared in float32 and float64 only (within 1e-3 of the logit scale); in other dtypes a probe only has to
-run. Every forward passes consecutive ``position_ids`` when the model takes them, as the target does
+Numbers are compared in every dtype, against the logit scale S (the largest absolute logit of the reference path, at
+least 1). In float32 and float64 the two paths' logits must agree within 1e-3 S. In a low-precision dtype (bfloat16,
+float16) the two paths round differently, by far more than that (a 3-token forward against one-token steps of
+SmolLM2-135M in bf16 on a CPU: logits apart by up to 0.1 S), so there the probe asks what exactness needs of them:
+no logit NaN or +inf (float16 overflows where a model's activations outgrow 65 504; it then decodes garbage),
+and the top token of each path scored within :data:`_TOP1_ULPS` units of the dtype's precision (``eps``, times S)
+of the other path's best: a near-tie may break either way, a forward that computes something else leaves a top token
+far below the best. Every forward passes consecutive ``position_ids`` when the model takes them, as the target does
 (:func:`consecutive_positions`).
 """
 
@@ -26,6 +32,8 @@ from ..errors import first_line
 
 _PROBE = [3, 1, 4, 1, 5, 9, 2, 6]  # token ids of the probes (taken modulo the vocabulary)
 _TOLERANCE = 1e-3  # of the logit scale, in float32 / float64
+_TOP1_ULPS = 32  # low-precision dtypes: a top token's shortfall allowed, in eps of the dtype times the logit scale
+# (bf16: 0.25 S, fp16: 0.031 S; the path gap of a 3-token forward measured at 12.7 eps S in bf16 and 8.7 in fp16)
 
 
 def takes_positions(model: Any) -> bool:
@@ -89,13 +97,31 @@ class _Probe:
         return cache
 
     def gap(self, pairs: list[tuple[Tensor, Tensor]]) -> str | None:
-        """"largest gap G, logit scale S" when the pairs (got, want) differ beyond the tolerance (exact dtypes only),
-        else None."""
-        if self.dtype not in (torch.float32, torch.float64):
-            return None
-        scale = max(1.0, max(float(want.abs().max()) for _, want in pairs))
-        gap = max(float((got - want).abs().max()) for got, want in pairs)
-        return f"largest gap {gap:.3g}, logit scale {scale:.3g}" if gap > _TOLERANCE * scale else None
+        """How the pairs ``(got, want)`` (``[n, V]`` or ``[V]`` float32 logits of the same tokens by two paths) differ beyond
+        this dtype's tolerance (module docstring), as a phrase, else None: "largest gap G, logit scale S" in float32
+        and float64; in a low-precision dtype "NaN or infinite logits in DTYPE (an overflow)" or "top token T scored
+        D below the best, logit scale S"."""
+        if self.dtype in (torch.float32, torch.float64):
+            scale = max(1.0, max(float(want.abs().max()) for _, want in pairs))
+            gap = max(float((got - want).abs().max()) for got, want in pairs)
+            return f"largest gap {gap:.3g}, logit scale {scale:.3g}" if gap > _TOLERANCE * scale else None
+        # (-inf is a token the model rules out, as some heads do; NaN or +inf is an overflow)
+        if any(bool(torch.isnan(t).any() or torch.isposinf(t).any()) for pair in pairs for t in pair):
+            return f"NaN or infinite logits in {str(self.dtype).removeprefix('torch.')} (an overflow)"
+        scale = max(1.0, max(float(want.nan_to_num(0.0, 0.0, 0.0).abs().max()) for _, want in pairs))
+        allowed = _TOP1_ULPS * torch.finfo(self.dtype).eps * scale if self.dtype.is_floating_point else float("inf")
+        worst, token = 0.0, -1
+        for got, want in pairs:
+            got, want = got.reshape(-1, got.shape[-1]), want.reshape(-1, want.shape[-1])  # ([V] rows too)
+            for a, b in ((got, want), (want, got)):  # each path's top token, scored by the other
+                top = a.argmax(-1, keepdim=True)  # [n, 1]
+                short = b.max(-1).values - b.gather(-1, top)[:, 0]  # [n]
+                i = int(short.argmax())
+                if float(short[i]) > worst:
+                    worst, token = float(short[i]), int(top[i, 0])
+        if worst > allowed:
+            return f"top token {token} scored {worst:.3g} below the best, logit scale {scale:.3g}"
+        return None
 
 
 def cached_forward_obstacle(model: Any, runner: Any = None) -> str | None:

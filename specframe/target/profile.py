@@ -39,6 +39,13 @@ best T(1), and the speculative cost on plain decoding's settings, outside noise.
 The cost curve v(n) of the chosen candidate is what the router uses to decide how many draft nodes pay
 (:class:`specframe.target.cost.CostCurve`; :data:`~specframe.target.cost.NS` are the measured token counts); it
 carries plain decoding's best T(1) as ``plain_t1_ms`` (:attr:`Settings.plain_t1_ms`).
+
+CUDA targets (``cuda``, ``cuda:N``) have no candidates to choose among: dtype ``auto`` is bf16 where the GPU computes
+it natively, else fp16 (:func:`specframe.target.models.resolve_dtype`). Their curve is measured once per GPU model
+(name and compute capability, torch and CUDA versions), dtype and model by :func:`cuda_cost_curve` (T(n) at
+:data:`CUDA_NS` over a :data:`CUDA_CONTEXT`-token cache, :data:`CUDA_REPEATS` synchronised forwards each: a second or
+two) and cached beside the CPU profiles as ``machine/cuda-<key>.json``; the loader hands it to the target as
+``TargetInfo.cost``.
 """
 
 from __future__ import annotations
@@ -791,14 +798,18 @@ def resolve_settings(directory: Path, model_name: str, device: str, dtype: str =
     from .machine import LoadMonitor
     from .packed import packing_available
 
-    if prepack is True and dtype != "auto" and not packing_available(DTYPES[dtype], device):
+    if prepack is True and dtype != "auto" and (dtype not in DTYPES or not packing_available(DTYPES[dtype], device)):
         raise ConfigError(f"prepack: on needs oneDNN pre-packing, not available here for {dtype} on {device}: "
                           "use prepack: auto or off")
-    if device != "cpu":
+    if device != "cpu":  # (a GPU: no thread or layout choice; its cost curve is measured by cuda_cost_curve)
+        why = "as given"
         if dtype == "auto":
-            dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
-        return Settings(dtype, torch.get_num_threads(), False, "device default", "torch default",
-                        "CPU only"), None, 0.0
+            from .models import resolve_dtype
+
+            dtype = "bfloat16" if resolve_dtype("auto", device) == torch.bfloat16 else "float16"
+            why = ("native bf16 on this GPU" if dtype == "bfloat16" else
+                   "this GPU has no native bf16 (compute capability below 8.0): fp16")
+        return Settings(dtype, torch.get_num_threads(), False, why, "torch default", "CPU only"), None, 0.0
     cores, cores_why = usable_cores()
     others = LoadMonitor().sample(settle_s=0.2).others
     fit = choose_threads(cores, others)
@@ -827,3 +838,109 @@ def resolve_settings(directory: Path, model_name: str, device: str, dtype: str =
     t = int(threads) if threads != "auto" else fit
     return Settings(dtype, t, prepack is True, "as given", "as given" if threads != "auto" else load_why,
                     "as given" if prepack != "auto" else "no machine profile (run `specframe tune`)"), None, others
+
+
+# --- CUDA targets: one measured T(n) curve per GPU model, dtype and model -----------------------------------------
+CUDA_NS = (1, 2, 4, 8, 16, 32, 64)  # tokens per forward a CUDA curve times (the router interpolates between them)
+CUDA_CONTEXT = 512  # KV-cache length it times them at (fewer where the model's context is shorter)
+CUDA_REPEATS = 5  # timed forwards per point (their median), after one warm-up forward
+CUDA_CURVE_VERSION = 1
+
+
+def gpu_fingerprint(device: str | torch.device) -> dict[str, Any]:
+    """What decides the speed of a forward on the CUDA GPU ``device``: its name, compute capability, the torch and
+    CUDA versions. Not its index: two GPUs of one model share a curve.
+
+    Raises:
+        RuntimeError: what torch raises for a device it cannot see.
+    """
+    dev = torch.device(device)
+    return {"gpu": torch.cuda.get_device_name(dev), "capability": list(torch.cuda.get_device_capability(dev)),
+            "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
+def cuda_curve_key(model_name: str, dtype: str, device: str | torch.device) -> str:
+    """The cache key of a CUDA curve: ``cuda-`` and a short hash of :func:`gpu_fingerprint`, the model's identity
+    (its name, as CPU profiles key it) and the dtype name."""
+    import hashlib
+
+    blob = json.dumps([gpu_fingerprint(device), str(model_name), str(dtype)], sort_keys=True)
+    return "cuda-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def load_cuda_curve(key: str) -> dict[str, Any] | None:
+    """The cached CUDA curve document of ``key`` (:func:`measure_cuda_curve`'s), or None when missing, unreadable
+    or of another format."""
+    try:
+        doc = json.loads(profile_path(key).read_text())
+        if doc.get("version") != CUDA_CURVE_VERSION or doc.get("key") != key:
+            return None
+        ns, t_ms = [int(n) for n in doc["ns"]], [float(t) for t in doc["t_ms"]]
+        if not t_ms or len(ns) != len(t_ms) or ns[0] != 1 or ns != sorted(set(ns)) or min(t_ms) <= 0:
+            return None
+        return {**doc, "ns": ns, "t_ms": t_ms, "context": int(doc["context"])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def measure_cuda_curve(target: Any, key: str, model_name: str, dtype: str, ns: Sequence[int] = CUDA_NS,
+                       context: int = CUDA_CONTEXT, repeats: int = CUDA_REPEATS) -> dict[str, Any]:
+    """Time ``target``'s forwards (on its CUDA device) over n of ``ns`` new tokens after a ``context``-token cache,
+    synchronised (:func:`specframe.target.cost.time_points`), on seeded random token ids; the context is cut to
+    what the model's positions allow. About ``len(ns) * (repeats + 1)`` forwards: a second or two.
+
+    Returns:
+        the curve's JSON document: ``version``, ``key``, ``model``, ``dtype``, ``gpu`` (:func:`gpu_fingerprint`),
+        ``context``, ``ns``, ``repeats``, ``t_ms`` (median ms per n), ``seconds`` (the measurement's wall time).
+
+    Raises:
+        RuntimeError: a forward failed (out of GPU memory among them).
+    """
+    from .cost import time_points
+
+    start = time.perf_counter()
+    ns = [int(n) for n in ns]
+    context = max(1, min(int(context), int(getattr(target, "max_context", context + max(ns))) - max(ns)))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, int(target.vocab_size), (context + max(ns),), generator=gen).tolist()
+    t_ms = time_points(target, ids, context, ns, repeats)
+    return {"version": CUDA_CURVE_VERSION, "key": key, "model": model_name, "dtype": dtype,
+            "gpu": gpu_fingerprint(target.device), "context": context, "ns": ns, "repeats": repeats,
+            "t_ms": [_r(t) for t in t_ms], "seconds": round(time.perf_counter() - start, 2)}
+
+
+def cuda_cost_curve(target: Any, model_name: str, dtype: str, measure: bool | None = None, refresh: bool = False,
+                    log_line: Callable[[str], None] = lambda s: None) -> CostCurve | None:
+    """The cost curve v(n) of a CUDA target, for the router (``TargetInfo.cost``): the cached curve of this GPU model,
+    dtype and model (:func:`cuda_curve_key`, under ``$SPECFRAME_CACHE/machine/`` beside the CPU profiles), measured
+    (:func:`measure_cuda_curve`) and cached when missing or ``refresh`` is set, unless ``measure`` is False (then
+    only a cached one). A CUDA target has no thread or layout choice, so where a CPU profile measures candidates
+    this measures the one way the target runs.
+
+    Returns:
+        the curve (``plain_t1_ms`` None: its own T(1) is plain decoding's), or None when none is cached and
+        ``measure`` is False, or measuring failed (logged; routers then use their configured slope).
+    """
+    key = cuda_curve_key(model_name, dtype, target.device)
+    doc = None if refresh else load_cuda_curve(key)
+    if doc is None and measure is not False:
+        path = profile_path(key)
+        log_line(f"measuring target forward times T(n) on {torch.cuda.get_device_name(target.device)} ({dtype}, "
+                 f"once; cached in {path})")
+        try:
+            doc = measure_cuda_curve(target, key, model_name, dtype)
+        except RuntimeError as exc:  # (out of GPU memory at n = 64 among them): run on without a curve
+            log.warning("CUDA cost curve not measured (%s: %s): routers use their configured slope",
+                        type(exc).__name__, str(exc).splitlines()[0][:160] if str(exc) else "")
+            return None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc, indent=1))
+            os.replace(tmp, path)  # never a half-written curve
+        except OSError as exc:  # a cache that cannot be written costs a measurement next time, not this run
+            log.warning("CUDA cost curve not saved to %s (%s): this run uses it; the next one measures again",
+                        path, exc.strerror or type(exc).__name__)
+    if doc is None:
+        return None
+    return CostCurve({doc["context"]: doc["t_ms"]}, ns=doc["ns"])

@@ -5,10 +5,11 @@ One line per proposer class, in the plugin's own tests::
     from specframe.testing import conformance_suite
     TestMyProposer = conformance_suite(MyProposer, config={"k": 4})
 
-runs, on a tiny random model (V = 16, CPU): the contract and shape checks, greedy losslessness (token-identical),
-sampling losslessness (a total-variation test against the exact target distribution), draft probabilities that
-match the tokens actually sampled, rollback after partial acceptance, determinism under a seed, and the feedback
-counts. Outside pytest: ``Kit(MyProposer, {"k": 4}).check_all()`` raises :class:`ConformanceError`.
+runs, on a tiny random model (V = 16; on the CPU, or on ``$SPECFRAME_TEST_DEVICE`` such as ``cuda`` when set):
+the contract and shape checks, greedy losslessness (token-identical), sampling losslessness (a total-variation test
+against the exact target distribution), draft probabilities that match the tokens actually sampled, rollback after
+partial acceptance, determinism under a seed, and the feedback counts. Outside pytest:
+``Kit(MyProposer, {"k": 4}).check_all()`` raises :class:`ConformanceError`.
 
 Replay (:mod:`specframe.testing.replay`): ``replay_proposer(MyProposer, {"k": 4})`` (or ``Kit(...).replay()``) gives
 the proposer's τ, α and predicted speed-up on the dev-set traces of a real target shipped with specframe, without

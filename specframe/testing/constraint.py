@@ -113,16 +113,16 @@ def constrained_greedy(target: Target, prompt: list[int], max_new_tokens: int) -
 @torch.inference_mode()
 def constrained_first_two(target: Target, prompt: list[int], sampling: SamplingParams) -> Tensor:
     """Exact distribution of the first two tokens sampled under :func:`kit_constraint` (mask, then warp), ``[V, V]``
-    float64."""
+    float64 on the CPU."""
     v = target.vocab_size
 
     def probs(committed: list[int]) -> Tensor:
         c = kit_constraint(v)
         c.commit(committed)
-        logits = target.model(input_ids=torch.tensor([prompt + committed])).logits[:, -1:]
+        logits = target.model(input_ids=torch.tensor([prompt + committed], device=target.device)).logits[:, -1:]
         return probs_from_logits(c.mask(DraftTree.empty(), logits)[0, 0], sampling).double()
 
-    first, exact = probs([]), torch.zeros(v, v, dtype=torch.float64)
+    first, exact = probs([]).cpu(), torch.zeros(v, v, dtype=torch.float64)
     for a in first.nonzero().flatten().tolist():
-        exact[a] = first[a] * probs([a])
+        exact[a] = first[a] * probs([a]).cpu()
     return exact

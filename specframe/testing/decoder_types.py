@@ -314,7 +314,7 @@ def _sharpen(model: Any, vocab: int = VOCAB) -> None:
     weight = getattr(out, "weight", None)
     if weight is None:
         return
-    ids = torch.tensor([_prompt(12, vocab)])
+    ids = torch.tensor([_prompt(12, vocab)], device=model.device)
     with torch.no_grad():
         std = float(model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float().std(-1).mean())
         if 0 < std < 1.0:
@@ -398,7 +398,7 @@ def family(model_type: str, config: Any) -> str:
 @torch.inference_mode()
 def reference_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
     """transformers' own greedy ``generate`` (attention mask of ones, pad 0): the ``max_new_tokens`` new ids."""
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
                          pad_token_id=0)
     return out[0, len(prompt):].tolist()

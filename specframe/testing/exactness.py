@@ -128,7 +128,8 @@ def check_draft_probs_match_samples(kit: "Kit") -> None:
     with single_thread(), torch.inference_mode():
         for seed in range(kit.samples):
             draft = None
-            state = DecodeState(torch.tensor([prompt]), len(prompt), kit.sampling, torch.Generator().manual_seed(seed),
+            gen = torch.Generator(device=kit.target.device).manual_seed(seed)  # as the engine's: on the target's device
+            state = DecodeState(torch.tensor([prompt]), len(prompt), kit.sampling, gen,
                                 hidden, committed_features(kit.target, prompt, rec.feature_layers), rec.feature_layers)
             try:
                 rec.start(state)

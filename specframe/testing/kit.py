@@ -5,6 +5,17 @@
 
 Each ``check_*`` method is one conformance property (see :mod:`specframe.testing.exactness` and
 :mod:`specframe.testing.protocol`); runs shared between checks (the greedy battery) are computed once per kit.
+
+On a GPU: the kit runs wherever its target lives. The default target (:func:`specframe.testing.tiny.tiny_target`)
+is built on ``$SPECFRAME_TEST_DEVICE`` when that is set, else on the CPU; or pass one::
+
+    SPECFRAME_TEST_DEVICE=cuda pytest tests/test_my_proposer.py     # conformance_suite / fixtures included
+    Kit(MyProposer, {"k": 4}, target=tiny_target(device="cuda")).check_all()
+
+The kit hands the proposer what the engine does: ``state.tokens`` on the CPU, ``state.generator`` and the hidden
+states / features on the target's device (``target_info.device``); its references run on the target's device and
+are compared on the CPU. A proposer that builds tensors should put them on ``target_info.device`` (drafts may stay
+on the CPU: the engine moves them).
 """
 
 from __future__ import annotations
@@ -49,7 +60,8 @@ class Kit:
         proposer: the proposer class under test.
         config: its options (``name`` is added); validated by ``proposer.Config``.
         samples: requests / proposals per statistical check (more = more power, slower).
-        target: the target to run against (default: :func:`specframe.testing.tiny.tiny_target`).
+        target: the target to run against (default: :func:`specframe.testing.tiny.tiny_target` on
+            ``$SPECFRAME_TEST_DEVICE``, else the CPU).
     """
 
     prompts = PROMPTS

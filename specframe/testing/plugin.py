@@ -4,7 +4,8 @@ installed. Light on purpose: nothing heavy is imported until a kit fixture is us
 Provides:
 
 - ``--specframe-samples N``: requests / proposals per statistical check of the conformance kit (default 1000);
-- ``specframe_tiny_target``: the kit's tiny random target, built once per session;
+- ``specframe_tiny_target``: the kit's tiny random target, built once per session (on ``$SPECFRAME_TEST_DEVICE``,
+  e.g. ``cuda``, when set; else the CPU);
 - ``specframe_kit_factory``: ``factory(ProposerClass, config) -> Kit`` for ad-hoc checks in any test.
 """
 
@@ -23,7 +24,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.fixture(scope="session")
 def specframe_tiny_target():
-    """The conformance kit's tiny random Llama target (V = 16, CPU, float32)."""
+    """The conformance kit's tiny random Llama target (V = 16, float32) on ``$SPECFRAME_TEST_DEVICE``, else the CPU."""
     from .tiny import tiny_target
 
     return tiny_target()

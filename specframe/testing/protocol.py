@@ -114,17 +114,19 @@ def check_determinism(kit: "Kit") -> None:
 
 
 def _seeded_run(kit: "Kit", global_seed: int) -> tuple["CallLog", list[list[int]]]:
-    torch_state, py_state = torch.get_rng_state(), random.getstate()
-    try:
-        torch.manual_seed(global_seed)
-        random.seed(global_seed)
-        rec = kit.make()
-        outs = [kit.generate(rec, p, kit.sampling, seed=s, max_new_tokens=16).token_ids
-                for s, p in enumerate(kit.prompts[:3])]
-        return rec, outs
-    finally:
-        torch.set_rng_state(torch_state)
-        random.setstate(py_state)
+    device = kit.target.device
+    py_state = random.getstate()
+    # the global torch RNGs (the CPU's, and the target's CUDA device's where it has one) are restored afterwards
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type="cuda"):
+        try:
+            torch.manual_seed(global_seed)
+            random.seed(global_seed)
+            rec = kit.make()
+            outs = [kit.generate(rec, p, kit.sampling, seed=s, max_new_tokens=16).token_ids
+                    for s, p in enumerate(kit.prompts[:3])]
+            return rec, outs
+        finally:
+            random.setstate(py_state)
 
 
 def _same_draft(a: DraftTree | None, b: DraftTree | None, atol: float = 1e-5) -> bool:
@@ -146,7 +148,7 @@ def check_rollback_after_partial_acceptance(kit: "Kit") -> None:
     """
     live, probes = _warmed(kit), 0
     for prompt in kit.prompts:
-        tokens, gen = list(prompt), torch.Generator().manual_seed(0)
+        tokens, gen = list(prompt), torch.Generator(device=kit.target.device).manual_seed(0)
         state = _state(kit, tokens, len(prompt), gen)
         _guarded(kit, live, live.start, state)
         rollback = None  # what the previous simulated outcome was, when it rejected something
@@ -210,7 +212,7 @@ def _guarded(kit: "Kit", rec: "CallLog", call: Callable[..., Any], *args: Any) -
 
 def _compare_with_fresh(kit: "Kit", draft: DraftTree, tokens: list[int], prompt_len: int, snapshot, rollback: str):
     fresh = _warmed(kit)
-    gen = torch.Generator()
+    gen = torch.Generator(device=kit.target.device)
     gen.set_state(snapshot)
     state = _state(kit, tokens, prompt_len, gen)
     _guarded(kit, fresh, fresh.start, state)
@@ -247,4 +249,5 @@ def _first_path(draft: DraftTree) -> list[int]:
 @torch.inference_mode()
 def _argmax(kit: "Kit", tokens: list[int]) -> int:
     with single_thread():
-        return int(kit.target.model(input_ids=torch.tensor([tokens])).logits[0, -1].argmax())
+        ids = torch.tensor([tokens], device=kit.target.device)
+        return int(kit.target.model(input_ids=ids).logits[0, -1].argmax())

@@ -18,6 +18,8 @@ train_app = typer.Typer(
     help="Train learned proposers for a target (self-distillation on the CPU or a GPU: --device).",
 )
 
+TRAIN_DTYPES = ("bfloat16", "float16", "float32")  # the target's dtype while it answers and gives hidden states
+
 _MODEL = typer.Option("smollm2-135m-instruct", "--model", help="Target: built-in name, model folder or .gguf file.")
 _OUTPUT = typer.Option(..., "--output", help="Folder for the weights, model card, loss log (resumes if present).")
 _CORPUS = typer.Option(
@@ -27,13 +29,15 @@ _CORPUS = typer.Option(
 _PROMPTS = typer.Option(1152, "--prompts", help="Training prompts to answer with the target.")
 _NEW = typer.Option(160, "--max-new-tokens", help="Longest target answer per prompt.")
 _SEED = typer.Option(0, "--seed", help="Seed of the prompts, initialisation and batch order.")
-_DTYPE = typer.Option("bfloat16", "--dtype", help="Target dtype for the corpus and hidden states.")
+_DTYPE = typer.Option("bfloat16", "--dtype", help="Target dtype for the corpus and hidden states: bfloat16, float16 "
+                      "(a GPU without native bf16: T4, V100) or float32.")
 _EVAL = typer.Option(12, "--eval-prompts", help="Held-out prompts for the τ in the model card.")
 _MIX = typer.Option("broad", "--mix", help="Prompt mix of a new corpus: broad, pydoc or long.")
 _EXTRA = typer.Option(None, "--extra-corpus", help="A finished corpus folder to train on too, after --corpus "
                       "(repeatable; e.g. one built with `specframe train corpus --mix long`).")
 _MAX_RECORDS = typer.Option(0, "--max-records", help="Train on the first N corpus records only (0 = all).")
-_DEVICE = typer.Option("cpu", "--device", help="Where the target runs and the weights train: cpu, cuda or cuda:N.")
+_DEVICE = typer.Option("cpu", "--device", help="Where the target runs and the weights train: cpu, cuda (the current "
+                       "GPU) or cuda:N (GPU N of those visible).")
 _MINUTES = typer.Option(0.0, "--max-minutes", help="Stop training after this many minutes with a checkpoint (0 = no "
                         "limit); the same command resumes it, so a long run goes in pieces.")
 
@@ -75,7 +79,7 @@ def _run(kind: str, model: str, output: Path, corpus: Optional[Path], prompts: i
     from .recipe import RECIPES, run_recipe
 
     _check_run_flags(prompts, max_new_tokens, dtype, output, max_minutes)
-    check_device(device)
+    check_device(device)  # (cpu, cuda or cuda:N; a CUDA device that is there: the one-line error otherwise)
     source = resolve_model(model)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     from transformers.utils import logging as hf_logging
@@ -116,8 +120,8 @@ def _check_run_flags(prompts: int, max_new_tokens: int, dtype: str, output: Path
         raise ConfigError(f"--prompts must be >= 16, got {prompts}")
     if max_new_tokens < 8:
         raise ConfigError(f"--max-new-tokens must be >= 8, got {max_new_tokens}")
-    if dtype not in ("bfloat16", "float32"):
-        raise ConfigError(f"--dtype must be bfloat16 or float32, got {dtype!r}")
+    if dtype not in TRAIN_DTYPES:
+        raise ConfigError(f"--dtype must be bfloat16, float16 or float32, got {dtype!r}")
     if output.exists() and not output.is_dir():
         raise ConfigError(f"--output {output} is a file: give a folder")
     if max_minutes < 0:
@@ -159,8 +163,8 @@ def corpus(
             raise ConfigError("--prompts must be >= 16, --max-new-tokens >= 8 and --batch-size >= 1")
         if mix not in MIXES:
             raise ConfigError(f"--mix must be one of {', '.join(MIXES)}, got {mix!r}")
-        if dtype not in ("bfloat16", "float32"):
-            raise ConfigError(f"--dtype must be bfloat16 or float32, got {dtype!r}")
+        if dtype not in TRAIN_DTYPES:
+            raise ConfigError(f"--dtype must be bfloat16, float16 or float32, got {dtype!r}")
         if output.exists() and not output.is_dir():
             raise ConfigError(f"--output {output} is a file: give a folder")
         check_device(device)

@@ -36,6 +36,8 @@ from tests.fakes import (
     random_heads,
 )
 
+pytestmark = pytest.mark.device_subset
+
 SAMPLING = SamplingParams(temperature=0.9, top_p=0.95)
 
 

@@ -25,6 +25,8 @@ from specframe.target.hf import Target
 from tests.fakes import BPE_EOS as EOS
 from tests.fakes import build_bpe_model, build_bpe_tokenizer
 
+pytestmark = pytest.mark.device_subset
+
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 150},
                                            "tags": {"type": "array", "items": {"type": "string", "maxLength": 4},
@@ -67,13 +69,13 @@ class LLGuidanceProcessor(LogitsProcessor):
         bitmask = torch.zeros((1, (self.vocab + 31) // 32), dtype=torch.int32)
         self.fill(self.matcher, bitmask, 0)
         bits = ((bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).reshape(1, -1)[:, :self.vocab]
-        return scores.masked_fill(bits == 0, float("-inf"))
+        return scores.masked_fill(bits.to(scores.device) == 0, float("-inf"))
 
 
 def reference(model, engine: LLGuidanceEngine, spec: dict, prompt: list[int], max_new: int) -> list[int]:
     grammar = engine.grammar(ConstraintSpec.model_validate(spec))
     proc = LLGuidanceProcessor(engine.tokenizer, grammar, len(prompt), model.config.vocab_size)
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False,
+    out = model.generate(torch.tensor([prompt], device=model.device), max_new_tokens=max_new, do_sample=False,
                          logits_processor=LogitsProcessorList([proc]), eos_token_id=EOS, pad_token_id=EOS)
     return out[0, len(prompt):].tolist()
 
@@ -127,7 +129,8 @@ def test_nearly_forced_tokens_branch(sf, bpe_model, bpe_tokenizer):
     engine = LLGuidanceEngine(bpe_tokenizer, bpe_model.config.vocab_size, {EOS})
     c = engine.compile(ConstraintSpec(grammar=grammar))
     prompt = _prompt(bpe_tokenizer, "abc")
-    state = DecodeState(torch.tensor([prompt]), len(prompt), SamplingParams(), torch.Generator())
+    gen = torch.Generator(device=bpe_model.device)  # as the engine's: on the target's device
+    state = DecodeState(torch.tensor([prompt]), len(prompt), SamplingParams(), gen)
     state.constraint = ConstraintView(c)
     target = Target(bpe_model, bpe_tokenizer)
     draft = GrammarProposer(GrammarConfig(branch=4), target.info).propose(state, 16)
@@ -166,7 +169,7 @@ def test_forbidden_drafts_are_cut_before_verification(sf, bpe_model, bpe_tokeniz
     assert c.allowed_prefix(DraftTree.chain([b, a])) == 0
     tree = DraftTree.from_lists([a, x, b, cc], [-1, 0, 0, 2])  # a -> (x | b -> c): x's subtree is cut
     assert c.allowed_prefix(tree) == 1
-    logits = torch.zeros((1, 5, bpe_model.config.vocab_size))
+    logits = torch.zeros((1, 5, bpe_model.config.vocab_size), device=bpe_model.device)
     masked = c.mask(tree, logits)
     allowed = torch.isfinite(masked[0])
     texts = [bpe_tokenizer.convert_ids_to_tokens(t) for t in range(logits.shape[-1])]
@@ -273,7 +276,8 @@ def test_logprobs_equal_those_of_one_forward(sf, bpe_model, bpe_tokenizer, propo
                                  **({"merge": "priority"} if len(names) > 1 else {}))
         assert res.logprobs is not None and len(res.logprobs) == len(res.token_ids)
         with torch.no_grad():
-            logits = bpe_model(torch.tensor([prompt + res.token_ids])).logits[0, len(prompt) - 1:-1]
+            ids = torch.tensor([prompt + res.token_ids], device=bpe_model.device)
+            logits = bpe_model(ids).logits[0, len(prompt) - 1:-1]
         want = torch.log_softmax(logits.float(), -1)
         for j, item in enumerate(res.logprobs):
             assert item.token_id == res.token_ids[j]
@@ -338,8 +342,8 @@ def test_sampling_keeps_the_constrained_distribution(bpe_model, bpe_tokenizer, p
         c = engine_llg.compile(spec)
         c.commit(committed)
         with torch.no_grad():
-            logits = bpe_model(torch.tensor([prefix + committed])).logits[:, -1:]
-        return torch.softmax(c.mask(DraftTree.empty(), logits)[0, 0].double(), -1)
+            logits = bpe_model(torch.tensor([prefix + committed], device=bpe_model.device)).logits[:, -1:]
+        return torch.softmax(c.mask(DraftTree.empty(), logits)[0, 0].double(), -1).cpu()
 
     first = masked_probs(prompt, [])
     exact = torch.zeros(vocab, vocab, dtype=torch.float64)
@@ -348,7 +352,7 @@ def test_sampling_keeps_the_constrained_distribution(bpe_model, bpe_tokenizer, p
     if proposer == "ngram":
         make = lambda: NgramProposer(NgramConfig(k=4), target.info)  # noqa: E731
     else:
-        q = torch.zeros(vocab)
+        q = torch.zeros(vocab, device=bpe_model.device)  # sampled with the engine's generator, on the device
         q[[bpe_tokenizer.convert_tokens_to_ids(t) for t in ("a", "b", "c", "x", "-", "1")]] = 1 / 6
         make = lambda: _SampledDraft(q)  # noqa: E731
     counts = torch.zeros(vocab, vocab, dtype=torch.float64)

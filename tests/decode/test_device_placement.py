@@ -14,13 +14,13 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from specframe import DraftTree
+from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.decode.engine import Engine
 from specframe.decode.target_scorer import TargetScorer
 from specframe.errors import DeviceError
-from specframe.acceptance import GreedyVerifier, SpeculativeSamplingVerifier
 from specframe.sampling import SamplingParams
 
-from tests.fakes import PROMPT, ScriptedChain, ScriptedTree, VOCAB, check_metrics, hf_greedy
+from tests.fakes import PROMPT, VOCAB, ScriptedChain, ScriptedTree, check_metrics, hf_greedy
 
 _SAME_DEVICE = "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"
 

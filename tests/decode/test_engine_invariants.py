@@ -24,6 +24,8 @@ from specframe_plugins.ngram import NgramConfig, NgramProposer
 
 from tests.fakes import PROMPT, PROMPT_2, VOCAB, WORDS, build_model, check_metrics, hf_greedy, plain_generate
 
+pytestmark = pytest.mark.device_subset
+
 N_NEW = 40
 
 
@@ -385,8 +387,8 @@ def layer_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 @pytest.mark.parametrize("accepted", [0, 2, 5])
 def test_kv_after_rollback_equals_fresh_prefill(target, accepted):
-    prompt = torch.tensor([PROMPT])
-    draft = torch.tensor([[3, 14, 15, 9, 26, 5]])
+    prompt = torch.tensor([PROMPT], device=target.device)
+    draft = torch.tensor([[3, 14, 15, 9, 26, 5]], device=target.device)
     with torch.inference_mode():
         cache = target.new_cache()
         target.forward(prompt[:, :-1], cache)
@@ -403,7 +405,7 @@ def test_kv_after_rollback_equals_fresh_prefill(target, accepted):
             torch.testing.assert_close(k1, k2, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(v1, v2, rtol=1e-5, atol=1e-5)
         # continuing after the rollback scores the next token exactly like a full forward of the sequence
-        nxt = torch.tensor([[42, 17]])
+        nxt = torch.tensor([[42, 17]], device=target.device)
         cont, _ = target.forward(nxt, cache)
         full, _ = target.forward(torch.cat([committed, nxt], 1), target.new_cache())
         torch.testing.assert_close(cont[0], full[0, -2:], rtol=1e-4, atol=1e-5)
@@ -412,7 +414,7 @@ def test_kv_after_rollback_equals_fresh_prefill(target, accepted):
 def test_kv_rollback_on_sliding_window_layers_past_the_window(tokenizer):
     # 30 positions, window 8: a sliding layer keeps only the window unless past recording lets us crop
     target = Target(build_model("qwen2-sliding"), tokenizer)
-    seq = torch.tensor([PROMPT + PROMPT_2 + [1, 2, 3, 4, 5, 6, 7, 8]])
+    seq = torch.tensor([PROMPT + PROMPT_2 + [1, 2, 3, 4, 5, 6, 7, 8]], device=target.device)
     with torch.inference_mode():
         cache = target.new_cache()
         target.forward(seq[:, :20], cache)
@@ -426,7 +428,7 @@ def test_kv_rollback_on_sliding_window_layers_past_the_window(tokenizer):
 def test_rollback_cannot_grow_the_cache(target):
     cache = target.new_cache()
     with torch.inference_mode():
-        target.forward(torch.tensor([PROMPT]), cache)
+        target.forward(torch.tensor([PROMPT], device=target.device), cache)
     with pytest.raises(ValueError, match="cannot roll the KV cache forward"):
         rollback(cache, len(PROMPT) + 1)
     rollback(cache, len(PROMPT))  # a no-op
@@ -631,7 +633,8 @@ def test_hidden_state_is_the_last_processed_position(target, prompt):
     assert result.token_ids == reference[:20]
     check_metrics(result)
     with torch.inference_mode():
-        full = target.model(input_ids=torch.tensor([prompt + result.token_ids]), output_hidden_states=True)
+        full = target.model(input_ids=torch.tensor([prompt + result.token_ids], device=target.device),
+                            output_hidden_states=True)
     last_layer = full.hidden_states[-1][0]
     assert len(spy.seen) > 3
     for tokens, hidden in spy.seen:

@@ -95,7 +95,7 @@ def test_bad_proposer_option_in_config(tmp_path, no_model_load):
         ([], "PROMPT"),  # neither a prompt nor a prompts file
         (["hello", "--prompts-file", "x.jsonl"], "exactly one"),
         (["hello", "--stream", "--json"], "--stream"),
-        (["hello", "--dtype", "float16"], "dtype"),
+        (["hello", "--dtype", "half"], "dtype"),  # (float16 is a dtype: GPUs without native bf16)
         (["hello", "--device", "tpu"], "device"),
     ],
 )

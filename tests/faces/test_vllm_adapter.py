@@ -212,3 +212,58 @@ def test_vllm_live_is_skipped_with_its_reason_without_vllm() -> None:
 
     cls = getattr(importlib.import_module(adapter.CLASS_PATH.rsplit(".", 1)[0]), adapter.CLASS_PATH.rsplit(".", 1)[1])
     assert cls is SpecframeProposer
+
+
+# --- the device: a proposer's own model runs where vLLM runs the target -----------------------------------------------
+
+
+def with_device(cfg: SimpleNamespace, device, device_type: str | None = None) -> SimpleNamespace:
+    """``cfg`` with vLLM's ``device_config`` (its ``device`` is ``torch.device("cuda")`` without an index on a GPU
+    worker, None on a CPU build, whose ``device_type`` is then ``cpu``)."""
+    cfg.device_config = SimpleNamespace(device=device, device_type=device_type or getattr(device, "type", device))
+    return cfg
+
+
+@pytest.mark.parametrize("device, device_type, current, want", [
+    ("absent", None, 0, "cpu"),  # an older vLLM without device_config: the host, as before
+    (None, "cpu", 0, "cpu"),  # vLLM's CPU build
+    ("cuda", "cuda", 1, "cuda:1"),  # a GPU worker: the GPU it made current
+    ("cuda", "cuda", 0, "cuda:0"),
+    ("cuda:2", "cuda", 0, "cuda:2"),  # an index given: kept
+    ("tpu", "tpu", 0, "cpu"),  # no torch device to place a model on from here: the host
+])
+def test_vllm_device_follows_the_worker(monkeypatch, device, device_type, current, want) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    cfg = fake_config({"proposers": [{"name": "ngram"}]})
+    if device != "absent":
+        with_device(cfg, torch.device(device) if device in ("cuda", "cuda:2") else device, device_type)
+    assert adapter.vllm_device(cfg) == torch.device(want)
+    assert adapter._target_info(cfg).device == torch.device(want)
+
+
+def test_the_draft_model_proposer_runs_its_draft_on_vllms_gpu(tmp_path, monkeypatch) -> None:
+    """vLLM on GPU 1: the draft-model proposer is asked to place its draft on cuda:1 in vLLM's dtype (it used to be
+    the host whatever vLLM ran on). No GPU here: the draft is loaded on the CPU, the placement asked for recorded."""
+    import dataclasses
+
+    import torch
+
+    from specframe_plugins import draft_model
+
+    from tests.fakes import draft_dir
+
+    asked = []
+    real = draft_model._HFDraft
+
+    def placing(directory, target):
+        asked.append((target.device, target.dtype))
+        return real(directory, dataclasses.replace(target, device=torch.device("cpu")))
+
+    monkeypatch.setattr(draft_model, "_HFDraft", placing)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    cfg = fake_config({"proposers": [{"name": "draft-model", "model": str(draft_dir(tmp_path, "llama"))}]})
+    cfg.model_config.dtype = torch.bfloat16
+    SpecframeProposer(with_device(cfg, torch.device("cuda")))
+    assert asked == [(torch.device("cuda:1"), torch.bfloat16)]

@@ -14,6 +14,11 @@ from specframe.acceptance import RESIDUAL_EPS, GreedyVerifier, SpeculativeSampli
 from specframe.contracts import DraftTree
 from specframe.sampling import SamplingParams, probs_from_logits
 
+from tests.fakes import test_device
+
+pytestmark = pytest.mark.device_subset
+
+DEV = test_device()  # every tensor and generator here lives on the test device (--device)
 V = 6
 INF = math.inf
 
@@ -28,11 +33,11 @@ def row(**finite: float) -> list[float]:
 
 def logits(*rows: list[float]) -> torch.Tensor:
     """``[1, len(rows), V]`` float32 logits."""
-    return torch.tensor([list(rows)], dtype=torch.float32)
+    return torch.tensor([list(rows)], dtype=torch.float32, device=DEV)
 
 
 def gen(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator(device=DEV).manual_seed(seed)
 
 
 # --- greedy_chain ---------------------------------------------------------------------------------------------
@@ -85,7 +90,8 @@ GREEDY_CASES = [
 
 @pytest.mark.parametrize("draft, target_logits, expected", GREEDY_CASES)
 def test_greedy_chain(draft, target_logits, expected):
-    num_accepted, next_token = greedy_chain(target_logits, torch.tensor([draft], dtype=torch.int64).reshape(1, -1))
+    drafts = torch.tensor([draft], dtype=torch.int64, device=DEV).reshape(1, -1)
+    num_accepted, next_token = greedy_chain(target_logits, drafts)
     assert (int(num_accepted[0]), int(next_token[0])) == expected
     assert num_accepted.dtype == torch.int64 and next_token.dtype == torch.int64
 
@@ -93,7 +99,7 @@ def test_greedy_chain(draft, target_logits, expected):
 def test_greedy_chain_is_batched_row_by_row():
     cases = [c.values for c in GREEDY_CASES[:4]]  # all K = 2
     target_logits = torch.cat([c[1] for c in cases])  # [4, 3, V]
-    drafts = torch.tensor([c[0] for c in cases])
+    drafts = torch.tensor([c[0] for c in cases], device=DEV)
     num_accepted, next_token = greedy_chain(target_logits, drafts)
     assert list(zip(num_accepted.tolist(), next_token.tolist())) == [c[2] for c in cases]
 
@@ -160,7 +166,7 @@ def test_sampling_chain_hand_built(draft, draft_logits, target_rows, expected, s
     target_probs = logits(*target_rows).softmax(-1)
     draft_probs = None if draft_logits is None else logits(*draft_logits).softmax(-1)
     num_accepted, next_token = sampling_chain(
-        target_probs, draft_probs, torch.tensor([draft], dtype=torch.int64), gen(seed)
+        target_probs, draft_probs, torch.tensor([draft], dtype=torch.int64, device=DEV), gen(seed)
     )
     assert (int(num_accepted[0]), int(next_token[0])) == expected
 
@@ -169,7 +175,7 @@ def test_sampling_chain_one_hot_residual_removes_the_drafted_token():
     # p = [.5 at 3, .5 at 4], deterministic draft 3: accepted half the time; a rejection must recover 4, never 3
     b = 4000
     target_probs = logits(row(t3=0.0, t4=0.0), row(t1=0.0)).softmax(-1).expand(b, -1, -1)
-    num_accepted, next_token = sampling_chain(target_probs, None, torch.full((b, 1), 3), gen(0))
+    num_accepted, next_token = sampling_chain(target_probs, None, torch.full((b, 1), 3, device=DEV), gen(0))
     rejected = num_accepted == 0
     assert bool((next_token[rejected] == 4).all())
     assert bool((next_token[~rejected] == 1).all())  # bonus from p1
@@ -180,11 +186,11 @@ def test_sampling_chain_q_residual_is_max_p_minus_q():
     # p = [.8 at 1, .2 at 2], q = [.5 at 1, .5 at 2], draft 2: accepted w.p. p/q = .4; a rejection recovers
     # from max(0, p - q) = [.3 at 1] -> always 1, never 2.
     b = 4000
-    target_probs = torch.zeros(b, 2, V)
+    target_probs = torch.zeros(b, 2, V, device=DEV)
     target_probs[:, 0, 1], target_probs[:, 0, 2], target_probs[:, 1, 5] = 0.8, 0.2, 1.0
-    draft_probs = torch.zeros(b, 1, V)
+    draft_probs = torch.zeros(b, 1, V, device=DEV)
     draft_probs[:, 0, 1] = draft_probs[:, 0, 2] = 0.5
-    num_accepted, next_token = sampling_chain(target_probs, draft_probs, torch.full((b, 1), 2), gen(1))
+    num_accepted, next_token = sampling_chain(target_probs, draft_probs, torch.full((b, 1), 2, device=DEV), gen(1))
     rejected = num_accepted == 0
     assert bool((next_token[rejected] == 1).all())
     assert bool((next_token[~rejected] == 5).all())
@@ -201,7 +207,7 @@ def test_degenerate_residual_p_equals_q_gives_a_valid_token():
     b = 512
     p = logits(row(t1=0.0, t2=1.0, t4=-1.0), row(t0=0.0)).softmax(-1).expand(b, -1, -1)
     q = p[:, :1].clone()
-    num_accepted, next_token = sampling_chain(p, q, torch.zeros((b, 1), dtype=torch.int64), gen(3))
+    num_accepted, next_token = sampling_chain(p, q, torch.zeros((b, 1), dtype=torch.int64, device=DEV), gen(3))
     assert bool((num_accepted == 0).all())
     assert set(next_token.tolist()) <= {1, 2, 4}
     assert set(next_token.tolist()) == {1, 2, 4}  # drawn from p itself, so every token in its support shows up
@@ -209,11 +215,11 @@ def test_degenerate_residual_p_equals_q_gives_a_valid_token():
 
 def test_degenerate_residual_below_eps_gives_a_valid_token():
     # residual mass 1e-8 < RESIDUAL_EPS: treated as p == q up to rounding; still a token from p, never NaN.
-    p = torch.tensor([[[0.0, 0.5, 0.5, 0, 0, 0], [0, 0, 0, 0, 0, 1.0]]])
-    q = torch.tensor([[[1e-8, 0.5, 0.5 - 1e-8, 0, 0, 0]]])
+    p = torch.tensor([[[0.0, 0.5, 0.5, 0, 0, 0], [0, 0, 0, 0, 0, 1.0]]], device=DEV)
+    q = torch.tensor([[[1e-8, 0.5, 0.5 - 1e-8, 0, 0, 0]]], device=DEV)
     assert (p[0, 0] - q[0, 0]).clamp_min(0).sum() <= RESIDUAL_EPS
     for seed in range(20):
-        num_accepted, next_token = sampling_chain(p, q, torch.tensor([[0]]), gen(seed))
+        num_accepted, next_token = sampling_chain(p, q, torch.tensor([[0]], device=DEV), gen(seed))
         assert int(num_accepted[0]) == 0  # p(0) = 0: always rejected
         assert int(next_token[0]) in (1, 2)
 
@@ -223,7 +229,7 @@ def test_probs_from_logits_with_minus_inf_has_no_nan():
     for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.3, top_k=1, top_p=0.5)):
         p = probs_from_logits(x, params)
         assert not bool(p.isnan().any())
-        assert torch.allclose(p.sum(-1), torch.ones(1, 2))
+        assert torch.allclose(p.sum(-1), torch.ones(1, 2, device=DEV))
         assert p[0, 0, 2] == 1.0 and p[0, 1].argmax() == 1
 
 
@@ -232,8 +238,8 @@ def test_probs_from_logits_with_minus_inf_has_no_nan():
 
 def _random_problem(seed: int, b: int = 256, k: int = 3):
     g = gen(seed)
-    target_probs = torch.randn(b, k + 1, V, generator=g).softmax(-1)
-    draft_probs = torch.randn(b, k, V, generator=g).softmax(-1)
+    target_probs = torch.randn(b, k + 1, V, generator=g, device=DEV).softmax(-1)
+    draft_probs = torch.randn(b, k, V, generator=g, device=DEV).softmax(-1)
     draft_tokens = torch.multinomial(draft_probs.reshape(-1, V), 1, generator=g).reshape(b, k)
     return target_probs, draft_probs, draft_tokens
 

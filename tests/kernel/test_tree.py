@@ -16,7 +16,11 @@ from specframe.target.hf import Target
 from specframe.target.kv_cache import cache_length, compact, new_cache
 from specframe.token_tree import children_of, node_depths, tree_attention_mask, tree_position_ids
 
-from tests.fakes import PROMPT, build_model, build_tokenizer, check_metrics, hf_greedy
+from tests.fakes import PROMPT, build_model, build_tokenizer, check_metrics, hf_greedy, test_device
+
+pytestmark = pytest.mark.device_subset
+
+DEV = test_device()  # the models, distributions and generators here live on the test device (--device)
 
 #          root
 #         /    \
@@ -66,12 +70,12 @@ def test_greedy_tree(argmax, path, nxt):
 
 def _tv(samples: torch.Tensor, probs: torch.Tensor) -> float:
     emp = torch.bincount(samples, minlength=probs.numel()).double() / samples.numel()
-    return 0.5 * float((emp - probs.double()).abs().sum())
+    return 0.5 * float((emp - probs.double().cpu()).abs().sum())
 
 
 def _first_tokens(sampler, p, q, tree_parent, n, seed, one_hot_tokens=None):
     """First emitted token of n verifications; every row of the target distribution is p (context-free)."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=DEV).manual_seed(seed)
     num = len(tree_parent)
     target = p.expand(num + 1, -1).contiguous()
     firsts = []
@@ -93,7 +97,7 @@ def _no_residual_update(target_probs, draft_probs, tokens, parent, generator):
     for c in kids[0]:
         q = draft_probs[c]
         x = tokens[c]
-        if float(torch.rand((), generator=generator)) * float(q[x]) < float(p[x]):
+        if float(torch.rand((), generator=generator, device=p.device)) * float(q[x]) < float(p[x]):
             return [c], 0
     residual = (p - draft_probs[kids[0][-1]]).clamp_min(0)
     return [], int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
@@ -101,8 +105,8 @@ def _no_residual_update(target_probs, draft_probs, tokens, parent, generator):
 
 V, N = 6, 30000
 THRESHOLD = math.sqrt(V / N)
-P = torch.tensor([0.05, 0.4, 0.1, 0.25, 0.15, 0.05])
-Q = torch.tensor([0.3, 0.1, 0.3, 0.1, 0.1, 0.1])
+P = torch.tensor([0.05, 0.4, 0.1, 0.25, 0.15, 0.05], device=DEV)
+Q = torch.tensor([0.3, 0.1, 0.3, 0.1, 0.1, 0.1], device=DEV)
 SIBLINGS = [-1, -1, -1, 0]  # three i.i.d. siblings at the root, one grandchild
 
 
@@ -127,15 +131,15 @@ def test_compaction_equals_fresh_prefill_of_the_accepted_path(path):
     prompt = PROMPT
     with torch.inference_mode():
         cache = new_cache(model.config)
-        model(input_ids=torch.tensor([prompt[:-1]]), cache=cache, use_cache=True)
+        model(input_ids=torch.tensor([prompt[:-1]], device=DEV), cache=cache, use_cache=True)
         past = cache_length(cache)
-        ids = torch.tensor([[prompt[-1], *tokens]])
-        mask = tree_attention_mask(PARENT, past, torch.float32)
-        pos = tree_position_ids(PARENT, past)
+        ids = torch.tensor([[prompt[-1], *tokens]], device=DEV)
+        mask = tree_attention_mask(PARENT, past, torch.float32, DEV)
+        pos = tree_position_ids(PARENT, past, DEV)
         model(input_ids=ids, cache=cache, use_cache=True, attention_mask=mask, position_ids=pos)
         compact(cache, past + 1, path)
         fresh = new_cache(model.config)
-        model(input_ids=torch.tensor([prompt + [tokens[i] for i in path]]), cache=fresh, use_cache=True)
+        model(input_ids=torch.tensor([prompt + [tokens[i] for i in path]], device=DEV), cache=fresh, use_cache=True)
     assert cache_length(cache) == cache_length(fresh) == len(prompt) + len(path)
     for a, b in zip(cache.layers, fresh.layers):
         torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-5)
@@ -260,7 +264,7 @@ def _mistral(window: int = 8):
     torch.manual_seed(0)
     model = MistralForCausalLM(_config("mistral")).float().eval()
     model.generation_config.eos_token_id = None
-    return model
+    return model.to(DEV)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

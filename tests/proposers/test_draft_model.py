@@ -43,6 +43,8 @@ from tests.fakes import (
     hf_greedy,
 )
 
+pytestmark = pytest.mark.device_subset
+
 N_NEW = 40
 
 
@@ -131,7 +133,7 @@ def drafted(rec: CallLog) -> list[tuple[int, DraftTree]]:
 def fresh_draft_logits(proposer: DraftModelProposer, tokens: list[int]) -> torch.Tensor:
     """The draft's logits after ``tokens`` from a fresh forward without a cache, over the target's vocabulary."""
     d = proposer.draft
-    ids = torch.tensor([tokens])
+    ids = torch.tensor([tokens], device=proposer.target.device)
     if d.token_map is not None:
         return proposer._to_target_logits(d.model(ids)[0, -1])
     return proposer._to_target_logits(d.model(input_ids=ids).logits[0, -1])
@@ -193,7 +195,7 @@ def test_padded_draft_vocabulary(envs, tmp_path, arch, tokenizer):
     tok = word_tokenizer(WORDS + extra) if tokenizer == "padded" else None
     folder = save_hf(big, tmp_path / "padded", tok)
     with torch.inference_mode():  # the premise: over all 80 rows, the draft's argmax is a padding id
-        assert int(big(input_ids=torch.tensor([PROMPT])).logits[0, -1].argmax()) >= VOCAB
+        assert int(big(input_ids=torch.tensor([PROMPT], device=big.device)).logits[0, -1].argmax()) >= VOCAB
     rec = CallLog(env.proposer(folder, min_confidence=0.0, k=5, max_k=8), env.target.vocab_size)
     assert rec.inner.draft.vocab == 80
     res = env.engine(rec).generate(PROMPT, max_new_tokens=N_NEW)
@@ -204,11 +206,11 @@ def test_padded_draft_vocabulary(envs, tmp_path, arch, tokenizer):
     assert res.metrics.tau > 4
     # under sampling, q has no mass on the padded ids
     state = DecodeState(torch.tensor([PROMPT]), len(PROMPT), SamplingParams(temperature=1.0),
-                        torch.Generator().manual_seed(0))
+                        torch.Generator(device=env.target.device).manual_seed(0))
     rec.inner.start(state)
     d = rec.inner.propose(state, 4)
     assert d.draft_probs.shape == (1, d.num_nodes, VOCAB)
-    torch.testing.assert_close(d.draft_probs.sum(-1), torch.ones(1, d.num_nodes))
+    torch.testing.assert_close(d.draft_probs.sum(-1), torch.ones(1, d.num_nodes, device=d.draft_probs.device))
 
 
 def test_smaller_draft_vocabulary_drafts_only_what_it_can_embed(envs, tmp_path):
@@ -308,7 +310,7 @@ def assert_cache_is_a_fresh_prefill(prop: DraftModelProposer) -> None:
     """The draft's cache holds exactly the keys/values of a fresh forward over ``prop._seen`` (a sliding-window
     layer keeps only its last positions: those are compared)."""
     fresh = new_cache(prop.draft.config)
-    ids = torch.tensor([prop._seen])
+    ids = torch.tensor([prop._seen], device=prop.target.device)
     with torch.inference_mode():
         if prop.draft.token_map is not None:
             prop.draft.model(ids, fresh)
@@ -383,7 +385,8 @@ def test_a_draft_forward_that_raises_costs_one_step_and_drafting_resumes(env, fa
 def test_rollback_to_a_diverging_continuation(env):
     prop = env.proposer("other", min_confidence=0.0, k=4, schedule="constant")
     tokens = PROMPT + env.refs[0][:5]  # 16 tokens: past qwen2-sliding's window of 8
-    state = DecodeState(torch.tensor([tokens]), len(PROMPT), SamplingParams(), torch.Generator())
+    state = DecodeState(torch.tensor([tokens]), len(PROMPT), SamplingParams(),
+                        torch.Generator(device=env.target.device))
     prop.start(state)
     first = prop.propose(state, 8).token_ids[0].tolist()
     assert len(first) == 4 and prop._seen == tokens + first[:3]
@@ -398,7 +401,8 @@ def test_rollback_to_a_diverging_continuation(env):
     fresh.start(state)
     assert fresh.propose(state, 8).token_ids[0].tolist() == second
     # a new request resets the cache
-    prop.start(DecodeState(torch.tensor([PROMPT_2]), len(PROMPT_2), SamplingParams(), torch.Generator()))
+    prop.start(DecodeState(torch.tensor([PROMPT_2]), len(PROMPT_2), SamplingParams(),
+                           torch.Generator(device=env.target.device)))
     assert prop._seen == [] and cache_length(prop._cache) == 0
 
 
@@ -481,7 +485,8 @@ def test_draft_probs_are_the_warped_draft_distribution(envs, draft):
     sampling = SamplingParams(temperature=0.7, top_k=12, top_p=0.8)
     prop = env.proposer(draft, min_confidence=0.0, k=4, schedule="constant")
     tokens = PROMPT + env.refs[0][:3]
-    state = DecodeState(torch.tensor([tokens]), len(PROMPT), sampling, torch.Generator().manual_seed(5))
+    state = DecodeState(torch.tensor([tokens]), len(PROMPT), sampling,
+                        torch.Generator(device=env.target.device).manual_seed(5))
     prop.start(state)
     d = prop.propose(state, 8)
     assert d.num_nodes == 4 and d.draft_probs.shape == (1, 4, VOCAB) and d.draft_probs.dtype == torch.float32
@@ -496,7 +501,8 @@ def test_draft_probs_are_the_warped_draft_distribution(envs, draft):
         assert (d.draft_probs[0][:, odd] == 0).all()  # tokens outside the small draft's head get q = 0
     # the same generator state gives the same draft; another one (almost surely) another
     again = env.proposer(draft, min_confidence=0.0, k=4, schedule="constant")
-    state2 = DecodeState(torch.tensor([tokens]), len(PROMPT), sampling, torch.Generator().manual_seed(5))
+    state2 = DecodeState(torch.tensor([tokens]), len(PROMPT), sampling,
+                         torch.Generator(device=env.target.device).manual_seed(5))
     again.start(state2)
     d2 = again.propose(state2, 8)
     assert torch.equal(d.token_ids, d2.token_ids) and torch.equal(d.draft_probs, d2.draft_probs)
@@ -588,7 +594,7 @@ def test_min_confidence_one_drafts_a_single_token(env):
     assert sizes and all(s == 1 for s in sizes)
     # under sampling too
     state = DecodeState(torch.tensor([PROMPT]), len(PROMPT), SamplingParams(temperature=1.0),
-                        torch.Generator().manual_seed(0))
+                        torch.Generator(device=env.target.device).manual_seed(0))
     rec.inner.start(state)
     assert rec.inner.propose(state, 8).num_nodes == 1
 
@@ -654,10 +660,10 @@ def test_small_draft_round_trip(envs, tmp_path):
     assert is_small_draft(tmp_path) and not is_small_draft(tmp_path / "nope")
     meta = json.loads((tmp_path / "specframe-draft.json").read_text())
     assert meta == {"format": 1, "target": NAME, "target_vocab_size": VOCAB, "hidden_size": 32}
-    loaded = load_small_draft(tmp_path, model, torch.float32, "cpu")
-    assert torch.equal(loaded.token_map, token_map)
+    loaded = load_small_draft(tmp_path, model, torch.float32, model.device)  # (it shares the target's embeddings)
+    assert torch.equal(loaded.token_map.cpu(), token_map)
     assert loaded.lm.config.layer_types == [model.config.layer_types[1]]
-    ids = torch.tensor([PROMPT])
+    ids = torch.tensor([PROMPT], device=model.device)
     with torch.inference_mode():
         torch.testing.assert_close(loaded(ids), draft(ids), atol=1e-5, rtol=1e-5)
         out = loaded(ids)
@@ -681,14 +687,14 @@ def test_export_standalone_matches_the_subset_draft(envs, tmp_path):
     folder = env.drafts["small"]
     out = export_standalone(folder, env.target.model, build_tokenizer(), tmp_path / "standalone")
     hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    small = load_small_draft(folder, env.target.model, torch.float32, "cpu")
+    small = load_small_draft(folder, env.target.model, torch.float32, env.target.device)  # (shares its embeddings)
     ids = torch.tensor([PROMPT])
     with torch.no_grad():
-        full = hf(input_ids=ids).logits[0]  # [T, V] over the whole vocabulary
-        sub = small(ids)[0]  # [T, S] over the subset
+        full = hf(input_ids=ids).logits[0]  # [T, V] over the whole vocabulary (the export loads on the CPU)
+        sub = small(ids.to(env.target.device))[0].cpu()  # [T, S] over the subset
     assert full.shape[-1] == env.target.vocab_size
     # on the subset's rows the standalone model computes exactly the subset draft's logits
-    torch.testing.assert_close(full[:, small.token_map], sub, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(full[:, small.token_map.cpu()], sub, rtol=1e-5, atol=1e-5)
     assert not list(tmp_path.glob(".tmp-*"))  # written to a temporary folder, then renamed
 
 

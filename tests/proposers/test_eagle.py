@@ -36,8 +36,12 @@ from tests.fakes import (
     check_metrics,
     hf_greedy,
     random_drafter,
+    test_device,
 )
 
+pytestmark = pytest.mark.device_subset
+
+DEV = test_device()  # the targets (build_model) live here; tensors that meet them are put here too
 N_NEW = 32
 
 
@@ -126,7 +130,7 @@ def test_features_are_the_targets_hidden_states_at_every_committed_position(targ
         ids = tokens[0].tolist()
         assert feats.shape == (1, len(ids) - 1, 3, 32)  # every position but the newest
         with torch.no_grad():
-            hs = t.model(input_ids=torch.tensor([ids[:-1]]), output_hidden_states=True).hidden_states
+            hs = t.model(input_ids=torch.tensor([ids[:-1]], device=t.device), output_hidden_states=True).hidden_states
         want = torch.stack([hs[i] for i in layers], 2)
         torch.testing.assert_close(feats, want, rtol=1e-4, atol=1e-4)
 
@@ -161,30 +165,30 @@ def test_unrolled_passes_equal_step_by_step_drafting(targets):
     """Pass j at index t of the training-time test is the drafter's j-th step when the real features end at
     t - j + 1: computed here step by step with the KV cache, the way the proposer drafts."""
     t = targets["llama"]
-    d = random_drafter(t.model).eval()
+    d = random_drafter(t.model).to(DEV).eval()
     torch.manual_seed(0)
     n, h = 12, 32
-    g = torch.randn(1, n, h)
-    emb = torch.randn(1, n, h)
+    g = torch.randn(1, n, h).to(DEV)
+    emb = torch.randn(1, n, h).to(DEV)
     with torch.no_grad():
         outs = d.unrolled(g, emb, 3)
         for c in (0, 4, 8):  # real features end at position c
-            pos = torch.arange(c + 1)[None]
+            pos = torch.arange(c + 1, device=DEV)[None]
             a1, past = d.step(g[:, : c + 1], emb[:, : c + 1], pos, None, None)
             torch.testing.assert_close(a1[:, c], outs[0][:, c], rtol=1e-5, atol=1e-5)
             prev = a1[:, c : c + 1]
             for j in (2, 3):
                 p = c + j - 1
-                a, kv = d.step(prev, emb[:, p : p + 1], torch.tensor([[p]]), past, None)
+                a, kv = d.step(prev, emb[:, p : p + 1], torch.tensor([[p]], device=DEV), past, None)
                 torch.testing.assert_close(a[:, 0], outs[j - 1][:, p], rtol=1e-5, atol=1e-5)
                 past = (torch.cat([past[0], kv[0]], 2), torch.cat([past[1], kv[1]], 2))
                 prev = a
 
 
 def test_unrolled_ignores_padding():
-    d = random_drafter(build_model("llama")).eval()
-    g, emb = torch.randn(2, 9, 32), torch.randn(2, 9, 32)
-    valid = torch.ones(2, 9, dtype=torch.bool)
+    d = random_drafter(build_model("llama")).to(DEV).eval()
+    g, emb = torch.randn(2, 9, 32).to(DEV), torch.randn(2, 9, 32).to(DEV)
+    valid = torch.ones(2, 9, dtype=torch.bool, device=DEV)
     valid[1, 6:] = False
     g2, emb2 = g.clone(), emb.clone()
     g2[1, 6:], emb2[1, 6:] = 100.0, -100.0  # garbage in the padding
@@ -247,13 +251,14 @@ def test_tree_entries_equal_their_path_computed_independently(targets, top_k):
     with torch.no_grad():
         n = len(prompt) - 1
         cols = [state.feature_layers.index(i) for i in p.feature_layers]
-        a, past = p.drafter.drafter.step(p.drafter.drafter.fuse_features(state.features[:, :, cols]), emb(torch.tensor([prompt[1:]])),
-                                 torch.arange(n)[None], None, None)
+        a, past = p.drafter.drafter.step(p.drafter.drafter.fuse_features(state.features[:, :, cols]), emb(torch.tensor([prompt[1:]], device=DEV)),
+                                 torch.arange(n, device=DEV)[None], None, None)
         for token, pos, anc, out in entries:
             prev, kv = a[:, -1:], past
             for e in [*reversed(anc), None]:
                 tok, ps = (entries[e][0], entries[e][1]) if e is not None else (token, pos)
-                prev, new = p.drafter.drafter.step(prev, emb(torch.tensor([[tok]])), torch.tensor([[ps]]), kv, None)
+                prev, new = p.drafter.drafter.step(prev, emb(torch.tensor([[tok]], device=DEV)),
+                                                   torch.tensor([[ps]], device=DEV), kv, None)
                 kv = (torch.cat([kv[0], new[0]], 2), torch.cat([kv[1], new[1]], 2))
             torch.testing.assert_close(prev[0, 0], out, rtol=1e-4, atol=1e-4)
 
@@ -261,8 +266,9 @@ def test_tree_entries_equal_their_path_computed_independently(targets, top_k):
 def _state_after_prefill(t: Target, p: EagleProposer, prompt: list[int], sampling=SamplingParams(), seed=0):
     layers = tuple(sorted(p.feature_layers))
     with torch.no_grad():
-        hs = t.model(input_ids=torch.tensor([prompt[:-1]]), output_hidden_states=True).hidden_states
-    state = DecodeState(torch.tensor([prompt]), len(prompt), sampling, torch.Generator().manual_seed(seed), None,
+        hs = t.model(input_ids=torch.tensor([prompt[:-1]], device=t.device), output_hidden_states=True).hidden_states
+    gen = torch.Generator(device=t.device).manual_seed(seed)  # as the engine's: on the target's device
+    state = DecodeState(torch.tensor([prompt]), len(prompt), sampling, gen, None,
                         torch.stack([hs[i] for i in layers], 2), layers)
     p.start(state)
     return state
@@ -290,7 +296,8 @@ def test_near_the_context_limit_drafts_get_shorter(drafters):
 def test_one_token_prompt_has_no_draft_until_a_position_is_processed(targets, drafters):
     t = targets["llama"]
     p = eagle(t, drafters["llama"])
-    state = DecodeState(torch.tensor([[5]]), 1, SamplingParams(), torch.Generator(), None, None, p.feature_layers)
+    state = DecodeState(torch.tensor([[5]]), 1, SamplingParams(), torch.Generator(device=t.device), None, None,
+                        p.feature_layers)
     p.start(state)
     assert p.propose(state, 8).num_nodes == 0
 
@@ -305,7 +312,7 @@ def test_sampled_chain_is_seeded_and_carries_q(targets, drafters):
     assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.draft_probs, b.draft_probs)
     q = a.draft_probs[0]
     assert q.shape == (4, VOCAB)
-    torch.testing.assert_close(q.sum(-1), torch.ones(4))
+    torch.testing.assert_close(q.sum(-1), torch.ones(4, device=q.device))
     assert all(q[i, a.token_ids[0, i]] > 0 for i in range(4))
 
 

@@ -41,6 +41,8 @@ from tests.fakes import (
     random_heads,
 )
 
+pytestmark = pytest.mark.device_subset
+
 N_NEW = 40
 
 
@@ -64,15 +66,15 @@ def forced_heads(lm_head_weight: torch.Tensor, dims: list[int], scale: float = 1
 
 def reference_head_probs(heads: MedusaHeads, lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """``[D, V]``: the Medusa-1 formula written out independently: x <- x + SiLU(W x + b) per block, then the LM
-    head and a softmax."""
+    head and a softmax. Computed on the CPU (where the heads built here live), whatever the target's device."""
     rows = []
     with torch.no_grad():
         for head in heads.heads:
-            x = hidden.reshape(-1).double()
+            x = hidden.reshape(-1).double().cpu()
             for block in head:
                 w, b = block.linear.weight.double(), block.linear.bias.double()
                 x = x + torch.nn.functional.silu(w @ x + b)
-            rows.append(torch.softmax(lm_head.weight.double() @ x, -1))
+            rows.append(torch.softmax(lm_head.weight.double().cpu() @ x, -1))
     return torch.stack(rows)
 
 
@@ -80,7 +82,7 @@ def state_for(target: Target, tokens: list[int], prompt_len: int | None = None,
               sampling: SamplingParams = SamplingParams(), seed: int = 0) -> DecodeState:
     """What the engine hands the proposer after committing ``tokens`` (hidden = last processed position)."""
     return DecodeState(torch.tensor([tokens]), prompt_len or len(tokens), sampling,
-                       torch.Generator().manual_seed(seed), last_hidden(target, tokens))
+                       torch.Generator(device=target.device).manual_seed(seed), last_hidden(target, tokens))
 
 
 @pytest.fixture(scope="module")
@@ -336,7 +338,7 @@ def test_head_d_drafts_depth_d_plus_one(targets, tmp_path):
 def test_no_hidden_state_means_no_draft(targets, heads_dirs):
     target = targets["llama"]
     prop = medusa(target, heads_dirs["random"])
-    state = DecodeState(torch.tensor([[5]]), 1, SamplingParams(), torch.Generator(), None)
+    state = DecodeState(torch.tensor([[5]]), 1, SamplingParams(), torch.Generator(device=target.device), None)
     assert prop.propose(state, 8).num_nodes == 0
 
 
@@ -576,7 +578,7 @@ def test_zero_subset_heads_get_repeats_accepted(targets, references, tmp_path):
 def test_subset_scoring_adds_the_lm_heads_bias(tmp_path):
     """An LM head with a bias: the subset's logits are its weight rows times the features plus its bias rows."""
     model = build_model("llama")
-    head = nn.Linear(HIDDEN, model.config.vocab_size, bias=True)
+    head = nn.Linear(HIDDEN, model.config.vocab_size, bias=True, device=model.device)
     with torch.no_grad():
         head.weight.copy_(model.lm_head.weight)
         head.bias.copy_(torch.randn(head.bias.shape, generator=torch.Generator().manual_seed(0)) * 5)
@@ -590,8 +592,9 @@ def test_subset_scoring_adds_the_lm_heads_bias(tmp_path):
 
     def expected(bias: bool):
         with torch.no_grad():
-            feats = heads(state.hidden[0]).double()  # [D, H]
-            logits = feats @ head.weight.double()[token_map].T + (head.bias.double()[token_map] if bias else 0)
+            feats = heads(state.hidden[0].cpu()).double()  # [D, H] (the heads built here live on the CPU)
+            weight, hbias = head.weight.double().cpu(), head.bias.double().cpu()
+            logits = feats @ weight[token_map].T + (hbias[token_map] if bias else 0)
         p, i = torch.softmax(logits, -1).topk(3, -1)
         return grow_tree([[token_map[r] for r in row] for row in i.tolist()], p.tolist(), 10)
 

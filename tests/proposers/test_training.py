@@ -624,7 +624,7 @@ runner = CliRunner()
         (["draft", "--layers", "a,b"], "--layers"),
         (["draft", "--prompts", "3"], "--prompts"),
         (["medusa", "--prompts", "3"], "--prompts"),
-        (["draft", "--dtype", "float16"], "--dtype"),
+        (["draft", "--dtype", "half"], "--dtype"),  # (float16 is a training dtype: GPUs without native bf16)
         (["draft", "--max-new-tokens", "4"], "--max-new-tokens"),
         (["medusa", "--heads", "0"], "--heads"),
         (["medusa", "--batch-positions", "0"], "--batch-positions"),

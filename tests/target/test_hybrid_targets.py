@@ -20,13 +20,18 @@ from specframe.testing.decoder_sweep import PROMPT, _proposer
 from specframe.testing.decoder_types import build_tiny, reference_greedy
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 
+from tests.fakes import test_device
+
+pytestmark = pytest.mark.device_subset
+
+DEV = test_device()  # the targets are built on the CPU (build_tiny) and moved here; their inputs are put here too
 HYBRIDS = ("qwen3_next", "qwen3_5_text", "nemotron_h", "jamba", "falcon_h1", "granitemoehybrid", "mamba2", "rwkv")
 TOKENS = 24
 
 
 @pytest.fixture(scope="module", params=HYBRIDS)
 def hybrid(request):
-    model = build_tiny(request.param, seed=0)
+    model = build_tiny(request.param, seed=0).to(DEV)
     return request.param, model, make_target(model, None, name=request.param), reference_greedy(model, PROMPT, TOKENS)
 
 
@@ -71,7 +76,7 @@ def test_hybrid_sampling_matches_plain_sampling_of_the_same_seed(hybrid):
     _, model, target, _ = hybrid
     sampling = SamplingParams(temperature=1.0)
     with torch.inference_mode():
-        p = torch.softmax(model(input_ids=torch.tensor([PROMPT])).logits[0, -1].double(), -1)
+        p = torch.softmax(model(input_ids=torch.tensor([PROMPT], device=DEV)).logits[0, -1].double(), -1)
     engine = Engine(target, [_proposer("ngram", target.info)], SpeculativeSamplingVerifier())
     counts = torch.zeros_like(p)
     for seed in range(200):
@@ -85,7 +90,7 @@ def test_rollback_restores_the_one_token_state(hybrid):
     """After a 4-token forward and a rollback of 2, the recurrent state is the one reached by decoding the 2 kept
     tokens one at a time (states compared directly, not through outputs)."""
     model_type, model, target, _ = hybrid
-    ids = torch.tensor([PROMPT])
+    ids = torch.tensor([PROMPT], device=DEV)
     if model_type == "rwkv":
         return _check_replayed_state(target, ids)
     with torch.inference_mode():
@@ -107,10 +112,10 @@ def test_rollback_restores_the_one_token_state(hybrid):
 
 
 def test_rolling_back_past_what_a_recurrent_layer_kept_raises():
-    model = build_tiny("mamba2")
+    model = build_tiny("mamba2").to(DEV)
     cache = new_cache(model.config)
     with torch.inference_mode():
-        model(input_ids=torch.tensor([PROMPT]), cache=cache, use_cache=True)  # a prefill keeps no states
+        model(input_ids=torch.tensor([PROMPT], device=DEV), cache=cache, use_cache=True)  # a prefill keeps no states
     with pytest.raises(ValueError, match="kept the states of the last 0"):
         rollback(cache, len(PROMPT) - 2)
 
@@ -132,11 +137,11 @@ def _check_replayed_state(target, ids):
 
 
 def test_state_target_rolls_back_its_last_forward_only():
-    target = make_target(build_tiny("rwkv"), None)
+    target = make_target(build_tiny("rwkv").to(DEV), None)
     cache = target.new_cache()
     with torch.inference_mode():
-        target.forward(torch.tensor([PROMPT[:8]]), cache)
-        target.forward(torch.tensor([PROMPT[8:12]]), cache)
+        target.forward(torch.tensor([PROMPT[:8]], device=DEV), cache)
+        target.forward(torch.tensor([PROMPT[8:12]], device=DEV), cache)
         with pytest.raises(ValueError, match="only its last forward"):
             target.rollback(cache, 7)
         with pytest.raises(ValueError, match="roll the state forward"):
@@ -149,7 +154,7 @@ def test_state_target_rolls_back_its_last_forward_only():
 
 def test_a_draft_model_without_a_kv_cache_is_refused_in_one_line(tmp_path):
     build_tiny("rwkv", seed=1).save_pretrained(tmp_path / "rwkv")
-    target = make_target(build_tiny("mamba2"), None)
+    target = make_target(build_tiny("mamba2").to(DEV), None)
     with pytest.raises(ConfigError, match="takes no KV cache") as info:
         DraftModelProposer(DraftModelConfig(model=str(tmp_path / "rwkv")), target.info)
     assert "\n" not in str(info.value)
@@ -163,7 +168,7 @@ def test_conformance_kit_on_hybrid_targets(model_type, name, tmp_path):
     from specframe.testing import Kit
     from specframe_plugins.ngram import NgramProposer
 
-    target = make_target(build_tiny(model_type, seed=0), None, name=model_type)
+    target = make_target(build_tiny(model_type, seed=0).to(DEV), None, name=model_type)
     if name == "ngram":
         kit = Kit(NgramProposer, {}, samples=200, target=target)
     else:
@@ -188,7 +193,7 @@ def test_a_block_drafter_on_a_hybrid_target_is_token_identical(model_type, tmp_p
     from specframe.learned import dflash as df
     from specframe_plugins.dflash import DFlashConfig, DFlashProposer
 
-    model = build_tiny(model_type, seed=0)
+    model = build_tiny(model_type, seed=0).to(DEV)
     target = make_target(model, None, name=model_type)
     cfg = model.config.get_text_config()
     layers = int(cfg.num_hidden_layers)
