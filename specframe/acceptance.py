@@ -177,10 +177,13 @@ def _result(num_accepted: Tensor, next_token: Tensor) -> VerifyResult:
 
 
 def _greedy(draft: DraftTree, target_logits: Tensor) -> VerifyResult:
-    if draft.is_chain():
-        return _result(*greedy_chain(target_logits, draft.token_ids.to(target_logits.device)))
+    """Chains and trees alike: the target's argmax read once (one host sync), walked on the host against the draft's
+    tokens, which the engine keeps there (a chain through :func:`greedy_chain` would copy them to the device)."""
+    if not draft.num_nodes:  # the target's own token: only row 0 is read
+        return VerifyResult(((),) * target_logits.shape[0], tuple(target_logits[:, 0].argmax(-1).tolist()))
     argmax = target_logits.argmax(-1).tolist()
-    rows = [greedy_tree(argmax[b], draft.token_ids[b].tolist(), draft.parent[b].tolist()) for b in range(len(argmax))]
+    ids, parent = draft.token_ids.tolist(), draft.parent.tolist()
+    rows = [greedy_tree(argmax[b], ids[b], parent[b]) for b in range(len(argmax))]
     return VerifyResult(tuple(tuple(path) for path, _ in rows), tuple(tok for _, tok in rows))
 
 

@@ -78,7 +78,7 @@ class Strategy(BaseModel):
                                   "llamacpp-* peers run on llama.cpp).")
     llamacpp: LlamaCppSettings | None = Field(None, description="This strategy's llama.cpp engine options (default: "
                                               "the bench's), e.g. {trees: true}.")
-    dtype: Literal["auto", "bfloat16", "float32"] | None = Field(
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(
         None, description="This strategy's target dtype (default: the bench's); auto = fastest measured for it here.")
     threads: int | Literal["auto"] | None = Field(None, description="torch threads for this strategy (default: the bench's).")
     prepack: bool | Literal["auto"] | None = Field(None, description="Pre-packed oneDNN weights (default: the bench's).")
@@ -197,7 +197,7 @@ class BenchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = "smollm2-135m-instruct"
-    dtype: Literal["auto", "bfloat16", "float32"] = "bfloat16"
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
     threads: int | Literal["auto"] = Field("auto", description="torch threads; auto = fit the free cores.")
     prepack: bool | Literal["auto"] = Field("auto", description="Pre-packed oneDNN weights; auto = where measured faster.")
     device: Literal["cpu", "cuda"] = "cpu"

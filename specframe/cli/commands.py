@@ -87,10 +87,10 @@ def generate(
     top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus filter in (0, 1] (default 1)."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Top-k filter, 0 = off (default 0)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Per-request generator seed (default 0)."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="bfloat16 | float32 | auto: fastest measured here (default)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="bfloat16 | float16 | float32 | auto: fastest measured here (default; on CUDA bf16 where native, else fp16)."),
     threads: Optional[str] = typer.Option(None, "--threads", help="torch threads, or auto: fit the free cores (default)."),
     prepack: Optional[str] = typer.Option(None, "--prepack", help="on | off | auto: pre-packed oneDNN weights (default auto)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu | cuda (default cpu)."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu | cuda | cuda:N (default cpu)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="transformers (default) | llama.cpp: what runs the target."),
     stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
     no_chat: bool = typer.Option(False, "--no-chat", help="Do not apply the chat template."),
@@ -458,7 +458,9 @@ def _tune(model: str, device: str, refresh: bool, as_json: bool, engine: str = "
 
     check_device(device)
     if device != "cpu":
-        raise ConfigError("--device: the machine profile is for CPU targets; on cuda dtype auto = bf16 where supported")
+        raise ConfigError(f"--device {device}: the machine profile is for CPU targets; a CUDA target's T(n) curve is "
+                          "measured on its first load and cached per GPU, dtype and model (docs/gpu.md), and dtype "
+                          "auto there is bf16 where the GPU computes it natively, else fp16")
     logging.getLogger("transformers").setLevel(logging.ERROR)
     from transformers.utils import logging as hf_logging
 

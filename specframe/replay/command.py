@@ -52,7 +52,7 @@ def record(
     questions: Path = typer.Option(..., "--questions", help="Spec-Bench-format JSONL (first turn used)."),
     output: Path = typer.Option(..., "--output", help="Trace folder to write (replaced when complete)."),
     model: str = typer.Option("smollm2-135m-instruct", "--model", help="Built-in name, model directory or .gguf file."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 (exact replay comparisons: float32)."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16 (exact replay comparisons: float32)."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Tokens generated per question at most."),
     categories: Optional[List[str]] = typer.Option(None, "--categories", help="Category filter (repeatable or comma list)."),
     limit_per_category: Optional[int] = typer.Option(None, "--limit-per-category", help="First N questions per category."),
@@ -91,8 +91,8 @@ def _record(questions, output, model, dtype, max_new_tokens, cats, limit, propos
     from .record import declared_needs, record_trace
     from .trace import write_trace
 
-    if dtype not in ("float32", "bfloat16"):
-        raise ConfigError(f"--dtype must be float32 or bfloat16, got {dtype!r} (a trace fixes the dtype)")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"--dtype must be float32, bfloat16 or float16, got {dtype!r} (a trace fixes the dtype)")
     if max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if limit is not None and limit < 1:

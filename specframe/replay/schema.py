@@ -71,7 +71,7 @@ class Manifest(_Part):
     format: str
     version: int
     model: str
-    dtype: Literal["float32", "bfloat16"]
+    dtype: Literal["float32", "bfloat16", "float16"]
     specframe: str
     max_new_tokens: int = Field(ge=1)
     chat: bool

@@ -45,7 +45,7 @@ from .common import (
     resumed_batches,
 )
 from .draft import training_sequences
-from .eagle import native_bf16, target_features
+from .eagle import native_bf16_on, target_features
 from .options import cli
 
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}  # the paper's loss decay per block size
@@ -196,8 +196,9 @@ def block_loss(drafter: DFlashDrafter, out: Tensor, labels: Tensor, head_weight:
 
 
 def _bf16(s: DFlashSettings, target: Any) -> bool:
-    """Whether the drafter's forwards run under bfloat16 autocast: on CUDA, or a CPU with native bfloat16."""
-    return s.autocast and (target.device.type == "cuda" or (target.device.type == "cpu" and native_bf16()))
+    """Whether the drafter's forwards run under bfloat16 autocast: on a device that computes it natively (a CUDA GPU
+    of compute capability 8.0+, a CPU with AVX-512 BF16 / AMX; :func:`native_bf16_on`)."""
+    return s.autocast and native_bf16_on(target.device)
 
 
 def _autocast(s: DFlashSettings, target: Any) -> contextlib.AbstractContextManager:

@@ -170,10 +170,20 @@ def native_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16", "bf16"} & set(fingerprint()["isa"]))
 
 
+def native_bf16_on(device: torch.device) -> bool:
+    """Whether ``device`` (a CUDA GPU or this CPU) multiplies bfloat16 natively (see :func:`native_bf16`)."""
+    if device.type == "cuda":
+        from ..target.models import cuda_native_bf16
+
+        return cuda_native_bf16(device)
+    return device.type == "cpu" and native_bf16()
+
+
 def _autocast(s: EagleSettings, target: Any) -> contextlib.AbstractContextManager:
-    """The context the drafter's forwards run in: bfloat16 autocast when ``s.autocast`` on a CUDA target, or on a CPU
-    target whose CPU has native bfloat16 (:func:`native_bf16`); float32 otherwise."""
-    if s.autocast and (target.device.type == "cuda" or (target.device.type == "cpu" and native_bf16())):
+    """The context the drafter's forwards run in: bfloat16 autocast when ``s.autocast`` on a CUDA GPU with native
+    bfloat16 (compute capability 8.0+, :func:`specframe.target.models.cuda_native_bf16`), or on a CPU target whose CPU
+    has native bfloat16 (:func:`native_bf16`); float32 otherwise (a T4 or V100 only emulates bfloat16)."""
+    if s.autocast and native_bf16_on(target.device):
         return torch.autocast(target.device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 

@@ -430,7 +430,7 @@ MALFORMED = [
     ("questions", {}), ("questions/0", "q"), ("questions/0/prompt_tokens", "53"), ("questions/0/finish_reason", "eos"),
     ("target", None), ("target/vocab_size", 1.5), ("target/eos_token_ids", 2), ("target/supports_trees", "yes"),
     ("recorded_with", "none"), ("recorded_with", []), ("recorded_with/0", {"k": 1}), ("model", 3),
-    ("dtype", "float16"), ("max_new_tokens", True), ("chat", "true"), ("cost", []), ("cost", {"t_ms": {"x": [1.0]}}),
+    ("dtype", "half"), ("max_new_tokens", True), ("chat", "true"), ("cost", []), ("cost", {"t_ms": {"x": [1.0]}}),
     ("features", {"layers": {"3": "some"}}), ("features", "all"), ("bytes_per_token", []),
 ]
 

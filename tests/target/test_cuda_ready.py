@@ -528,3 +528,18 @@ def test_check_exactness_refuses_a_bad_device_in_one_line(monkeypatch, capsys):
     assert script.main() == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "cpu, cuda or cuda:N" in err[0]
+
+
+@pytest.mark.parametrize("capability, native", [((8, 0), True), ((7, 0), False), ((7, 5), False), ((9, 0), True)])
+def test_training_autocasts_to_bf16_only_on_a_gpu_that_computes_it_natively(monkeypatch, capability, native):
+    """A V100 (7.0) or T4 (7.5) only emulates bf16: the training recipes (EAGLE, DFlash) run their drafter in float32
+    there instead of under a slower emulated autocast."""
+    from types import SimpleNamespace
+
+    from specframe.training.dflash import _bf16
+    from specframe.training.eagle import native_bf16_on
+
+    fake_gpus(monkeypatch, capability=capability)
+    assert native_bf16_on(torch.device("cuda", 1)) is native
+    assert _bf16(SimpleNamespace(autocast=True), SimpleNamespace(device=torch.device("cuda", 0))) is native
+    assert _bf16(SimpleNamespace(autocast=False), SimpleNamespace(device=torch.device("cuda", 0))) is False
