@@ -36,8 +36,8 @@ each with why it is here:
   :mod:`specframe.errors`.
 
 The names this module used to export that moved to :mod:`specframe.services` or :mod:`specframe.errors`
-still resolve here, with a ``DeprecationWarning`` naming their new place; they are not in ``__all__`` nor
-``dir(specframe)``.
+still resolve here, with a ``DeprecationWarning`` naming their new place, until specframe 0.3.0
+(:data:`MOVED_UNTIL`), which removes them; they are not in ``__all__`` nor ``dir(specframe)``.
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ __version__ = "0.1.0"
 # name -> module: imported on first use (the runtime pulls in transformers and the engine)
 _LAZY = {"load": ".api", "Specframe": ".api"}
 
+MOVED_UNTIL = "0.3.0"  # the release that removes the moved names below (0.1.0 and 0.2.x warn)
+
 # name -> its public home now: the names this module exported before (they resolve, with a DeprecationWarning)
 _MOVED = {
     **dict.fromkeys(services.__all__, "specframe.services"),
@@ -105,7 +107,8 @@ def __getattr__(name: str) -> Any:  # PEP 562: heavy imports only when used, mov
     caller = sys._getframe(1).f_code
     if caller.co_name == "_handle_fromlist" and "importlib" in caller.co_filename:
         return getattr(import_module(home), name)  # its hasattr before `from specframe import name`, which warns next
-    warnings.warn(f"specframe.{name} is moved: import it from {home}", DeprecationWarning, stacklevel=2)
+    warnings.warn(f"specframe.{name} is moved: import it from {home} (the old name goes in specframe {MOVED_UNTIL})",
+                  DeprecationWarning, stacklevel=2)
     return getattr(import_module(home), name)
 
 

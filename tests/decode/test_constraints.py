@@ -123,7 +123,7 @@ def test_nearly_forced_tokens_branch(sf, bpe_model, bpe_tokenizer):
     from specframe.contracts.constraint import ConstraintView
     from specframe.contracts.proposer import DecodeState
     from specframe.sampling import SamplingParams
-    from specframe_plugins.grammar import GrammarConfig, GrammarProposer
+    from specframe_plugins.forced_tokens import GrammarConfig, GrammarProposer
 
     grammar = 'start: "[" ("true" | "false") "]"'
     engine = LLGuidanceEngine(bpe_tokenizer, bpe_model.config.vocab_size, {EOS})

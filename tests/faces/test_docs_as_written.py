@@ -353,7 +353,7 @@ NOT_RUN: list[tuple[str, str]] = [
     (r"vllm|\.venv-vllm", "needs vLLM in an environment of its own (docs/vllm.md)"),
     (r"--device cuda", "needs a GPU"),
     (r"^specframe serve|--serve ", "starts or needs a server (tests/faces/test_serve.py serves in-process)"),
-    (r"^specframe train ", "trains or generates a corpus: hours (tests/proposers/test_training.py runs the recipes "
+    (r"^specframe train ", "trains or generates a corpus: hours (tests/training/test_training.py runs the recipes "
                            "on a tiny model)"),
     (r"^specframe (bench|trace record|tune|datastore build)", "loads the real model and runs for minutes"),
     (r"--engine llama.cpp", "llama.cpp engine (tests/target/test_llamacpp.py)"),

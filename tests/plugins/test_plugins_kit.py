@@ -14,7 +14,7 @@ import torch
 
 from specframe.testing import ConformanceError, Kit, NotApplicable, conformance_suite
 from specframe_plugins.autoregressive import NoProposer
-from specframe_plugins.grammar import GrammarProposer
+from specframe_plugins.forced_tokens import GrammarProposer
 from specframe_plugins.ngram import NgramProposer
 
 from tests.fakes import (

@@ -80,7 +80,7 @@ def test_the_services_resolve_and_an_unknown_name_raises():
 def test_a_moved_name_resolves_from_specframe_with_a_warning_naming_its_new_place(name):
     home = "specframe.errors" if name in _error_classes() else "specframe.services"
     new = getattr(sys.modules[home], name)
-    with pytest.warns(DeprecationWarning, match=rf"^specframe\.{name} is moved: import it from {home}$") as caught:
+    with pytest.warns(DeprecationWarning, match=rf"^specframe\.{name} is moved: import it from {home} \(the old name goes in specframe 0\.3\.0\)$") as caught:
         old = getattr(specframe, name)
     assert old is new
     assert len(caught) == 1 and caught[0].filename == __file__  # points at the caller
@@ -92,7 +92,7 @@ def test_from_specframe_import_a_moved_name_warns_once_at_the_import():
         from specframe import TokenTrie
     assert TokenTrie is specframe.services.TokenTrie
     assert [(w.filename, str(w.message)) for w in caught] == [
-        (__file__, "specframe.TokenTrie is moved: import it from specframe.services")]
+        (__file__, "specframe.TokenTrie is moved: import it from specframe.services (the old name goes in specframe 0.3.0)")]
 
 
 def test_the_former_error_names_live_in_specframe_errors():

@@ -27,7 +27,7 @@ from specframe_plugins.dflash import DFlashConfig, DFlashProposer
 
 from tests.fakes import build_model
 from tests.proposers.test_dflash import VARIANTS, tiny_qwen3_config
-from tests.proposers.test_training import _greedy_same_as_target, _log, _word_tokenizer, pattern_records
+from tests.training.test_training import _greedy_same_as_target, _log, _word_tokenizer, pattern_records
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

@@ -21,7 +21,7 @@ from specframe.training.pard import PardSettings, finish_pard, train_pard
 from specframe_plugins.draft_model import DraftModelConfig, DraftModelProposer
 
 from tests.fakes import build_model
-from tests.proposers.test_training import _greedy_same_as_target, _log, _word_tokenizer, pattern_records
+from tests.training.test_training import _greedy_same_as_target, _log, _word_tokenizer, pattern_records
 
 
 def test_lora_starts_as_the_model_and_merges_back_into_the_same_outputs():
