@@ -1,41 +1,21 @@
-"""Configuration as pydantic models, loadable from YAML; CLI flags override file values.
+"""The config: one pydantic model, loadable from YAML; CLI flags and request keywords override its values.
 
-Example ``specframe.yaml``::
+Example ``specframe.yaml`` (docs/combining.md for several proposers)::
 
     model: smollm2-135m-instruct
-    dtype: bfloat16
     max_new_tokens: 128
     sampling: {temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0}
-    proposers:
-      - name: ngram
-        k: 8
-        max_n: 4
+    proposers: [{name: ngram, k: 8}, {name: draft-model}]   # or `proposers: ngram`
+    merge: {name: priority, max_nodes: 24}                    # or `merge: confidence`; plus the policy's options
+    router: adaptive                                          # or {name: adaptive, ...options}, or none
 
-Each proposer's own options are validated by its plugin's config model once plugins are loaded
-(:func:`resolve_plugins`, the one path from a config to plugin classes), so an unknown name lists the installed
-proposers.
-
-Several proposers are combined into one verification tree per step (see docs/combining.md)::
-
-    proposers: [{name: ngram}, {name: draft-model}]
-    merge: {name: priority, max_nodes: 24}        # or name: confidence; plus that policy's own options
-    router: adaptive                              # or {name: adaptive, ...options}, or none
-
-``merge`` and ``router`` are validated by their plugins' config models (:func:`resolve_plugins`); they only
-matter with two or more proposers (a router may also trim a lone proposer's drafts to what pays on this
-machine). An option no plugin declares is refused there (every plugin config forbids extra keys).
-
-One form: :func:`load_config` returns the typed config, one frozen model over the installed plugins
-(:func:`typed_config_model`: ``proposers`` a discriminated union by ``name``, so ``cfg.proposers`` are the
-proposers' own config objects, ``cfg.merge`` / ``cfg.router`` the policy's and the router's). Every host holds
-that form: the Python API (``sf.config``), the CLI, serve, bench, replay and the vLLM bridge. Reading a file takes
-two checks inside :func:`load_config`: its own fields first (:class:`SpecframeConfig`: shorthands, ranges; no
-plugin needed), then each plugin entry by its plugin's config (:func:`resolve_plugins`, so an unknown name lists
-the installed ones). A request's overrides are applied to the typed config directly (:func:`resolve_plugins`'s
-keywords). Configs are frozen: a change is a new config (``load_config(None, base=cfg.model_dump(exclude_unset=True),
-...)``: the fields set so far stay set, the rest stay defaults, which :func:`resolve_plugins` tells apart). Its JSON
-Schema, :func:`config_schema`, gives an editor (``specframe plugins --schema``). The shorthands are read once, by
-:func:`read_shorthands`.
+:class:`SpecframeConfig` holds the fields, their checks and the shorthands (:func:`read_shorthands`) and needs no
+plugin. :func:`typed_config_model` is that model over the installed plugins: ``proposers`` a union by ``name`` of
+the plugins' own ``Config`` classes (each types ``name`` as a ``Literal``, checked at registration), ``merge`` /
+``router`` the policy's and the router's (None: no router). :func:`load_config` checks the fields, then each plugin
+entry through :func:`resolve_plugins` (the one path from a config to plugin classes: an unknown name lists the
+installed ones), and returns the typed config every host holds (``sf.config``). Configs are frozen: a change is a
+new config (``load_config(None, base=cfg.model_dump(exclude_unset=True), ...)``).
 """
 
 from __future__ import annotations
@@ -46,6 +26,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -54,7 +35,6 @@ from pydantic import (
     ValidationError,
     WithJsonSchema,
     create_model,
-    field_validator,
     model_validator,
 )
 
@@ -68,6 +48,7 @@ from .sampling import check_max_new_tokens, check_seed, check_temperature, check
 
 # torch threads at most: far above any machine's cores, far below what overflows torch.set_num_threads (int32)
 MAX_THREADS = 1024
+DEFAULT_MERGE, DEFAULT_ROUTER = "priority", "adaptive"
 
 # each value type carries the bounds its check enforces into the JSON Schema (one source of truth: see config_schema)
 Temperature = Annotated[float, BeforeValidator(check_temperature), WithJsonSchema({"type": "number", "minimum": 0})]
@@ -78,9 +59,24 @@ Seed = Annotated[int, BeforeValidator(check_seed),
                  WithJsonSchema({"type": "integer", "minimum": 0, "maximum": 2**63 - 1})]
 MaxNewTokens = Annotated[int, BeforeValidator(check_max_new_tokens),
                          WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 2**63 - 1})]
-Threads = Annotated[StrictInt | Literal["auto"], WithJsonSchema(
+
+
+def _threads(v: Any) -> Any:
+    if v != "auto" and not 1 <= v <= MAX_THREADS:
+        raise ValueError(f"threads must be in [1, {MAX_THREADS}] or auto")
+    return v
+
+
+def _non_empty(v: list[str]) -> list[str]:
+    if any(s == "" for s in v):
+        raise ValueError("stop strings must be non-empty (an empty string would stop at once)")
+    return v
+
+
+Threads = Annotated[StrictInt | Literal["auto"], AfterValidator(_threads), WithJsonSchema(
     {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_THREADS}, {"const": "auto"}]})]
-StopStrings = Annotated[list[str], WithJsonSchema({"type": "array", "items": {"type": "string", "minLength": 1}})]
+StopStrings = Annotated[list[str], AfterValidator(_non_empty),
+                        WithJsonSchema({"type": "array", "items": {"type": "string", "minLength": 1}})]
 
 
 class SamplingConfig(BaseModel):
@@ -141,26 +137,22 @@ class IsolationConfig(BaseModel):
     _numbers = model_validator(mode="before")(classmethod(numbers_as_numbers))
 
 
-class MergeSettings(BaseModel):
-    """``merge:``: how combined proposers' drafts share one tree. Other keys are the policy's own options, checked
-    against its config model once plugins are loaded (:func:`resolve_plugins`)."""
+class MergeSettings(MergePolicyConfig):
+    """``merge:`` with no plugin loaded: the base fields (``max_nodes``) plus the policy's own options, checked by
+    its config model in :func:`resolve_plugins`."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    name: str = Field("priority", description="Merge policy (see `specframe plugins`): priority | confidence | ... "
+    name: str = Field(DEFAULT_MERGE, description="Merge policy (see `specframe plugins`): priority | confidence | ... "
                       "(`policy:` is read as `name:`)")
-    max_nodes: int = Field(24, ge=1, le=256, description="Most nodes of the merged tree (the verification width).")
-
-    _numbers = model_validator(mode="before")(classmethod(numbers_as_numbers))
 
 
-class RouterSettings(BaseModel):
-    """``router:``: which combined proposers run each step. ``none`` = every proposer, every step. Other keys
-    are the router's own options (:func:`resolve_plugins`)."""
+class RouterSettings(RouterConfig):
+    """``router:`` with no plugin loaded (``none`` = every proposer, every step), plus the router's own options."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    name: str = Field("adaptive", description="Router (see `specframe plugins`), or none.")
+    name: str = Field(DEFAULT_ROUTER, description="Router (see `specframe plugins`), or none.")
 
 
 def proposer_shorthand(v: Any) -> Any:
@@ -181,30 +173,18 @@ def router_shorthand(v: Any) -> Any:
 
 
 def read_shorthands(data: Any) -> Any:
-    """The one reading of a config's shorthands, for the runtime config (:class:`SpecframeConfig`), the typed model
-    (:func:`typed_config_model`) and a request's overrides alike: ``proposers: ngram`` (:func:`proposer_shorthand`),
-    ``merge: NAME`` and the old ``policy:`` key (:func:`~specframe.contracts.combining.merge_key`), ``router: NAME`` /
-    ``none`` / ``null`` / ``false`` (:func:`router_shorthand`); a ``merge`` or ``router`` mapping without ``name``
-    names the default one. A non-mapping is left for validation to refuse.
-
-    Raises:
-        ValueError: ``merge`` gives ``name`` and ``policy`` that disagree.
-    """
+    """The one reading of the shorthands (a file's and a request's overrides alike): ``proposers: ngram``, ``merge:
+    NAME`` and its old ``policy:`` key (ValueError where they disagree), ``router: NAME`` / ``none`` / ``null`` /
+    ``false``; a ``merge`` or ``router`` mapping without ``name`` names the default one."""
     if not isinstance(data, dict):
         return data
     data = dict(data)
     if "proposers" in data:
         data["proposers"] = proposer_shorthand(data["proposers"])
-    if "merge" in data:
-        merge = {"name": data["merge"]} if isinstance(data["merge"], str) else merge_key(data["merge"])
-        if isinstance(merge, dict):  # a mapping without `name`: the default policy's options
-            merge = {"name": MergeSettings.model_fields["name"].default, **merge}
-        data["merge"] = merge
-    if "router" in data:
-        router = router_shorthand(data["router"])
-        if isinstance(router, dict):  # a mapping without `name`: the default router's options
-            router = {"name": RouterSettings.model_fields["name"].default, **router}
-        data["router"] = router
+    for key, default, shorthand in (("merge", DEFAULT_MERGE, merge_key), ("router", DEFAULT_ROUTER, router_shorthand)):
+        if key in data:
+            value = {"name": data[key]} if isinstance(data[key], str) else shorthand(data[key])
+            data[key] = {"name": default, **value} if isinstance(value, dict) else value
     return data
 
 
@@ -212,6 +192,30 @@ def names_no_router(router: Any) -> bool:
     """Whether ``router`` (after :func:`router_shorthand`) is ``{name: none}``."""
     name = router.get("name") if isinstance(router, dict) else getattr(router, "name", None)
     return name == "none"
+
+
+def _named(v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for i, p in enumerate(v):
+        if not isinstance(p, dict) or not isinstance(p.get("name"), str):
+            raise ValueError(f"proposers[{i}] must be a mapping with a `name`")
+    if not v:
+        raise ValueError("give at least one proposer (`none` decodes without drafts)")
+    return v
+
+
+def _router_mapping(v: Any) -> Any:
+    if not isinstance(v, (dict, BaseModel)):
+        raise ValueError("give a router name (`adaptive`, or `none` for no router) or {name: ..., options}")
+    return v
+
+
+def _no_router(v: Any) -> Any:
+    """The typed config's ``router: none``: None."""
+    if not (isinstance(v, dict) and names_no_router(v)):
+        return v
+    if len(v) > 1:
+        raise ValueError(f"router: none takes no options, got {sorted(k for k in v if k != 'name')}")
+    return None
 
 
 class LlamaCppSettings(BaseModel):
@@ -244,8 +248,9 @@ def _device_name(v: Any) -> Any:
 
 
 class SpecframeConfig(BaseModel):
-    """A config file's own fields, checked before plugins are loaded (plugin entries are mappings here): the first
-    check of :func:`load_config` and the fields :func:`typed_config_model` is built from."""
+    """The config's fields and their checks. As it is, it needs no plugin (plugin entries stay mappings, as a file
+    gives them); :func:`typed_config_model` is this model with ``proposers`` / ``merge`` / ``router`` typed by the
+    installed plugins."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -277,50 +282,33 @@ class SpecframeConfig(BaseModel):
         None, description="Structured output for every request: one of json_schema (a JSON Schema), json_object: "
         "true (any JSON object), regex, grammar (Lark); requests may override it (docs/structured-output.md).")
     constraint_engine: str = Field("llguidance", description="The constraint engine plugin that compiles constraints.")
-    proposers: list[dict[str, Any]] = Field(
+    proposers: Annotated[list[dict[str, Any]], AfterValidator(_named)] = Field(
         default_factory=lambda: [{"name": "ngram"}],
         description="Proposer configs, each with `name` plus that proposer's own options; two or more are combined.",
     )
     merge: MergeSettings = Field(default_factory=MergeSettings, description="Combining proposers: the merge policy.")
-    router: RouterSettings = Field(default_factory=RouterSettings, description="Combining proposers: the router.")
+    router: Annotated[RouterSettings, BeforeValidator(_router_mapping)] = Field(
+        default_factory=RouterSettings, description="Combining proposers: the router.")
 
-    @model_validator(mode="before")
     @classmethod
-    def _shorthands(cls, data: Any) -> Any:
-        return read_shorthands(data)
+    def read(cls, data: Any, where: str | None = "config") -> SpecframeConfig:
+        """``data`` validated; a failure is one :class:`ConfigError` line naming ``where`` and each field."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(validation_line(exc, where)) from None
 
+    @classmethod
+    def read_overrides(cls, **given: Any) -> dict[str, Any]:
+        """A request's plugin overrides (``proposers`` / ``merge`` / ``router``; None = not given) read as a file's
+        values are (shorthands, names, the bounds of ``merge``), only those given: ``{"proposers": [...], "merge":
+        MergeSettings, ...}``. Raises ConfigError naming the field."""
+        data = {k: v for k, v in given.items() if v is not None}
+        read = cls.read(data, None) if data else None
+        return {k: getattr(read, k) for k in data}
+
+    _shorthands = model_validator(mode="before")(classmethod(lambda cls, data: read_shorthands(data)))
     _numbers = model_validator(mode="before")(classmethod(numbers_as_numbers))
-
-    @field_validator("router", mode="before")
-    @classmethod
-    def _router_mapping(cls, v: Any) -> Any:
-        if not isinstance(v, (dict, RouterSettings)):
-            raise ValueError("give a router name (`adaptive`, or `none` for no router) or {name: ..., options}")
-        return v
-
-    @field_validator("threads")
-    @classmethod
-    def _threads(cls, v: Any) -> Any:
-        if v != "auto" and not 1 <= v <= MAX_THREADS:
-            raise ValueError(f"threads must be in [1, {MAX_THREADS}] or auto")
-        return v
-
-    @field_validator("stop")
-    @classmethod
-    def _non_empty_stops(cls, v: list[str]) -> list[str]:
-        if any(s == "" for s in v):
-            raise ValueError("stop strings must be non-empty (an empty string would stop at once)")
-        return v
-
-    @field_validator("proposers")
-    @classmethod
-    def _named(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        for i, p in enumerate(v):
-            if not isinstance(p, dict) or not isinstance(p.get("name"), str):
-                raise ValueError(f"proposers[{i}] must be a mapping with a `name`")
-        if not v:
-            raise ValueError("give at least one proposer (`none` decodes without drafts)")
-        return v
 
 
 def validation_line(exc: ValidationError, where: str | None = None) -> str:
@@ -334,42 +322,31 @@ def validation_line(exc: ValidationError, where: str | None = None) -> str:
 
 def load_config(path: str | Path | None = None, base: dict[str, Any] | None = None, *, registry: Any = None,
                 **overrides: Any) -> BaseModel:
-    """The config a run uses: a YAML file (optional) or ``base`` (a mapping of fields), ``overrides`` applied over it
-    (None values are ignored; ``sampling`` merges), checked against the installed plugins.
-
-    Returns an instance of :func:`typed_config_model` for ``registry`` (default: a fresh
-    :func:`~specframe.registry.build_registry`): ``proposers`` is a tuple of the proposers' own config objects (e.g.
-    ``NgramConfig``), ``merge`` the merge policy's and ``router`` the router's (None: no router). The file's own
-    fields are read first by :class:`SpecframeConfig` (shorthands, ranges: no plugin needed), each plugin entry then
-    by its plugin's config (:func:`runtime_config`); no caller holds the file form. A typed config's
-    ``model_dump(exclude_unset=True)`` is a valid ``base`` (how a loaded config takes more overrides).
+    """The typed config (:func:`typed_config_model` for ``registry``, default a fresh
+    :func:`~specframe.registry.build_registry`) of a YAML file or ``base`` (a mapping of fields; a typed config's
+    ``model_dump(exclude_unset=True)`` is one), ``overrides`` applied over it (None values ignored; ``sampling``
+    merges). The fields are checked first (no plugin needed), then each plugin entry (:func:`runtime_config`).
 
     Raises:
         ConfigError: unreadable file, not UTF-8, bad YAML, a key given twice, a value out of range or a bad plugin
             option (message names the file and the field).
-        ConstraintError: the constraint engine refuses ``constraint`` with no model at hand (invalid, unsupported,
-            or admitting no output: the engine's ``check``, where it has one); a schema nested deeper than
-            ``MAX_SCHEMA_DEPTH`` is a ConfigError with the other fields.
+        ConstraintError: the constraint engine's ``check`` refuses ``constraint`` (no model needed).
         UnknownProposerError / UnknownMergePolicyError / UnknownRouterError: a name no installed plugin provides.
     """
     if registry is None:
         from .registry import build_registry
 
         registry = build_registry()
-    fields = _file_fields(path, base, overrides)
+    where = "config" if path is None else str(path)
+    fields = SpecframeConfig.read(_file_data(path, base, overrides, where), where)
     if fields.constraint is not None:
-        _check_constraint(fields, registry, "config" if path is None else str(path))
+        _check_constraint(fields, registry, where)
     return runtime_config(fields, registry)
 
 
 def _check_constraint(config: SpecframeConfig, registry: Any, where: str) -> None:
-    """The config's ``constraint`` through its engine's ``check`` (when it has one): a constraint no model could
-    decode under fails as the config loads, not at the first request.
-
-    Raises:
-        ConstraintError: its message, after ``where: constraint:``.
-        UnknownConstraintEngineError: ``constraint_engine`` names no installed engine.
-    """
+    """``constraint`` through its engine's ``check`` (where it has one), so it fails as the config loads; a
+    ConstraintError names ``where``."""
     check = getattr(registry.constraint_engine(config.constraint_engine), "check", None)
     if check is None:
         return
@@ -379,39 +356,24 @@ def _check_constraint(config: SpecframeConfig, registry: Any, where: str) -> Non
         raise ConstraintError(f"{where}: constraint: {first_line(exc)}") from None
 
 
-def _file_fields(path: str | Path | None, base: dict[str, Any] | None, overrides: dict[str, Any]) -> SpecframeConfig:
-    """The first check of :func:`load_config`: the file's own fields (plugin entries still mappings).
-
-    Raises:
-        ConfigError: as :func:`load_config`, less the plugins' names and options.
-    """
+def _file_data(path: str | Path | None, base: dict[str, Any] | None, overrides: dict[str, Any], where: str) -> dict:
+    """The file's (or ``base``'s) mapping with ``overrides`` applied; ConfigError for a bad file or ``sampling``."""
     data: dict[str, Any] = dict(base or {})
-    where = "config"
     if path is not None:
-        where = str(path)
         loaded = read_yaml(path, "config file")
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
+        if not isinstance(loaded, (dict, type(None))):
             raise ConfigError(f"{path}: the top level must be a mapping of settings")
-        data = loaded
+        data = loaded or {}
     sampling = data.get("sampling") or {}
     if not isinstance(sampling, dict):  # dict() of a scalar or list would raise TypeError/ValueError (a traceback)
         raise ConfigError(f"{where}: sampling: must be a mapping (temperature, top_p, top_k, seed)")
     sampling = dict(sampling)
     for key, value in overrides.items():
-        if value is None:
-            continue
-        if key in SamplingConfig.model_fields:
-            sampling[key] = value
-        else:
-            data[key] = value
+        if value is not None:
+            (sampling if key in SamplingConfig.model_fields else data)[key] = value
     if sampling:
         data["sampling"] = sampling
-    try:
-        return SpecframeConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(validation_line(exc, where)) from None
+    return data
 
 
 @dataclass(frozen=True)
@@ -425,91 +387,55 @@ class Plugins:
 
 def resolve_plugins(config: Any, registry: Any, *, proposers: Any = None, merge: Any = None, router: Any = None,
                     lone_router: bool = False) -> Plugins:
-    """The one path from a config to plugin classes, used by the Python API, the CLI, bench, replay, training, the
-    vLLM bridge and each request alike.
+    """The one path from a config to plugin classes (the Python API, the CLI, bench, replay, training, the vLLM
+    bridge and each request alike). ``config``: the typed config (its entries used as they are) or a
+    :class:`SpecframeConfig` (entries checked here); ``proposers`` / ``merge`` / ``router``: one request's overrides,
+    read as a file's values are (:meth:`SpecframeConfig.read_overrides`; None keeps the config's).
 
-    ``config`` is the typed config (:func:`load_config`, ``sf.config``: entries are the plugins' own config
-    objects, used as they are) or, inside :func:`load_config`, a :class:`SpecframeConfig` (entries are mappings,
-    checked here). ``proposers`` / ``merge`` / ``router`` are one request's overrides, read as
-    a config file's values are (shorthands included); None keeps the config's. Nothing else of ``config`` is
-    copied or re-validated.
-
-    Proposers are always resolved. ``merge`` and ``router`` act when two or more proposers are combined; with one
-    proposer they are resolved when set explicitly (a typo fails now, not on the day a second proposer is added),
-    and the router also with ``lone_router`` (a lone proposer routed on this machine's cost curve), where a
-    default router that is not installed just means no router.
+    ``merge`` and ``router`` act when two or more proposers are combined; with one they are resolved when set
+    explicitly (a typo fails now, not on the day a second proposer is added), and the router also with
+    ``lone_router`` (a lone proposer routed on this machine's cost curve; the default router not installed: none).
 
     Raises:
         UnknownProposerError / UnknownMergePolicyError / UnknownRouterError: no installed plugin has that name
-            (the message lists the installed ones).
-        DuplicateRegistrationError: two installed plugins register that name.
-        ConfigError: an option unknown or out of range for its plugin, or the same proposer twice with the same
-            options.
+            (the message lists the installed ones); DuplicateRegistrationError: two plugins register it.
+        ConfigError: an option unknown or out of range for its plugin, or the same proposer twice alike.
     """
-    given = _overrides(proposers, merge, router)
+    given = SpecframeConfig.read_overrides(proposers=proposers, merge=merge, router=router)
     explicit = config.model_fields_set | set(given)
-    entries = given.get("proposers", config.proposers)
-    found = tuple(_resolve_proposers(entries, registry))
+    found = tuple(_resolve_proposers(given.get("proposers", config.proposers), registry))
     combined = len(found) > 1
+    # unset, the default policy / router is meant (a typed config's router None is `router: none` when set)
     merge_entry = given.get("merge", config.merge if "merge" in config.model_fields_set else MergeSettings())
-    resolved_merge = _resolve_merge(merge_entry, registry) if combined or "merge" in explicit else None
-    # a typed config's router None is `router: none` when set; unset, the default router is meant
+    resolved_merge = None
+    if combined or "merge" in explicit:
+        resolved_merge = _resolve_part("merge policy", registry.merge_policy, merge_entry, DEFAULT_MERGE)
     router_entry = given.get("router", config.router if "router" in config.model_fields_set else RouterSettings())
     resolved_router = None
-    if combined or "router" in explicit:
-        resolved_router = _resolve_router(router_entry, registry)
-    elif lone_router:
+    if combined or "router" in explicit or lone_router:
         try:
-            resolved_router = _resolve_router(router_entry, registry)
+            resolved_router = _resolve_part("router", registry.router, router_entry, DEFAULT_ROUTER)
         except UnknownRouterError:
-            resolved_router = None
+            if combined or "router" in explicit:
+                raise
     return Plugins(found, resolved_merge, resolved_router)
 
 
-def _overrides(proposers: Any, merge: Any, router: Any) -> dict[str, Any]:
-    """A request's plugin overrides read as a config file reads them (shorthands, names, bounds of ``merge``), only
-    the ones given: ``{"proposers": [...], "merge": MergeSettings, "router": RouterSettings}``.
-
-    Raises:
-        ConfigError: a malformed override (the message names the field).
-    """
-    data = {k: v for k, v in (("proposers", proposers), ("merge", merge), ("router", router)) if v is not None}
-    if not data:
-        return {}
-    try:
-        read = SpecframeConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(validation_line(exc)) from None
-    return {k: getattr(read, k) for k in data}
-
-
 def _plugin_config(cls: type, entry: Any, where: str) -> Any:
-    """``entry`` as ``cls.Config``: a typed config's own object as it is, a mapping (or another model) validated.
-
-    Raises:
-        ConfigError: an option unknown or out of range for that plugin (the message names ``where``).
-    """
-    if type(entry) is cls.Config:
+    """``entry`` as ``cls.Config``: a typed config's own object as it is (its ``name`` is a ``Literal``, checked at
+    registration), a mapping or another model validated; ConfigError naming ``where`` for a bad option."""
+    if isinstance(entry, cls.Config):
         return entry
-    if isinstance(entry, cls.Config):  # a typed config's member (the plugin's Config with `name` fixed): as its own
-        values = {k: getattr(entry, k) for k in cls.Config.model_fields}
-        return cls.Config.model_construct(entry.model_fields_set, **values)
     data = entry.model_dump() if isinstance(entry, BaseModel) else entry
     try:
-        return cls.Config.model_validate(data)
+        return cls.Config.model_validate({"name": cls.name, **data} if isinstance(data, dict) else data)
     except ValidationError as exc:
         raise ConfigError(validation_line(exc, where)) from None
 
 
 def _resolve_proposers(entries: Any, registry: Any) -> list[tuple[type, ProposerConfig]]:
-    """Validate each proposer entry (a mapping, or a typed config's object) against its plugin's config model.
-
-    Raises:
-        UnknownProposerError: no installed plugin has that name (the message lists the installed ones).
-        DuplicateRegistrationError: two installed plugins register that name (the message names both).
-        ConfigError: an option is unknown or out of range for that proposer, or two entries are the same
-            proposer with the same options.
-    """
+    """Each proposer entry (a mapping, or a typed config's object) as its plugin's config (raises as
+    :func:`resolve_plugins`)."""
     out: list[tuple[type, ProposerConfig]] = []
     for i, entry in enumerate(entries):
         name = entry.name if isinstance(entry, BaseModel) else entry["name"]
@@ -525,91 +451,49 @@ def _resolve_proposers(entries: Any, registry: Any) -> list[tuple[type, Proposer
     return out
 
 
-def _resolve_merge(settings: MergeSettings | dict[str, Any], registry: Any) -> tuple[type, MergePolicyConfig]:
-    """Validate ``merge:`` against its policy's config model.
-
-    Raises:
-        UnknownMergePolicyError: no installed plugin provides that policy (the message lists the installed ones).
-        ConfigError: an option is unknown or out of range for that policy.
-    """
-    if isinstance(settings, MergePolicyConfig):  # a typed config's own
-        cls = registry.merge_policy(settings.name)
-        return cls, _plugin_config(cls, settings, f"merge policy {settings.name!r}")
-    data = settings.model_dump() if isinstance(settings, BaseModel) else dict(settings)
-    data.setdefault("name", "priority")
-    cls = registry.merge_policy(data["name"])
-    return cls, _plugin_config(cls, data, f"merge policy {data['name']!r}")
-
-
-def _resolve_router(settings: RouterSettings | dict[str, Any] | str | None, registry: Any) -> tuple[type, RouterConfig] | None:
-    """Validate ``router:`` against its router's config model; None for ``router: none``.
-
-    Raises:
-        UnknownRouterError: no installed plugin provides that router (the message lists the installed ones).
-        ConfigError: an option is unknown or out of range for that router.
-    """
-    if isinstance(settings, RouterConfig):  # a typed config's own
-        cls = registry.router(settings.name)
-        return cls, _plugin_config(cls, settings, f"router {settings.name!r}")
-    settings = router_shorthand(settings)  # (a typed config's None: no router)
-    data: dict[str, Any] = settings.model_dump() if isinstance(settings, BaseModel) else dict(settings)
-    data.setdefault("name", "adaptive")
-    if names_no_router(data):
-        if len(data) > 1:
-            raise ConfigError(f"router: none takes no options, got {sorted(k for k in data if k != 'name')}")
-        return None
-    cls = registry.router(data["name"])
-    return cls, _plugin_config(cls, data, f"router {data['name']!r}")
+def _resolve_part(kind: str, lookup: Any, entry: Any, default: str) -> tuple[type, Any] | None:
+    """``merge:`` or ``router:`` (a mapping, :class:`MergeSettings` / :class:`RouterSettings` or a typed config's own)
+    as its plugin's config; None for no router (raises as :func:`resolve_plugins`)."""
+    if kind == "router":
+        entry = router_shorthand(entry.model_dump() if isinstance(entry, RouterSettings) else entry)
+        try:
+            entry = _no_router(entry)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if entry is None:
+            return None
+    name = entry.name if isinstance(entry, BaseModel) else entry.get("name", default)
+    cls = lookup(name)
+    return cls, _plugin_config(cls, entry, f"{kind} {name!r}")
 
 
 def runtime_config(config: SpecframeConfig, registry: Any) -> BaseModel:
-    """The typed config of ``config`` (the second check of :func:`load_config`; what a loaded
-    :class:`~specframe.api.Specframe` runs with, ``sf.config``): an instance of :func:`typed_config_model` for
-    ``registry``, whose ``proposers`` are the proposers' own config objects (e.g.
-    ``NgramConfig``), ``merge`` the merge policy's and ``router`` the router's (None: ``router: none``, or the
-    default router is not installed).
-
-    ``config`` is checked by :func:`resolve_plugins` first, so a bad name or option gives the error every path gives;
-    the fields ``config`` sets are the ones the typed config sets (``model_fields_set``: whether ``merge`` /
-    ``router`` were set explicitly is kept).
-
-    Raises:
-        UnknownProposerError / UnknownMergePolicyError / UnknownRouterError, ConfigError: as :func:`resolve_plugins`.
-    """
+    """The typed config of ``config`` (``sf.config``: :func:`typed_config_model` for ``registry``) from the entries
+    :func:`resolve_plugins` checked (so a bad name or option gives the error every path gives), with the fields
+    ``config`` sets set (whether ``merge`` / ``router`` were set explicitly is kept); a typed config as it is."""
+    if isinstance(config, _Typed):
+        return config
     plugins = resolve_plugins(config, registry)
     data = config.model_dump(exclude_unset=True)
-    data["proposers"] = [c.model_dump() for _, c in plugins.proposers] if "proposers" in data else None
-    if data["proposers"] is None:
-        del data["proposers"]
-    if "merge" in data:
-        data["merge"] = plugins.merge[1].model_dump() if plugins.merge is not None else data["merge"]
+    if "proposers" in data:
+        data["proposers"] = [c for _, c in plugins.proposers]
+    if "merge" in data and plugins.merge is not None:
+        data["merge"] = plugins.merge[1]
     if "router" in data:
-        data["router"] = None if plugins.router is None else plugins.router[1].model_dump()
+        data["router"] = None if plugins.router is None else plugins.router[1]
     try:
         return typed_config_model(registry).model_validate(data)
     except ValidationError as exc:
         raise ConfigError(validation_line(exc, "config")) from None
 
 
-# --- the typed form: one frozen model over the installed plugins, and its JSON Schema ---------------------------
+# --- the typed form: the model over the installed plugins, and its JSON Schema ----------------------------------
 
 
 def _tagged(classes: dict[str, type]) -> Any:
-    """A discriminated union (by ``name``) of each class's ``Config``, with ``name`` fixed to its registered name
-    (a plugin whose config types ``name`` as a plain ``str`` gets a subclass with the literal here; one that types
-    it ``Literal[name]`` is used as it is, so a typed config holds its own objects)."""
-    titles = [cls.Config.__name__ for cls in classes.values()]
-
-    def title(name: str, cls: type) -> str:  # the config class's own name, unless two plugins share it
-        return cls.Config.__name__ if titles.count(cls.Config.__name__) == 1 else f"{cls.Config.__name__}_{name}"
-
-    def member(name: str, cls: type) -> type:  # the plugin's own Config where it already types `name` so
-        field = cls.Config.model_fields.get("name")
-        if field is not None and field.annotation == Literal[name] and field.default == name:
-            return cls.Config
-        return create_model(title(name, cls), __base__=cls.Config, name=(Literal[name], name))
-
-    members = [member(name, cls) for name, cls in sorted(classes.items())]
+    """A discriminated union (by ``name``) of each class's ``Config`` (each types ``name`` as ``Literal[its name]``,
+    checked at registration, so a typed config holds the plugins' own objects)."""
+    members = [cls.Config for _, cls in sorted(classes.items())]
     if not members:
         return dict[str, Any]
     if len(members) == 1:
@@ -617,53 +501,34 @@ def _tagged(classes: dict[str, type]) -> Any:
     return Annotated[Union[tuple(members)], Field(discriminator="name")]
 
 
-def typed_config_model(registry: Any) -> type[BaseModel]:
-    """The frozen config model of ``registry``'s plugins (a :class:`~specframe.registry.Registry`); one class per set
-    of plugin classes (registries with the same plugins give the same model, so their configs compare equal).
-
-    Its instances have ``proposers`` as a tuple of the proposers' own config objects (e.g. ``NgramConfig``),
-    ``merge`` as the merge policy's and ``router`` as the router's config object (None for ``router: none``); the
-    shorthands of a config file (``proposers: ngram``, ``router: none``, ``merge: confidence``, ``policy:``) are read
-    as :class:`~specframe.config.SpecframeConfig` reads them.
-    """
+def typed_config_model(registry: Any) -> type[SpecframeConfig]:
+    """:class:`SpecframeConfig` over ``registry``'s plugins (a :class:`~specframe.registry.Registry`): ``proposers``
+    a tuple of the proposers' own config objects (e.g. ``NgramConfig``), ``merge`` the merge policy's and ``router``
+    the router's config object (None for ``router: none``); the same fields, checks and shorthands. One class per set
+    of plugin classes (registries with the same plugins give the same model, so their configs compare equal)."""
     return _typed_model(*(tuple(sorted(classes.items())) for classes in (
         registry.proposers, registry.merge_policies, registry.routers)))
 
 
+class _Typed(SpecframeConfig):
+    model_config = ConfigDict(validate_default=True)
+
+
 @lru_cache(maxsize=16)
-def _typed_model(proposers: tuple, merge_policies: tuple, routers: tuple) -> type[BaseModel]:
+def _typed_model(proposers: tuple, merge_policies: tuple, routers: tuple) -> type[SpecframeConfig]:
     """:func:`typed_config_model` of these ``(name, plugin class)`` pairs."""
-    proposer = _tagged(dict(proposers))
-    merge = _tagged(dict(merge_policies))
-    router = _tagged(dict(routers))
-    names = {"merge": dict(merge_policies), "router": dict(routers)}
-    base = SpecframeConfig.model_fields
-    fields: dict[str, Any] = {name: (f.annotation, f) for name, f in base.items()
-                              if name not in ("proposers", "merge", "router")}
-    fields["proposers"] = (tuple[proposer, ...], Field(default=({"name": "ngram"},), min_length=1,
-                                                       description=base["proposers"].description))
-    # the defaults are the runtime config's where installed; else none (SPECFRAME_PLUGINS may leave them out)
-    default_merge = base["merge"].default_factory().name
-    default_router = base["router"].default_factory().name
-    if default_merge in names["merge"]:
-        fields["merge"] = (merge, Field(default={"name": default_merge}, description=base["merge"].description))
-    else:
-        fields["merge"] = (Optional[merge], Field(default=None, description=base["merge"].description))
-    fields["router"] = (Optional[router], Field(default={"name": default_router} if default_router in names["router"]
-                                                else None, description=base["router"].description))
-    return create_model("TypedSpecframeConfig", __base__=_Shorthands, **fields)
-
-
-class _Shorthands(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthands(cls, data: Any) -> Any:
-        data = read_shorthands(data)
-        if isinstance(data, dict) and "router" in data and names_no_router(data["router"]):
-            data["router"] = None  # the typed form of no router
-        return data
+    about = {name: SpecframeConfig.model_fields[name].description for name in ("proposers", "merge", "router")}
+    merge, router = _tagged(dict(merge_policies)), _tagged(dict(routers))
+    # the defaults are the file's where installed; else none (SPECFRAME_PLUGINS may leave them out)
+    has_merge, has_router = DEFAULT_MERGE in dict(merge_policies), DEFAULT_ROUTER in dict(routers)
+    return create_model(
+        "TypedSpecframeConfig", __base__=_Typed,
+        proposers=(tuple[_tagged(dict(proposers)), ...],
+                   Field(default=({"name": "ngram"},), min_length=1, description=about["proposers"])),
+        merge=(merge if has_merge else Optional[merge],
+               Field(default={"name": DEFAULT_MERGE} if has_merge else None, description=about["merge"])),
+        router=(Annotated[Optional[router], BeforeValidator(_no_router)],
+                Field(default={"name": DEFAULT_ROUTER} if has_router else None, description=about["router"])))
 
 
 def config_schema(registry: Any) -> dict[str, Any]:
@@ -671,7 +536,7 @@ def config_schema(registry: Any) -> dict[str, Any]:
     schema = typed_config_model(registry).model_json_schema()
     schema["title"] = "specframe config"
     props = schema["properties"]
-    # the shorthands the loader reads (_Shorthands): a proposer, merge policy or router by its name alone
+    # the shorthands the model reads (read_shorthands): a proposer, merge policy or router by its name alone
     def names(classes, *more):
         return {"enum": sorted(classes) + list(more)}
     item = props["proposers"].pop("items")

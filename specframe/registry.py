@@ -30,6 +30,7 @@ import pluggy
 from . import __version__, acceptance, hookspecs
 from .contracts import ProposerConfig
 from .contracts.combining import MergePolicyConfig, RouterConfig
+from .contracts.proposer import names_itself
 from .decode.observe import Observers
 from .errors import (
     DuplicateRegistrationError,
@@ -281,6 +282,20 @@ def _check_name(cls: type, kind: str, where: str) -> None:
         )
 
 
+def _check_config_name(cls: type, kind: str, where: str) -> None:
+    """A plugin's ``Config`` types ``name`` as ``Literal[cls.name]`` (a plugin base class's subclass gets that
+    itself: :func:`~specframe.contracts.proposer.own_config`), so a typed config holds the plugin's own objects."""
+    name, config = cls.name, cls.Config
+    if names_itself(config, name):
+        return
+    field = config.model_fields.get("name")
+    annotation = field.annotation if field is not None else None
+    args = get_args(annotation) if get_origin(annotation) is Literal else ()
+    accepts = f"accepts {list(args)}, not {name!r}" if args else f"must be typed Literal[{name!r}], got {annotation}"
+    raise PluginContractError(f"{kind} {name!r} from {where}: {config.__name__}.name {accepts}; "
+                              f"declare `name: Literal[{name!r}] = {name!r}`")
+
+
 def check_proposer_class(cls: type, where: str) -> None:
     """Raise :class:`PluginContractError` when a proposer class breaks the contract (config model, flags, methods)."""
     name = getattr(cls, "name", None)
@@ -295,14 +310,7 @@ def check_proposer_class(cls: type, where: str) -> None:
             f"proposer {name!r} from {where}: {config.__name__} must forbid unknown options "
             "(keep ProposerConfig's model_config, extra='forbid')"
         )
-    name_field = config.model_fields.get("name")
-    annotation = name_field.annotation if name_field is not None else None
-    args = get_args(annotation) if get_origin(annotation) is Literal else ()
-    if args and name not in args:
-        raise PluginContractError(
-            f"proposer {name!r} from {where}: {config.__name__}.name accepts {list(args)}, not {name!r}; "
-            f"declare `name: Literal[{name!r}] = {name!r}`"
-        )
+    _check_config_name(cls, "proposer", where)
     for flag in ("needs_hidden_states", "produces_trees", "provides_draft_probs"):
         if not isinstance(getattr(cls, flag, None), bool):
             raise PluginContractError(
@@ -373,6 +381,7 @@ def _check_component(cls: type, kind: str, base: type, methods: tuple[str, ...],
     for method in methods:
         if not callable(getattr(cls, method, None)):
             raise PluginContractError(f"{kind} {name!r} from {where}: method `{method}` is missing")
+    _check_config_name(cls, kind, where)
 
 
 def _check_merge_policy(cls: type, where: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .proposer import DraftTree, TargetInfo, numbers_as_numbers
+from .proposer import DraftTree, TargetInfo, numbers_as_numbers, own_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +110,10 @@ class MergePolicyBase:
     name: ClassVar[str] = ""
     Config: ClassVar[type[MergePolicyConfig]] = MergePolicyConfig
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:  # a Config it inherits: with `name: Literal[cls.name]`
+        super().__init_subclass__(**kwargs)
+        own_config(cls)
+
     def __init__(self, config: MergePolicyConfig, target: TargetInfo | None = None) -> None:
         self.config = config
         self.target = target
@@ -181,6 +185,10 @@ class RouterBase:
 
     name: ClassVar[str] = ""
     Config: ClassVar[type[RouterConfig]] = RouterConfig
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:  # a Config it inherits: with `name: Literal[cls.name]`
+        super().__init_subclass__(**kwargs)
+        own_config(cls)
 
     def __init__(self, config: RouterConfig, target: TargetInfo | None = None) -> None:
         self.config = config

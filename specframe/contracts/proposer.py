@@ -15,10 +15,21 @@ from __future__ import annotations
 
 import types
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Sequence, Union, get_args, get_origin, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Literal,
+    Protocol,
+    Sequence,
+    Union,
+    get_args,
+    get_origin,
+    runtime_checkable,
+)
 
 import torch
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, create_model, model_validator
 from torch import Tensor
 
 from ..sampling import SamplingParams
@@ -288,6 +299,26 @@ def numbers_as_numbers(cls: Any, data: Any) -> Any:
     return out
 
 
+def names_itself(config: Any, name: str) -> bool:
+    """Whether the config model ``config`` types its ``name`` as ``Literal[name]`` (what registration requires of a
+    plugin's ``Config``, so a typed config holds the plugin's own config objects)."""
+    field = config.model_fields.get("name") if isinstance(config, type) and issubclass(config, BaseModel) else None
+    return field is not None and field.annotation == Literal[name]
+
+
+def own_config(cls: type) -> None:
+    """The plugin base classes' ``__init_subclass__``: a class that inherits its ``Config`` (the base's, whose
+    ``name`` is a plain ``str``, or a parent plugin's) gets a subclass of it with ``name: Literal[cls.name]``; a
+    ``Config`` the class declares itself is left as it is (registration checks it: :func:`names_itself`)."""
+    name, config = getattr(cls, "name", None), getattr(cls, "Config", None)
+    if "Config" in vars(cls) or not (isinstance(name, str) and name) or not (
+            isinstance(config, type) and issubclass(config, BaseModel)) or names_itself(config, name):
+        return
+    cls.Config = create_model(f"{cls.__name__}Config", __base__=config, __module__=cls.__module__,
+                              name=(Literal[name], name))
+    cls.Config.__qualname__ = f"{cls.__qualname__}.Config"  # where pickle finds it
+
+
 class ProposerConfig(BaseModel):
     """Base of every proposer's config. Subclasses add fields; ``name`` selects the proposer. A number option is
     given as a number (:func:`numbers_as_numbers`)."""
@@ -385,6 +416,10 @@ class ProposerBase:
     provides_draft_probs: ClassVar[bool] = False
     reads_features: ClassVar[bool] = False
     reads_target_tokens: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:  # a Config it inherits: with `name: Literal[cls.name]`
+        super().__init_subclass__(**kwargs)
+        own_config(cls)
 
     def __init__(self, config: ProposerConfig, target: TargetInfo) -> None:
         self.config = config

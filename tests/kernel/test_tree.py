@@ -4,6 +4,7 @@ engine verifying branching drafts in one forward (exact against plain greedy).""
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import pytest
 import torch
@@ -147,7 +148,7 @@ def test_compaction_equals_fresh_prefill_of_the_accepted_path(path):
 
 
 class TreeConfig(ProposerConfig):
-    name: str = "scripted-tree"
+    name: Literal["scripted-tree"] = "scripted-tree"
 
 
 class ScriptedTree(ProposerBase):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Literal
 
 import pytest
 import torch
@@ -51,7 +52,7 @@ MALFORMED = [
 
 
 class BrokenConfig(ProposerConfig):
-    name: str = "broken"
+    name: Literal["broken"] = "broken"
 
 
 class Broken(ProposerBase):
@@ -288,7 +289,7 @@ def test_a_merge_policy_or_router_that_raises_while_built_is_replaced(specframe_
     from specframe.contracts.combining import MergePolicyBase, MergePolicyConfig, RouterBase, RouterConfig
 
     class BadMergeConfig(MergePolicyConfig):
-        policy: str = "bad"
+        name: Literal["bad"] = "bad"
 
     class BadMerge(MergePolicyBase):
         name, Config = "bad", BadMergeConfig
@@ -300,7 +301,7 @@ def test_a_merge_policy_or_router_that_raises_while_built_is_replaced(specframe_
             return []
 
     class BadRouterConfig(RouterConfig):
-        name: str = "bad"
+        name: Literal["bad"] = "bad"
 
     class BadRouter(RouterBase):
         name, Config = "bad", BadRouterConfig

@@ -224,6 +224,15 @@ def test_a_config_model_must_forbid_unknown_options_and_accept_its_name():
     with pytest.raises(PluginContractError, match=r"accepts \['other'\], not 'p'"):
         build_registry(entry_points=False, extra_plugins=(_Plugin(_proposer(Config=Other)),))
 
+    class Loosely(ProposerConfig):  # a config must name its plugin (so a typed config holds its own objects)
+        name: str = "p"
+
+    with pytest.raises(PluginContractError, match=r"Loosely.name must be typed Literal\['p'\]"):
+        build_registry(entry_points=False, extra_plugins=(_Plugin(_proposer(Config=Loosely)),))
+    inherited = _proposer()  # a base class's subclass that declares no Config gets one naming it
+    assert inherited.Config.model_fields["name"].annotation == Literal["p"] and inherited.Config().name == "p"
+    assert build_registry(entry_points=False, extra_plugins=(_Plugin(inherited),)).proposer("p") is inherited
+
 
 def test_unknown_proposer_lists_the_installed_ones(fake_dist):
     fake_dist("specframe-echo", "1.0", {"echo": "sf_echo_mod"}, {"sf_echo_mod": proposer_module("echo")})
