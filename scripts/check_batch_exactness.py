@@ -98,14 +98,15 @@ def _batched(sf, ids, budgets, batch_size, kw, steps, gate=True):
     """The decode loop itself (each request its own budget and seed, as alone); each request's engine is taken as it
     joins and given back as it leaves."""
     from specframe.decode.batch import BatchRequest, decode_batch
+    from specframe.decode.options import DecodeOptions
     from specframe.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=kw.get("temperature", 0.0))
 
     def items():
         for i, (p, b) in enumerate(zip(ids, budgets)):
-            lease = sf.lease(kw["proposers"], None, kw.get("router"), sampling)
-            yield BatchRequest(lease.engine, p, b, sampling, seed=i, release=lease.release)
+            lease = sf.lease(kw["proposers"], None, kw.get("router"), sampling)  # its verifier: for this sampling
+            yield BatchRequest(lease.engine, p, DecodeOptions(b, sampling, seed=i), release=lease.release)
 
     import specframe.decode.batch as loop
 

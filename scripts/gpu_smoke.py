@@ -407,12 +407,13 @@ def stage_step_split(smoke: Smoke) -> tuple[str, dict]:
 
 def stage_batch(smoke: Smoke) -> tuple[str, dict]:
     from specframe.decode.batch import BatchRequest, decode_batch
+    from specframe.decode.options import DecodeOptions
 
     target, refs, weights = fp32_setup(smoke)
     rows = {}
     for strategy in ("none", "ngram", "medusa", "ngram+medusa"):
         items = [BatchRequest(engine=engine_of(strategy, target, weights), prompt_ids=p,
-                              max_new_tokens=smoke.new_tokens) for p in smoke.prompts]
+                              options=DecodeOptions(smoke.new_tokens)) for p in smoke.prompts]
         got = dict(decode_batch(target, items, batch_size=len(items), gate=False))
         alone = smoke.shared.get("results", {}).get(strategy)
         want = [r.token_ids for r in alone] if alone else refs

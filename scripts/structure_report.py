@@ -33,6 +33,9 @@ Prints, for the tree at ROOT (default: this checkout):
   ``.name(`` outside a ``def``, and the places that call it by its name in a string (``getattr(obj, "name")``, or the
   name handed to a dispatching helper); ``getattr(obj, "attr", default)`` reads; string constants holding a NUL
   (keys spelled in strings); config models that allow extra keys; tracked files by room (git ls-files).
+- (issue 70) ``Request.__init__``'s parameters, the ``Specframe`` class's lines, specframe/config.py's lines; upward
+  imports between floors (``FLOORS``: kernel (+ files) < target < decode < host < faces, docs/how-it-works.md's floor
+  table): an import that runs from a module on a lower floor to one on a higher floor, and modules no floor names.
 """
 
 from __future__ import annotations
@@ -258,6 +261,73 @@ def floors(root: Path) -> dict[str, list[str]]:
     return {"top_modules": top, "folders": folders}
 
 
+# (issue 70) specframe's floors, lowest first, as docs/how-it-works.md's floor table names them (imports run
+# downward): a module may import its own floor and those below. Top-level modules and sub-packages by their first
+# name; where the table is silent, by what they import and who imports them (grammar: constraint engines over the
+# contracts; learned: drafter components that target.models reads; block_drafts: a kernel function). The public face
+# (specframe/__init__.py, services.py) re-exports every floor and has none.
+FLOORS: dict[str, int] = {
+    **dict.fromkeys(("contracts", "acceptance", "token_tree", "sampling", "errors", "hookspecs", "block_drafts",
+                     "grammar", "io"), 0),  # kernel, and the files room beside it (io reads errors)
+    **dict.fromkeys(("target", "learned"), 1),
+    "decode": 2,
+    **dict.fromkeys(("registry", "config", "installed", "instance_pool", "request_options", "request_job",
+                     "shared_weights"), 3),  # host: wiring config -> plugins -> engine
+    **dict.fromkeys(("api", "cli", "bench", "replay", "serve", "training", "datastore", "integrations", "testing",
+                     "__main__"), 4),  # faces
+}
+FLOOR_NAMES = ("kernel", "target", "decode", "host", "faces")
+PUBLIC_FACE = {"specframe", "specframe.services"}
+
+
+def _floor(module: str) -> int | None:
+    parts = module.split(".")
+    return FLOORS.get(parts[1]) if len(parts) > 1 and parts[0] == "specframe" else None
+
+
+def upward_imports(root: Path) -> dict[str, list[str]]:
+    """Imports that run (as for import cycles) from a module on a lower floor to one on a higher floor
+    (``importer -> imported``), and the specframe modules no floor names."""
+    paths = _modules(root, ("specframe",))
+    names = {_name(root, p): p for p in paths}
+    up, unplaced = set(), set()
+    for name, path in names.items():
+        mine = _floor(name)
+        if mine is None:
+            if name not in PUBLIC_FACE:
+                unplaced.add(name)
+            continue
+        for imp in _imports(root, path, ast.parse(path.read_text())):
+            while imp and imp not in names:
+                imp = imp.rsplit(".", 1)[0] if "." in imp else ""
+            theirs = _floor(imp) if imp else None
+            if theirs is not None and theirs > mine:
+                up.add(f"{name} ({FLOOR_NAMES[mine]}) -> {imp} ({FLOOR_NAMES[theirs]})")
+    return {"upward_imports": sorted(up), "unplaced_modules": sorted(unplaced)}
+
+
+def request_figures(root: Path) -> dict[str, int]:
+    """(issue 70) ``Request.__init__``'s parameters (but ``self``), the lines of class ``Specframe`` (class line to
+    last line) and of specframe/config.py."""
+    out = {"request_init_params": -1, "specframe_class_lines": -1, "config_lines": -1}
+    engine = root / "specframe/decode/engine.py"
+    for node in ast.walk(ast.parse(engine.read_text())) if engine.exists() else ():
+        if isinstance(node, ast.ClassDef) and node.name == "Request":
+            for fn in node.body:
+                if isinstance(fn, ast.FunctionDef) and fn.name == "__init__":
+                    a = fn.args
+                    out["request_init_params"] = len(a.posonlyargs + a.args + a.kwonlyargs) - 1 + bool(
+                        a.vararg) + bool(a.kwarg)
+    api = root / "specframe/api.py"
+    for node in ast.walk(ast.parse(api.read_text())) if api.exists() else ():
+        if isinstance(node, ast.ClassDef) and node.name == "Specframe":
+            out["specframe_class_lines"] = node.end_lineno - node.lineno + 1
+    config = root / "specframe/config.py"
+    if config.exists():
+        out["config_lines"] = len(config.read_text().splitlines())
+    return out
+
+
 def cost_owners(root: Path) -> tuple[list[str], str]:
     owners: dict[str, list[str]] = {}
     annotation = "?"
@@ -421,6 +491,8 @@ def main(argv: list[str]) -> None:
         "plugin_method_calls": plugin_calls(root),
         **loose_reads(root),
         "rooms": rooms(root),
+        **request_figures(root),
+        **upward_imports(root),
     }
     if "--json" in argv:
         print(json.dumps(report, indent=1))
@@ -444,6 +516,10 @@ def main(argv: list[str]) -> None:
     print(f"getattr_default: {report['getattr_default']}  nul_keys: {report['nul_keys']}  "
           f"extra_allow_models: {report['extra_allow_models']}")
     print("rooms: " + ", ".join(f"{k} {v}" for k, v in report["rooms"].items()))
+    print(f"Request.__init__ parameters: {report['request_init_params']}  Specframe class: "
+          f"{report['specframe_class_lines']} lines  config.py: {report['config_lines']} lines")
+    for key in ("upward_imports", "unplaced_modules"):
+        print(f"{key}: {len(report[key])}  {', '.join(report[key])}")
     if "--check" in argv:
         broken = check(report)
         for line in broken:

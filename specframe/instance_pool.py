@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Hashable
 
@@ -88,8 +89,7 @@ class Lease:
 
 class PluginSets:
     """Makes each request's plugin set (proposers, merge policy, router, verifier) from an :class:`InstancePool`,
-    for one loaded :class:`~specframe.api.Specframe` (its config, target and registry), and lends it as a
-    :class:`Lease`.
+    for one loaded model (its typed config, target and plugin registry), and lends it as a :class:`Lease`.
 
     A plugin whose constructor raises something other than a :class:`~specframe.errors.SpecframeError` is a plugin
     fault: warned about once per option set, remembered (the last ``max_broken``), and left out of every request
@@ -97,7 +97,9 @@ class PluginSets:
     output is unaffected. A :class:`~specframe.errors.SpecframeError` is the user's to fix and is raised.
 
     Args:
-        owner: the ``Specframe`` (read for ``config``, ``target``, ``registry`` at each request).
+        config: the typed config (:func:`~specframe.config.runtime_config`): the plugins, isolation and verifier.
+        target: the loaded target the plugins are built for.
+        registry: the plugin registry (the verifier classes, the plugins' origins).
         max_idle: idle instances kept, and build failures remembered.
     """
 
@@ -107,8 +109,14 @@ class PluginSets:
         "router": "every combined proposer drafts with the full budget",
     }
 
-    def __init__(self, owner: Any, max_idle: int = 16) -> None:
-        self.owner = owner
+    def __init__(self, config: Any, target: Any = None, registry: Any = None, max_idle: int = 16) -> None:
+        if target is None and registry is None and hasattr(config, "registry"):  # the old PluginSets(sf)
+            from . import MOVED_UNTIL
+
+            warnings.warn("PluginSets(sf) is deprecated: pass PluginSets(sf.config, sf.target, sf.registry) (the old "
+                          f"form goes in specframe {MOVED_UNTIL})", DeprecationWarning, stacklevel=2)
+            config, target, registry = config.config, config.target, config.registry
+        self.config, self.target, self.registry = config, target, registry
         self.pool = InstancePool(max_idle=max_idle)
         self.max_broken = max_idle
         self.broken: OrderedDict[str, BaseException] = OrderedDict()  # key -> what its constructor raised
@@ -126,14 +134,15 @@ class PluginSets:
         from .decode.isolation import IsolationPolicy
         from .sampling import SamplingParams
 
-        sf, held = self.owner, []
+        held: list = []
         try:
             active, policy, routed = self._instances(self._resolved(proposers, merge, router), held)
             labels = proposer_labels([p.name for p in active])
             engine = Engine(
-                sf.target, active, verifier or self._verifier(sampling or SamplingParams(), held), merge=policy,
-                router=routed, isolation=IsolationPolicy(**sf.config.isolation.model_dump()),
-                origins={lab: sf.registry.origin.get(("proposer", p.name), "") for lab, p in zip(labels, active)},
+                self.target, active, verifier or self._verifier(sampling or SamplingParams(), held), merge=policy,
+                router=routed, isolation=IsolationPolicy(**self.config.isolation.model_dump()),
+                origins={lab: self.registry.origin.get(("proposer", p.name), "") for lab, p in zip(labels, active)},
+                sampling=sampling,
             )
         except BaseException:
             self._give_back(held)
@@ -149,7 +158,7 @@ class PluginSets:
             if key in self.broken:
                 return None
         try:
-            return cls(cfg, self.owner.target.info)
+            return cls(cfg, self.target.info)
         except SpecframeError:
             raise  # the user's to fix (missing weights, a bad folder, ...): one error line
         except Exception as exc:  # noqa: BLE001 - a plugin must never crash generation
@@ -157,7 +166,7 @@ class PluginSets:
                 self.broken[key] = exc
                 while len(self.broken) > self.max_broken:
                     self.broken.popitem(last=False)
-            origin = self.owner.registry.origin.get((kind, cls.name), "")
+            origin = self.registry.origin.get((kind, cls.name), "")
             log.warning(
                 "%s %r%s raised %s while it was built: %s; it is left out of every request that asks for it (%s), "
                 "output is unaffected", kind, cls.name, f" (plugin {origin})" if origin else "", type(exc).__name__,
@@ -186,9 +195,8 @@ class PluginSets:
         explicitly, or when the target carries this machine's measured cost curve."""
         from .config import resolve_plugins
 
-        sf = self.owner
-        return resolve_plugins(sf.config, sf.registry, proposers=proposers, merge=merge, router=router,
-                               lone_router=sf.target.info.cost is not None)
+        return resolve_plugins(self.config, self.registry, proposers=proposers, merge=merge, router=router,
+                               lone_router=self.target.info.cost is not None)
 
     def _instances(self, plugins: Any, held: list) -> tuple[list[Any], Any, Any]:
         """``(proposers, merge policy, router)`` instances for one request (from the pool; recorded in ``held``). A
@@ -214,7 +222,7 @@ class PluginSets:
     def _verifier(self, sampling: Any, held: list) -> Any:
         from .errors import ConfigError
 
-        name = self.owner.config.verifier
+        name = self.config.verifier
         if name == "auto":
             name = "greedy" if sampling.is_greedy else "speculative-sampling"
         elif name == "greedy" and not sampling.is_greedy:
@@ -223,6 +231,6 @@ class PluginSets:
                 "use verifier auto or speculative-sampling to sample"
             )
         key = f"verifier:{name}"
-        verifier = self.pool.take(key, self.owner.registry.verifier(name))
+        verifier = self.pool.take(key, self.registry.verifier(name))
         held.append((key, verifier))
         return verifier

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import CancelledError
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -32,28 +32,52 @@ from ..sampling import SamplingParams, is_greedy_temperature
 from .batch_gate import SpeculationGate
 from .engine import Engine, GenerationResult, Request, default_scorer
 from .observe import Observers
+from .options import DecodeOptions
 
 __all__ = ["BatchLoop", "BatchRequest", "SequentialBatch", "decode_batch", "new_batch"]
 
 
 @dataclass
 class BatchRequest:
-    """One request for :func:`decode_batch`. ``engine`` is the request's own (its proposer instances); ``release``
-    is called once when the request has left the batch (e.g. to give the engine back to its pool)."""
+    """One request for :func:`decode_batch`: its engine, prompt and :class:`~specframe.decode.options.DecodeOptions`
+    (``BatchRequest(engine, ids, DecodeOptions(64, seed=7))``). ``engine`` is the request's own (its proposer
+    instances); ``release`` is called once when the request has left the batch (e.g. to give the engine back to its
+    pool).
+
+    The options' fields may be given instead, as :meth:`Engine.request <specframe.decode.engine.Engine.request>`
+    takes them (``BatchRequest(engine, ids, 64, sampling, seed=7)``: ``max_new_tokens`` in the options' place); they
+    are read into ``options``.
+    """
 
     engine: Engine
     prompt_ids: list[int]
-    max_new_tokens: int
-    sampling: SamplingParams = SamplingParams()
-    seed: int = 0
-    stop_strings: Sequence[str] = ()
-    on_text: Callable[[str], None] | None = None
+    options: DecodeOptions | int | None = None  # an int: max_new_tokens, with the fields below
+    sampling: InitVar[SamplingParams | None] = None
+    seed: InitVar[int] = 0
+    stop_strings: InitVar[Sequence[str]] = ()
+    on_text: InitVar[Callable[[str], None] | None] = None
     observer: Observers | None = None
     release: Callable[[], None] | None = None
     tag: Any = None  # the caller's: comes back with the result
     cancel: Any = None  # a threading.Event: once set, the request leaves the batch before the next step
-    constraint: Any = None  # its own compiled constraint (specframe.contracts.constraint.Constraint) or None
-    logprobs: int | None = None  # alternatives per token of the log-probabilities kept (None: none)
+    constraint: InitVar[Any] = None  # its own compiled constraint (specframe.contracts.constraint.Constraint) or None
+    logprobs: InitVar[int | None] = None  # alternatives per token of the log-probabilities kept (None: none)
+    max_new_tokens: InitVar[int | None] = None  # (the options' place may hold it instead)
+
+    def __post_init__(self, sampling: SamplingParams | None, seed: int, stop_strings: Sequence[str],
+                      on_text: Callable[[str], None] | None, constraint: Any, logprobs: int | None,
+                      max_new_tokens: int | None) -> None:
+        fields = (sampling, seed, tuple(stop_strings), on_text, constraint, logprobs, max_new_tokens)
+        if isinstance(self.options, DecodeOptions):
+            if fields != (None, 0, (), None, None, None, None):
+                raise TypeError("BatchRequest takes a DecodeOptions or its fields, not both")
+        else:
+            if (self.options is None) == (max_new_tokens is None):
+                raise TypeError("BatchRequest needs a DecodeOptions, or max_new_tokens (once)")
+            if self.options is None:
+                self.options = max_new_tokens
+            self.options = DecodeOptions(self.options, sampling, seed, tuple(stop_strings), constraint, logprobs,
+                                         on_text)
 
 
 class SequentialBatch:
@@ -150,7 +174,7 @@ class BatchLoop:
         before = sum(len(a.request.stops.generated) for a in active)
         for i, a in enumerate(active):  # the router budgets each request's draft from the whole forward
             a.request.drafting.set_batch(len(active), max(sizes[:i] + sizes[i + 1 :], default=1))
-            a.draft = a.request.draft(None if drafting or not is_greedy_temperature(a.item.sampling.temperature)
+            a.draft = a.request.draft(None if drafting or not is_greedy_temperature(a.request.sampling.temperature)
                                       else 0)
             a.size = 1 + a.draft[0].tree.num_nodes
         self.batch.forward([(a.request.scorer, a.request.newest, a.draft[0].tree) for a in active])
@@ -226,10 +250,7 @@ def decode_batch(target: Any, requests: Iterable[BatchRequest], batch_size: int,
 
 def _start(item: BatchRequest, batch: Any) -> Any:
     try:
-        req = item.engine.request(
-            item.prompt_ids, max_new_tokens=item.max_new_tokens, sampling=item.sampling, seed=item.seed,
-            stop_strings=tuple(item.stop_strings), on_text=item.on_text, observer=item.observer, scorer=batch.row,
-            constraint=item.constraint, logprobs=item.logprobs)
+        req = item.engine.request(item.prompt_ids, item.options, observer=item.observer, scorer=batch.row)
         req.start()
     except BaseException:
         if item.release is not None:

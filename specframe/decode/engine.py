@@ -43,10 +43,11 @@ from .lineup import Lineup, proposer_labels
 from .merged_tree import MergedDraft
 from .metrics import MetricsWriter, RequestMetrics
 from .observe import Observers
+from .options import DecodeOptions
 from .stopping import StopChecker, TextStream, emitted_text, special_stop_ids
 from .target_scorer import TargetScorer
 
-__all__ = ["Engine", "GenerationResult", "Request", "TokenLogprob", "default_scorer", "proposer_labels"]
+__all__ = ["DecodeOptions", "Engine", "GenerationResult", "Request", "TokenLogprob", "default_scorer", "proposer_labels"]
 
 log = logging.getLogger("specframe")
 
@@ -103,6 +104,7 @@ class Engine:
         router: an optional :class:`~specframe.contracts.combining.Router`.
         isolation: how faulty proposers are treated (time limit, faults before disabling).
         origins: proposer label -> the plugin it comes from, for warnings (e.g. ``"recall (specframe-recall 0.1)"``).
+        sampling: the sampling ``verifier`` was chosen for; a request that names none decodes with it (None: greedy).
 
     Where the verifier or the target takes chains only, tree-drafting proposers' drafts keep their leading chain.
 
@@ -120,8 +122,10 @@ class Engine:
         router: Router | None = None,
         isolation: IsolationPolicy | None = None,
         origins: Mapping[str, str] | None = None,
+        sampling: SamplingParams | None = None,
     ) -> None:
         self.target = target
+        self.sampling = sampling  # what the verifier was chosen for: a request's sampling when it names none
         self.lineup = Lineup.build(proposers, verifier, merge=merge, router=router, isolation=isolation,
                                    origins=origins)
         # target hidden states at every processed position, for proposers that read features (EAGLE-style)
@@ -145,17 +149,17 @@ class Engine:
         return self.lineup.verifier
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: list[int], *, max_new_tokens: int, **options: Any) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens after ``prompt_ids``: :meth:`request` (same arguments, same
-        errors), run at once."""
-        return self.request(prompt_ids, max_new_tokens=max_new_tokens, **options).run()
+    def generate(self, prompt_ids: list[int], options: DecodeOptions | None = None, **keywords: Any) -> GenerationResult:
+        """Generate after ``prompt_ids``: :meth:`request` (same arguments, same errors), run at once."""
+        return self.request(prompt_ids, options, **keywords).run()
 
     def request(
         self,
         prompt_ids: list[int],
+        options: DecodeOptions | None = None,
         *,
-        max_new_tokens: int,
-        sampling: SamplingParams = SamplingParams(),
+        max_new_tokens: int | None = None,
+        sampling: SamplingParams | None = None,
         seed: int = 0,
         stop_strings: Sequence[str] = (),
         on_text: Callable[[str], None] | None = None,
@@ -168,15 +172,21 @@ class Engine:
         """One request for up to ``max_new_tokens`` tokens after ``prompt_ids``, checked and ready but not started:
         :meth:`generate` runs it at once; the batch loop (:mod:`specframe.decode.batch`) steps several together.
 
-        ``observer`` receives one event per step (None: no events; see :meth:`Registry.observers`).
-        ``between_steps`` is called after every step (e.g. the thread governor's cheap, rate-limited load check); it
-        cannot change the output. ``scorer`` makes the request's scorer (:mod:`specframe.decode.target_scorer`; None: the live
-        target with a fresh KV cache; replay passes one backed by a recorded trace; a batch passes its rows).
-        ``constraint``: the request's structured-output constraint, compiled for it alone (None: unconstrained); it
-        cuts drafts, masks the verification logits and follows the committed tokens (see
-        :mod:`specframe.contracts.constraint`).
+        The request's decode options come either as one :class:`~specframe.decode.options.DecodeOptions`
+        (``engine.request(ids, DecodeOptions(max_new_tokens=64, seed=7))``) or as keywords of the same meaning
+        (``engine.request(ids, max_new_tokens=64, seed=7)``; ``stop_strings`` is its ``stop``), not both.
+        ``sampling`` (None: the sampling this engine's verifier was chosen for, ``sf.lease(sampling=...)``; greedy
+        for an engine made without one). ``seed`` seeds the request's generator. ``constraint``: the request's
+        structured-output constraint, compiled for it alone (None: unconstrained); it cuts drafts, masks the
+        verification logits and follows the committed tokens (see :mod:`specframe.contracts.constraint`).
         ``logprobs``: return each generated token's log-probability and this many most likely alternatives (0: the
         chosen token's only; None: none), from the verification logits (:class:`TokenLogprob`).
+
+        The host's hooks are keywords in either form: ``observer`` receives one event per step (None: no events; see
+        :meth:`Registry.observers`). ``between_steps`` is called after every step (e.g. the thread governor's cheap,
+        rate-limited load check); it cannot change the output. ``scorer`` makes the request's scorer
+        (:mod:`specframe.decode.target_scorer`; None: the live target with a fresh KV cache; replay passes one backed
+        by a recorded trace; a batch passes its rows).
 
         ``max_new_tokens`` beyond the room the prompt leaves in the context is cut to that room (no buffer is sized
         by what was asked), so a huge budget means "until EOS or the context is full".
@@ -188,19 +198,28 @@ class Engine:
             ConfigError: ``max_new_tokens < 1``, an empty prompt, or a stop string holding a special token and other
                 text.
             PromptTooLongError: the prompt leaves no room in the target's context.
+            TypeError: options given both ways, or neither ``options`` nor ``max_new_tokens``.
         """
-        if max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        check_logprobs(logprobs)
+        if options is None:
+            if max_new_tokens is None:
+                raise TypeError("Engine.request() needs max_new_tokens (or a DecodeOptions)")
+            options = DecodeOptions(max_new_tokens, sampling, seed, tuple(stop_strings), constraint, logprobs, on_text)
+        elif (max_new_tokens, sampling, seed, tuple(stop_strings), constraint, logprobs, on_text) != (
+                None, None, 0, (), None, None, None):
+            raise TypeError("Engine.request() takes a DecodeOptions or its fields as keywords, not both")
+        if options.sampling is None:
+            options = replace(options, sampling=self.sampling or SamplingParams())
+        if options.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {options.max_new_tokens}")
+        check_logprobs(options.logprobs)
         if not prompt_ids:
             raise ConfigError("the prompt is empty: give at least one token")
         if len(prompt_ids) >= self.target.max_context:
             raise PromptTooLongError(
                 f"prompt has {len(prompt_ids)} tokens; the model's context is {self.target.max_context}: shorten it"
             )
-        stop_strings, stop_ids = special_stop_ids(tuple(stop_strings), self.target.tokenizer)
-        return Request(self, prompt_ids, max_new_tokens, sampling, seed, stop_strings, stop_ids, on_text, observer,
-                        between_steps, scorer or default_scorer(self.target), constraint, logprobs)
+        return Request(self, prompt_ids, options, observer=observer, between_steps=between_steps,
+                       scorer=scorer or default_scorer(self.target))
 
 
 def default_scorer(target: TargetModel) -> ScorerFactory:
@@ -243,21 +262,26 @@ class Request:
         finally:
             req.close()                     # the scorer's resources back (a context, a batch row)
 
-    :meth:`step` is ``verify(*draft())``; :meth:`draft` takes a ``cap`` on the draft's nodes (the batch's
+    ``engine.request(prompt_ids, DecodeOptions(64))`` is the same request, its options as one object
+    (:class:`~specframe.decode.options.DecodeOptions`, what a ``BatchRequest`` holds); the request keeps it as
+    ``req.options``. :meth:`step` is ``verify(*draft())``; :meth:`draft` takes a ``cap`` on the draft's nodes (the batch's
     speculation gate). The scorer the request was made with runs the forward inside :meth:`verify`
     (:func:`default_scorer` for the live target; a batch passes one backed by its rows). A host that verifies in its
     own engine (vLLM) drives :class:`~specframe.decode.drafting.Drafting` directly instead: ``propose`` then
     ``feedback`` (see :mod:`specframe.integrations.vllm`). Not thread-safe: one thread steps a request.
     """
 
-    def __init__(self, engine: Engine, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams,
-                 seed: int, stop_strings: tuple[str, ...], stop_ids: frozenset[int],
-                 on_text: Callable[[str], None] | None,
-                 observer: Observers | None, between_steps: Callable[[], Any] | None, scorer: ScorerFactory,
-                 constraint: Constraint | None = None, logprobs: int | None = None) -> None:
+    def __init__(self, engine: Engine, prompt_ids: list[int], options: DecodeOptions, *,
+                 observer: Observers | None = None, between_steps: Callable[[], Any] | None = None,
+                 scorer: ScorerFactory | None = None) -> None:
+        target = engine.target
+        stop_strings, stop_ids = special_stop_ids(options.stop, target.tokenizer)
+        sampling = options.sampling if options.sampling is not None else engine.sampling or SamplingParams()
+        seed, on_text, constraint = options.seed, options.on_text, options.constraint
+        max_new_tokens = options.max_new_tokens
+        self.options = options
         self.e = engine
         self.between_steps = between_steps
-        target = engine.target
         self.device = getattr(target, "device", None)  # step times wait for its queued work (device_sync)
         generator = torch.Generator(device=target.device)
         generator.manual_seed(seed)
@@ -272,7 +296,7 @@ class Request:
         self.state.feature_layers = engine.feature_layers
         self.constraint = constraint  # proposers see a view that cannot advance it
         self.state.constraint = None if constraint is None else ConstraintView(constraint)
-        self.top_logprobs = logprobs  # None: no log-probabilities kept
+        self.top_logprobs = options.logprobs  # None: no log-probabilities kept
         self.logprobs: list[TokenLogprob] = []
         self.stops = StopChecker(  # stop strings that are special tokens end generation as an EOS does
             target.eos_token_ids | stop_ids, max_new_tokens, stop_strings, target.decode if stop_strings else None
@@ -282,7 +306,7 @@ class Request:
         self.writer = MetricsWriter(engine.labels, len(prompt_ids), observer)
         self.seed = seed
         self.drafting = Drafting(engine.lineup, target, self.writer, sampling.is_greedy, constraint)
-        self.scorer = scorer(target, engine.feature_layers, engine.wants_hidden)
+        self.scorer = (scorer or default_scorer(target))(target, engine.feature_layers, engine.wants_hidden)
         self.prompt_ids = prompt_ids
         self.features: torch.Tensor | None = None  # [1, buf length, F, H], filled as positions are processed
 

@@ -56,7 +56,9 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..contracts import DecodeState, DraftTree, TargetInfo
+from ..decode.options import DecodeOptions
 from ..errors import ConfigError, SpecframeError
+from ..sampling import SamplingParams
 
 log = logging.getLogger("specframe")
 
@@ -225,14 +227,15 @@ def _accepted(chain: Sequence[int], sampled: Sequence[int]) -> int:
 
 
 class _Session:
-    """One request's drafting, matched to a row by its tokens."""
+    """One request's drafting, matched to a row by its tokens; ``options``: the decode options every session of the
+    adapter shares (vLLM samples and stops; specframe's drafting reads the sampling and the seed)."""
 
-    def __init__(self, sf: Any, tokens: Any, prompt_len: int, seed: int) -> None:
+    def __init__(self, sf: Any, tokens: Any, prompt_len: int, options: DecodeOptions) -> None:
         from ..decode.drafting import Drafting
         from ..decode.metrics import MetricsWriter
-        from ..sampling import SamplingParams
 
-        self.lease = sf.lease()  # this request's plugin instances, released in close()
+        sampling, seed = options.sampling or SamplingParams(), options.seed
+        self.lease = sf.lease(sampling=sampling)  # this request's plugin instances, released in close()
         engine = self.lease.engine
         self.writer = MetricsWriter(engine.labels, prompt_len)
         self.metrics = self.writer.metrics
@@ -241,7 +244,7 @@ class _Session:
         generator = torch.Generator()
         generator.manual_seed(seed)
         self.tokens = torch.as_tensor(tokens, dtype=torch.int64).reshape(1, -1).clone()
-        self.state = DecodeState(self.tokens.clone(), prompt_len, SamplingParams(), generator)
+        self.state = DecodeState(self.tokens.clone(), prompt_len, sampling, generator)
         self.drafting.start(self.state, seed)
         self.pending: Any = None  # the MergedDraft given to vLLM last step
         self.propose_s = 0.0  # seconds drafting it
@@ -313,7 +316,9 @@ class SpecframeProposer:
         info = _target_info(vllm_config)
         self.sf = Specframe(config, _Target(info), registry)
         self.sf.validate_proposers()
-        self.seed = int(config.sampling.seed or 0)
+        # drafts are greedy chains (exact under vLLM's rejection sampling); vLLM decides when a request ends
+        self.options = DecodeOptions(max_new_tokens=info.max_context, sampling=SamplingParams(),
+                                     seed=int(config.sampling.seed or 0))
         self.sessions: dict[bytes, list[_Session]] = {}
         # (keys mirror vLLM's spec-decode metrics, vllm:spec_decode_num_{draft,accepted}_tokens[_per_pos])
         self.totals = {"steps": 0, "drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "committed_tokens": 0,
@@ -387,7 +392,7 @@ class SpecframeProposer:
         return None
 
     def _open(self, row: torch.Tensor, prompt_len: int) -> _Session:
-        return _Session(self.sf, row, max(prompt_len, 1), self.seed)
+        return _Session(self.sf, row, max(prompt_len, 1), self.options)
 
     def _file(self, s: _Session, old: bytes | None) -> None:
         """Index ``s`` under the digest of its current tokens (moving it from ``old``)."""
